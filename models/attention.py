@@ -1,0 +1,265 @@
+"""The shared attention core: similarity functions, multi-head attention, masks, capture.
+
+Every model in attnlab (text, ViT, DETR) attends through `MultiHeadAttention` below.
+
+Similarity functions (``similarity=``), for a query q and key k of one head (size d):
+    "scaled_dot"  q·k / √d        (Vaswani et al. 2017, the default)
+    "dot"         q·k             (Luong et al. 2015, "dot")
+    "general"     qᵀ W k          (Luong et al. 2015, "general"; W is a learned d×d map per head,
+                                   initialised to the identity, so it starts equal to "dot")
+Softmax is taken over keys; the output is the weighted sum of values, heads are concatenated and
+projected by ``out_proj``.
+
+Mask convention (ONE for the whole project, the one of ``torch.nn.MultiheadAttention`` and DETR):
+    a boolean mask is True where attention is BLOCKED (padding, the future).
+    ``key_padding_mask``  (B, Lk)                      True at padded keys
+    ``attn_mask``         (Lq, Lk), (B, Lq, Lk) or (B, H, Lq, Lk): boolean (True = blocked) or
+                          float (added to the logits; -inf blocks)
+    ``is_causal``         query i may attend to keys j <= i, aligned to the END of the keys, so
+                          that a decoder step with cached keys (Lq < Lk) sees its whole past.
+A query row whose keys are all blocked gets all-zero weights and a zero attention output (before
+``out_proj``), never NaN.
+
+Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU) whenever
+weights are not needed. Reference path: explicit softmax, used when weights are requested
+(``need_weights=True`` or inside `capture_attention`) and as the test oracle.
+
+Parameters use the layout of ``torch.nn.MultiheadAttention`` (packed ``in_proj_weight`` of shape
+(3D, D), ``in_proj_bias``, ``out_proj``), so its state dict loads unchanged and timm's ``attn.qkv``
+/ DETR's checkpoints load by renaming keys.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Similarity = Literal["scaled_dot", "dot", "general"]
+SIMILARITIES = ("scaled_dot", "dot", "general")
+
+
+def subsequent_mask(size: int, device: torch.device | None = None) -> Tensor:
+    """(size, size) boolean mask, True above the diagonal: position i may not see j > i."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
+
+
+def _causal_mask(lq: int, lk: int, device: torch.device) -> Tensor:
+    # Aligned to the end: query i sits at absolute position lk - lq + i.
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).triu(lk - lq + 1)
+
+
+def merge_masks(
+    batch: int,
+    lq: int,
+    lk: int,
+    *,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
+    is_causal: bool = False,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Tensor | None:
+    """Combine causal, key-padding and arbitrary masks into one broadcastable (B|1, H|1, Lq, Lk) mask.
+
+    Returns a boolean mask (True = blocked) when every input is boolean, else an additive float
+    mask; None when nothing is masked.
+    """
+    parts: list[Tensor] = []
+    if is_causal:
+        parts.append(_causal_mask(lq, lk, device))
+    if key_padding_mask is not None:
+        if key_padding_mask.shape != (batch, lk):
+            raise ValueError(
+                f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected (batch={batch}, keys={lk})"
+            )
+        parts.append(key_padding_mask.to(device)[:, None, None, :])
+    if attn_mask is not None:
+        if attn_mask.shape[-2:] != (lq, lk):
+            raise ValueError(f"attn_mask has shape {tuple(attn_mask.shape)}, expected (..., {lq}, {lk})")
+        m = attn_mask.to(device)
+        if m.dim() == 3:
+            m = m[:, None]
+        parts.append(m)
+    if not parts:
+        return None
+    if all(p.dtype == torch.bool for p in parts):
+        mask = parts[0]
+        for p in parts[1:]:
+            mask = mask | p
+        return mask if mask.dim() == 4 else mask[None, None]
+    additive = torch.zeros((), dtype=dtype, device=device)
+    for p in parts:
+        additive = additive + (
+            torch.zeros_like(p, dtype=dtype).masked_fill(p, float("-inf")) if p.dtype == torch.bool else p.to(dtype)
+        )
+    return additive if additive.dim() == 4 else additive.reshape((1,) * (4 - additive.dim()) + additive.shape)
+
+
+def _split_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Unblock rows that block every key (so softmax stays finite) and return which rows they were."""
+    blocked = mask if mask.dtype == torch.bool else torch.isneginf(mask)
+    empty = blocked.all(-1, keepdim=True)  # (B|1, H|1, Lq, 1)
+    if mask.dtype == torch.bool:
+        return mask & ~empty, empty
+    return mask.masked_fill(empty, 0.0), empty
+
+
+def attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Explicit softmax attention. q (B, H, Lq, d), k/v (B, H, Lk, d) -> out (B, H, Lq, d), weights (B, H, Lq, Lk)."""
+    logits = (q @ k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
+    empty = None
+    if mask is not None:
+        mask, empty = _split_empty_rows(mask)
+        logits = logits.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+    weights = logits.softmax(dim=-1)
+    if empty is not None:
+        weights = weights.masked_fill(empty, 0.0)
+    out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v
+    return out, weights
+
+
+def attention_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
+    """SDPA with the project's mask convention. ``is_causal`` only when Lq == Lk and no other mask."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    mask, empty = _split_empty_rows(mask)
+    sdpa_mask = ~mask if mask.dtype == torch.bool else mask  # SDPA's boolean convention is True = attend
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
+    return out.masked_fill(empty, 0.0)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for self- and cross-attention, with a choice of similarity.
+
+    Args:
+        embed_dim: model width D.
+        num_heads: number of heads H; D must be divisible by H.
+        dropout: dropout on the attention weights during training.
+        similarity: "scaled_dot", "dot" or "general" (see the module docstring).
+        bias: biases on the input and output projections.
+
+    Shapes (batch first): query (B, Lq, D), key/value (B, Lk, D) -> output (B, Lq, D) and,
+    when requested, weights (B, H, Lq, Lk).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, similarity: Similarity = "scaled_dot", bias: bool = True):
+        super().__init__()
+        if similarity not in SIMILARITIES:
+            raise ValueError(f"similarity={similarity!r} is not known; choose one of {', '.join(SIMILARITIES)}")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.dropout, self.similarity = dropout, similarity
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim)) if bias else None
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        if similarity == "general":
+            self.general_weight = nn.Parameter(torch.eye(self.head_dim).repeat(num_heads, 1, 1))  # (H, d, d)
+        self._captured: list[Tensor] | None = None
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim) if self.similarity == "scaled_dot" else 1.0
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        w, b, d = self.in_proj_weight, self.in_proj_bias, self.embed_dim
+        if query is key and key is value:  # self-attention: one packed matmul
+            return F.linear(query, w, b).chunk(3, dim=-1)
+        bq, bk, bv = (None, None, None) if b is None else b.split(d)
+        if query is key:  # DETR: positions added to queries and keys, not to values
+            q, k = F.linear(query, w[: 2 * d], None if b is None else b[: 2 * d]).chunk(2, dim=-1)
+            return q, k, F.linear(value, w[2 * d :], bv)
+        q = F.linear(query, w[:d], bq)
+        if key is value:  # cross-attention to a memory
+            k, v = F.linear(key, w[d:], None if b is None else b[d:]).chunk(2, dim=-1)
+            return q, k, v
+        return q, F.linear(key, w[d : 2 * d], bk), F.linear(value, w[2 * d :], bv)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, l, _ = x.shape
+        return x.view(b, l, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, d)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        cache: dict[str, Tensor] | None = None,
+        static_kv: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` to ``key``/``value`` (both default to ``query``: self-attention).
+
+        ``cache`` enables incremental decoding: a dict the module fills with this layer's projected
+        keys and values (B, H, Lk, d). For self-attention (``static_kv=False``) new keys are appended
+        each call; for cross-attention (``static_kv=True``) they are computed once from the memory.
+
+        Returns (output (B, Lq, D), weights (B, H, Lq, Lk) or None).
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        if cache is not None and static_kv and "k" in cache:
+            q = self._heads(F.linear(query, self.in_proj_weight[: self.embed_dim], None if self.in_proj_bias is None else self.in_proj_bias[: self.embed_dim]))
+            k, v = cache["k"], cache["v"]
+        else:
+            q, k, v = (self._heads(t) for t in self._project(query, key, value))
+            if cache is not None:
+                if not static_kv and "k" in cache:
+                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        if self.similarity == "general":
+            q = torch.einsum("bhld,hde->bhle", q, self.general_weight)  # qᵀW, then ·k below
+        bsz, _, lq, _ = q.shape
+        lk = k.shape[2]
+        dropout_p = self.dropout if self.training else 0.0
+        want_weights = need_weights or self._captured is not None
+        plain_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None
+        mask = None if plain_causal and not want_weights else merge_masks(
+            bsz, lq, lk, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, device=q.device, dtype=q.dtype
+        )
+        weights = None
+        if want_weights:
+            out, weights = attention_reference(q, k, v, mask, self.scale, dropout_p)
+            if self._captured is not None:
+                self._captured.append(weights.detach())
+        else:
+            out = attention_fast(q, k, v, mask, self.scale, dropout_p, is_causal=plain_causal)
+        out = out.transpose(1, 2).reshape(bsz, lq, self.embed_dim)  # (B, Lq, D)
+        return self.out_proj(out), (weights if need_weights else None)
+
+
+@contextmanager
+def capture_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
+    """Record the attention weights of every `MultiHeadAttention` in ``model``, unedited.
+
+    Inside the block every attention layer takes the reference path and appends its weights
+    (B, H, Lq, Lk), detached, to the list under its module name, once per call::
+
+        with capture_attention(vit) as maps:
+            vit(images)
+        maps["blocks.0.attn"][0]  # (B, H, 1 + N, 1 + N)
+    """
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    maps: dict[str, list[Tensor]] = {name: [] for name in layers}
+    for name, m in layers.items():
+        m._captured = maps[name]
+    try:
+        yield maps
+    finally:
+        for m in layers.values():
+            m._captured = None

@@ -1,0 +1,217 @@
+"""Encoder and decoder layers and stacks built on the shared attention core.
+
+Parameter names follow ``torch.nn.TransformerEncoderLayer``/``TransformerDecoderLayer``
+(``self_attn``, ``multihead_attn``, ``linear1``, ``linear2``, ``norm1..3``), so their state dicts
+load unchanged. Both layers run pre-norm (``norm_first=True``, ViT/GPT) or post-norm (the paper,
+DETR). Optional positional terms (DETR) are added to queries and keys only, never to values.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath
+from torch import Tensor, nn
+
+from models.attention import MultiHeadAttention, Similarity
+
+Activation = Literal["relu", "gelu"]
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
+    return x if pos is None else x + pos
+
+
+def _activation(name: str):
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"activation={name!r} is not known; choose one of {', '.join(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]
+
+
+class TransformerEncoderLayer(nn.Module):
+    """Self-attention + feed-forward, each with a residual connection and LayerNorm.
+
+    Args:
+        d_model: width D. nhead: heads. dim_feedforward: hidden width of the MLP.
+        dropout: dropout after attention/MLP and inside attention. activation: "relu" or "gelu".
+        norm_first: pre-norm if True, post-norm (the paper) if False.
+        similarity: attention similarity (see models.attention). drop_path: stochastic depth rate.
+    Shapes: src (B, L, D), pos (B, L, D) or None, src_key_padding_mask (B, L) -> (B, L, D).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        similarity: Similarity = "scaled_dot",
+        layer_norm_eps: float = 1e-5,
+        drop_path: float = 0.0,
+        attn_dropout: float | None = None,
+    ):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout if attn_dropout is None else attn_dropout, similarity)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.activation = _activation(activation)
+        self.norm_first = norm_first
+
+    def _sa(self, x: Tensor, pos: Tensor | None, mask: Tensor | None, kpm: Tensor | None, is_causal: bool) -> Tensor:
+        qk = _with_pos(x, pos)
+        out = self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal)[0]
+        return self.drop_path(self.dropout1(out))
+
+    def _ff(self, x: Tensor) -> Tensor:
+        return self.drop_path(self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x))))))
+
+    def forward(
+        self,
+        src: Tensor,
+        src_mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        pos: Tensor | None = None,
+    ) -> Tensor:
+        x = src
+        if self.norm_first:
+            x = x + self._sa(self.norm1(x), pos, src_mask, src_key_padding_mask, is_causal)
+            return x + self._ff(self.norm2(x))
+        x = self.norm1(x + self._sa(x, pos, src_mask, src_key_padding_mask, is_causal))
+        return self.norm2(x + self._ff(x))
+
+
+class TransformerDecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder memory, feed-forward.
+
+    Queries of the cross-attention come from the decoder, keys and values from the memory.
+    ``query_pos`` (DETR's object queries) is added to the queries and keys of the self-attention
+    and to the queries of the cross-attention; ``pos`` is added to the memory keys.
+    ``cache`` (a dict this layer fills) enables incremental decoding one token at a time.
+    Shapes: tgt (B, T, D), memory (B, S, D) -> (B, T, D).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        similarity: Similarity = "scaled_dot",
+        layer_norm_eps: float = 1e-5,
+    ):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout, similarity)
+        self.multihead_attn = MultiHeadAttention(d_model, nhead, dropout, similarity)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+        self.activation = _activation(activation)
+        self.norm_first = norm_first
+
+    def _sa(self, x, query_pos, mask, kpm, is_causal, cache):
+        qk = _with_pos(x, query_pos)
+        sub = None if cache is None else cache.setdefault("self", {})
+        return self.dropout1(self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=sub)[0])
+
+    def _ca(self, x, memory, query_pos, pos, mask, kpm, cache):
+        sub = None if cache is None else cache.setdefault("cross", {})
+        key = _with_pos(memory, pos)
+        out = self.multihead_attn(_with_pos(x, query_pos), key, memory, attn_mask=mask, key_padding_mask=kpm, cache=sub, static_kv=True)[0]
+        return self.dropout2(out)
+
+    def _ff(self, x: Tensor) -> Tensor:
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        tgt_key_padding_mask: Tensor | None = None,
+        memory_key_padding_mask: Tensor | None = None,
+        tgt_is_causal: bool = False,
+        pos: Tensor | None = None,
+        query_pos: Tensor | None = None,
+        cache: dict | None = None,
+    ) -> Tensor:
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa(self.norm1(x), query_pos, tgt_mask, tgt_key_padding_mask, tgt_is_causal, cache)
+            x = x + self._ca(self.norm2(x), memory, query_pos, pos, memory_mask, memory_key_padding_mask, cache)
+            return x + self._ff(self.norm3(x))
+        x = self.norm1(x + self._sa(x, query_pos, tgt_mask, tgt_key_padding_mask, tgt_is_causal, cache))
+        x = self.norm2(x + self._ca(x, memory, query_pos, pos, memory_mask, memory_key_padding_mask, cache))
+        return self.norm3(x + self._ff(x))
+
+
+class TransformerEncoder(nn.Module):
+    """A stack of `TransformerEncoderLayer` with an optional final LayerNorm (needed for pre-norm).
+
+    ``drop_path`` rises linearly from 0 to the given rate over the layers (stochastic depth).
+    """
+
+    def __init__(self, num_layers: int, d_model: int, nhead: int, final_norm: bool = False, drop_path: float = 0.0, **layer_kwargs):
+        super().__init__()
+        rates = torch.linspace(0, drop_path, num_layers).tolist() if num_layers > 1 else [drop_path] * num_layers
+        self.layers = nn.ModuleList(TransformerEncoderLayer(d_model, nhead, drop_path=r, **layer_kwargs) for r in rates)
+        self.norm = nn.LayerNorm(d_model, eps=layer_kwargs.get("layer_norm_eps", 1e-5)) if final_norm else None
+
+    def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None, is_causal: bool = False, pos: Tensor | None = None) -> Tensor:
+        x = src
+        for layer in self.layers:
+            x = layer(x, mask, src_key_padding_mask, is_causal, pos)
+        return x if self.norm is None else self.norm(x)
+
+
+class TransformerDecoder(nn.Module):
+    """A stack of `TransformerDecoderLayer`; with ``return_intermediate`` it returns every layer's
+    (normed) output stacked as (num_layers, B, T, D), for DETR's auxiliary losses."""
+
+    def __init__(self, num_layers: int, d_model: int, nhead: int, final_norm: bool = False, return_intermediate: bool = False, **layer_kwargs):
+        super().__init__()
+        self.layers = nn.ModuleList(TransformerDecoderLayer(d_model, nhead, **layer_kwargs) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model, eps=layer_kwargs.get("layer_norm_eps", 1e-5)) if final_norm else None
+        self.return_intermediate = return_intermediate
+
+    def forward(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        tgt_key_padding_mask: Tensor | None = None,
+        memory_key_padding_mask: Tensor | None = None,
+        tgt_is_causal: bool = False,
+        pos: Tensor | None = None,
+        query_pos: Tensor | None = None,
+        cache: list[dict] | None = None,
+    ) -> Tensor:
+        """``cache``: a list with one dict per layer (e.g. ``[{} for _ in decoder.layers]``)."""
+        x, intermediate = tgt, []
+        norm = self.norm if self.norm is not None else nn.Identity()
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal, pos, query_pos,
+                      None if cache is None else cache[i])
+            if self.return_intermediate:
+                intermediate.append(norm(x))
+        return torch.stack(intermediate) if self.return_intermediate else norm(x)

@@ -1,0 +1,173 @@
+"""The shared attention core against torch.nn.MultiheadAttention and its own invariants."""
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from models.attention import SIMILARITIES, MultiHeadAttention, capture_attention, subsequent_mask
+
+B, LQ, LK, D, H = 3, 5, 7, 16, 4
+
+
+def _pair(similarity="scaled_dot"):
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(D, H, batch_first=True)
+    ours = MultiHeadAttention(D, H, similarity=similarity)
+    nn.init.normal_(ref.in_proj_bias)
+    nn.init.normal_(ref.out_proj.bias)
+    missing, unexpected = ours.load_state_dict(ref.state_dict(), strict=False)
+    assert unexpected == [] and set(missing) <= {"general_weight"}
+    return ref, ours
+
+
+def _padding(lk=LK):
+    kpm = torch.zeros(B, lk, dtype=torch.bool)
+    kpm[0, -2:] = True
+    kpm[2, -3:] = True
+    return kpm
+
+
+@pytest.mark.parametrize("cross,padded,causal", list(itertools.product([False, True], repeat=3)))
+def test_matches_nn_multihead_attention(cross, padded, causal):
+    ref, ours = _pair()
+    lk = LK if cross else LQ
+    q = torch.randn(B, LQ, D, requires_grad=True)
+    kv = torch.randn(B, lk, D, requires_grad=True) if cross else q
+    kpm = _padding(lk) if padded else None
+    mask = torch.ones(LQ, lk, dtype=torch.bool).triu(1) if causal else None
+    out_ref, w_ref = ref(q, kv, kv, key_padding_mask=kpm, attn_mask=mask, average_attn_weights=False)
+    for need_weights in (False, True):
+        out, w = ours(q, kv, kv, key_padding_mask=kpm, attn_mask=mask, need_weights=need_weights)
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        if need_weights:
+            torch.testing.assert_close(w, w_ref, atol=1e-5, rtol=1e-5)
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, [q, kv] if cross else [q], g)
+        grads_ref = torch.autograd.grad(out_ref, [q, kv] if cross else [q], g, retain_graph=True)
+        for a, b in zip(grads, grads_ref):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_is_causal_flag_equals_explicit_subsequent_mask():
+    _, ours = _pair()
+    x = torch.randn(B, LQ, D)
+    torch.testing.assert_close(ours(x, is_causal=True)[0], ours(x, attn_mask=subsequent_mask(LQ))[0], atol=1e-6, rtol=1e-6)
+
+
+MASKS = ["none", "causal", "padding", "bool", "float", "padding+causal"]
+
+
+def _masks(kind, lq, lk):
+    kw = {}
+    if "causal" in kind:
+        kw["is_causal"] = True
+    if "padding" in kind:
+        kw["key_padding_mask"] = _padding(lk)
+    if kind == "bool":
+        kw["attn_mask"] = torch.rand(B, lq, lk) > 0.7
+    if kind == "float":
+        kw["attn_mask"] = torch.randn(lq, lk)
+    return kw
+
+
+@pytest.mark.parametrize("similarity,kind", list(itertools.product(SIMILARITIES, MASKS)))
+def test_fast_path_equals_reference_path(similarity, kind):
+    _, ours = _pair(similarity)
+    if similarity == "general":
+        nn.init.normal_(ours.general_weight, std=0.3)
+    x = torch.randn(B, LQ, D, requires_grad=True)
+    kw = _masks(kind, LQ, LQ)
+    fast, _ = ours(x, **kw)
+    ref, w = ours(x, need_weights=True, **kw)
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(fast)
+    torch.testing.assert_close(torch.autograd.grad(fast, x, g)[0], torch.autograd.grad(ref, x, g)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_general_with_identity_equals_dot_and_dot_is_scaled_dot_times_sqrt_d():
+    _, general = _pair("general")
+    _, dot = _pair("dot")
+    _, scaled = _pair("scaled_dot")
+    with torch.no_grad():
+        general.general_weight.copy_(torch.eye(D // H).repeat(H, 1, 1))
+    x = torch.randn(B, LQ, D)
+    torch.testing.assert_close(general(x, need_weights=True)[1], dot(x, need_weights=True)[1], atol=1e-6, rtol=1e-6)
+    # dot's logits are exactly √d times scaled_dot's: check through log-softmax differences
+    d = D // H
+    w_dot, w_scaled = dot(x, need_weights=True)[1], scaled(x, need_weights=True)[1]
+    log_ratio_dot = w_dot.log() - w_dot.log()[..., :1]
+    log_ratio_scaled = w_scaled.log() - w_scaled.log()[..., :1]
+    torch.testing.assert_close(log_ratio_dot, log_ratio_scaled * math.sqrt(d), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_fully_masked_row_is_finite_forward_and_backward(need_weights):
+    _, ours = _pair()
+    x = torch.randn(B, LQ, D, requires_grad=True)
+    mask = torch.zeros(LQ, LQ, dtype=torch.bool)
+    mask[1] = True  # query 1 may attend to nothing
+    out, w = ours(x, attn_mask=mask, need_weights=need_weights)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    # the empty row's attention output is zero, so only out_proj's bias remains
+    torch.testing.assert_close(out[:, 1], ours.out_proj.bias.expand(B, D))
+    if need_weights:
+        assert (w[:, :, 1] == 0).all()
+    kpm = torch.ones(B, LQ, dtype=torch.bool)  # every key padded: all rows empty
+    assert torch.isfinite(ours(x, key_padding_mask=kpm, need_weights=need_weights)[0]).all()
+
+
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+def test_causality(similarity):
+    _, ours = _pair(similarity)
+    x = torch.randn(1, 10, D)
+    base = ours(x, is_causal=True)[0]
+    for t in range(9):
+        y = x.clone()
+        y[:, t + 1 :] = torch.randn_like(y[:, t + 1 :])
+        torch.testing.assert_close(ours(y, is_causal=True)[0][:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=1e-6)
+        assert not torch.allclose(ours(y, is_causal=True)[0][:, t + 1 :], base[:, t + 1 :])
+
+
+def test_weights_are_a_distribution_and_zero_on_masked_keys():
+    _, ours = _pair()
+    q, kv = torch.randn(B, LQ, D), torch.randn(B, LK, D)
+    kpm = _padding()
+    extra = torch.rand(B, LQ, LK) > 0.8
+    extra[..., 0] = False  # keep one key open per row
+    _, w = ours(q, kv, kv, key_padding_mask=kpm, attn_mask=extra, need_weights=True)
+    assert (w >= 0).all()
+    torch.testing.assert_close(w.sum(-1), torch.ones(B, H, LQ))
+    blocked = kpm[:, None, None, :] | extra[:, None]
+    assert (w.masked_select(blocked.expand_as(w)) == 0).all()
+
+
+def test_incremental_decoding_with_cache_equals_full_causal_pass():
+    _, ours = _pair()
+    x = torch.randn(B, 6, D)
+    full = ours(x, is_causal=True)[0]
+    cache: dict = {}
+    steps = [ours(x[:, t : t + 1], is_causal=True, cache=cache)[0] for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_capture_attention_records_every_layer_without_editing_the_model():
+    model = nn.Sequential()
+    model.add_module("a", MultiHeadAttention(D, H))
+    model.add_module("b", MultiHeadAttention(D, 2))
+    x = torch.randn(B, LQ, D)
+    with capture_attention(model) as maps:
+        for m in model:
+            x = m(x)[0]
+    assert set(maps) == {"a", "b"}
+    assert maps["a"][0].shape == (B, H, LQ, LQ) and maps["b"][0].shape == (B, 2, LQ, LQ)
+    assert all(m._captured is None for m in model)  # switched back off after the block
+
+
+def test_bad_arguments_name_the_value():
+    with pytest.raises(ValueError, match="similarity='cosine'.*scaled_dot"):
+        MultiHeadAttention(D, H, similarity="cosine")
+    with pytest.raises(ValueError, match="embed_dim=16 is not divisible by num_heads=3"):
+        MultiHeadAttention(D, 3)
