@@ -67,9 +67,9 @@ class TransformerEncoderLayer(nn.Module):
         self.activation = _activation(activation)
         self.norm_first = norm_first
 
-    def _sa(self, x: Tensor, pos: Tensor | None, mask: Tensor | None, kpm: Tensor | None, is_causal: bool) -> Tensor:
+    def _sa(self, x: Tensor, pos: Tensor | None, mask: Tensor | None, kpm: Tensor | None, is_causal: bool, cache: dict | None) -> Tensor:
         qk = _with_pos(x, pos)
-        out = self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal)[0]
+        out = self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=cache)[0]
         return self.drop_path(self.dropout1(out))
 
     def _ff(self, x: Tensor) -> Tensor:
@@ -82,12 +82,15 @@ class TransformerEncoderLayer(nn.Module):
         src_key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
         pos: Tensor | None = None,
+        cache: dict | None = None,
     ) -> Tensor:
+        """``cache``: a dict this layer fills with its keys/values, for causal decoding step by step
+        (a decoder-only LM's blocks are encoder layers with ``is_causal=True``)."""
         x = src
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), pos, src_mask, src_key_padding_mask, is_causal)
+            x = x + self._sa(self.norm1(x), pos, src_mask, src_key_padding_mask, is_causal, cache)
             return x + self._ff(self.norm2(x))
-        x = self.norm1(x + self._sa(x, pos, src_mask, src_key_padding_mask, is_causal))
+        x = self.norm1(x + self._sa(x, pos, src_mask, src_key_padding_mask, is_causal, cache))
         return self.norm2(x + self._ff(x))
 
 
@@ -176,10 +179,19 @@ class TransformerEncoder(nn.Module):
         self.layers = nn.ModuleList(TransformerEncoderLayer(d_model, nhead, drop_path=r, **layer_kwargs) for r in rates)
         self.norm = nn.LayerNorm(d_model, eps=layer_kwargs.get("layer_norm_eps", 1e-5)) if final_norm else None
 
-    def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None, is_causal: bool = False, pos: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        src: Tensor,
+        mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        pos: Tensor | None = None,
+        cache: list[dict] | None = None,
+    ) -> Tensor:
+        """``cache``: a list with one dict per layer, for incremental causal decoding."""
         x = src
-        for layer in self.layers:
-            x = layer(x, mask, src_key_padding_mask, is_causal, pos)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask, src_key_padding_mask, is_causal, pos, None if cache is None else cache[i])
         return x if self.norm is None else self.norm(x)
 
 

@@ -1,0 +1,127 @@
+"""Positional encodings and encoder/decoder layers against their formulas and torch.nn."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from models.position import LearnedPositionalEncoding, PositionEmbeddingSine2D, SinusoidalPositionalEncoding, sinusoidal_encoding
+from models.transformer import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+
+D, H, FF = 16, 4, 32
+
+
+def test_sinusoidal_values_equal_the_formula():
+    pe = sinusoidal_encoding(50, D)
+    for pos in (0, 1, 7, 49):
+        for i in range(D // 2):
+            angle = pos / 10000 ** (2 * i / D)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_relative_position_is_one_linear_map_per_offset(k):
+    pe = sinusoidal_encoding(200, D).double()
+    t_k = torch.zeros(D, D, dtype=torch.float64)  # block-diagonal rotation by k * frequency
+    for i in range(D // 2):
+        w = k / 10000 ** (2 * i / D)
+        t_k[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]])
+    # the same T_k maps PE(pos) to PE(pos + k) for every position
+    torch.testing.assert_close(pe[: 200 - k] @ t_k, pe[k:], atol=1e-6, rtol=0)
+
+
+def test_1d_encodings_index_positions_and_refuse_overflow():
+    sin, learned = SinusoidalPositionalEncoding(D, max_len=8), LearnedPositionalEncoding(D, max_len=8)
+    pos = torch.tensor([[0, 1, 2], [5, 6, 7]])
+    assert sin(pos).shape == learned(pos).shape == (2, 3, D)
+    torch.testing.assert_close(sin(pos)[1, 0], sinusoidal_encoding(8, D)[5])
+    with pytest.raises(ValueError, match="max_len=8"):
+        sin(torch.tensor([8]))
+
+
+def test_2d_sine_encoding_ignores_padding():
+    enc = PositionEmbeddingSine2D(num_pos_feats=8)
+    mask = torch.zeros(2, 5, 6, dtype=torch.bool)
+    mask[1, :, 4:] = True  # image 1 is 5x4, padded to 5x6
+    mask[1, 3:, :] = True
+    pos = enc(mask)
+    assert pos.shape == (2, 16, 5, 6)
+    small = enc(torch.zeros(1, 3, 4, dtype=torch.bool))
+    torch.testing.assert_close(pos[1, :, :3, :4], small[0])  # padding does not shift the encoding
+    assert pos[0, 0, 0, 0].item() == pytest.approx(math.sin(2 * math.pi / 5), abs=1e-5)  # y=1 of 5 scaled to 2π
+
+
+def _copy(ours: nn.Module, ref: nn.Module) -> None:
+    missing, unexpected = ours.load_state_dict(ref.state_dict(), strict=True)
+    assert not missing and not unexpected
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_layer_matches_torch(norm_first, activation):
+    torch.manual_seed(0)
+    ref = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first, batch_first=True).eval()
+    ours = TransformerEncoderLayer(D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first).eval()
+    _copy(ours, ref)
+    x = torch.randn(3, 6, D)
+    kpm = torch.zeros(3, 6, dtype=torch.bool)
+    kpm[1, 4:] = True
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+    torch.testing.assert_close(ours(x, src_key_padding_mask=kpm), ref(x, src_key_padding_mask=kpm), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours(x, src_mask=mask), ref(x, src_mask=mask), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_matches_torch(norm_first):
+    torch.manual_seed(0)
+    ref = nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first, batch_first=True).eval()
+    ours = TransformerDecoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first).eval()
+    _copy(ours, ref)
+    tgt, mem = torch.randn(3, 5, D), torch.randn(3, 7, D)
+    mkpm = torch.zeros(3, 7, dtype=torch.bool)
+    mkpm[2, 5:] = True
+    causal = nn.Transformer.generate_square_subsequent_mask(5)
+    expected = ref(tgt, mem, tgt_mask=causal, memory_key_padding_mask=mkpm)
+    torch.testing.assert_close(ours(tgt, mem, tgt_is_causal=True, memory_key_padding_mask=mkpm), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_stacks_match_torch_stacks():
+    torch.manual_seed(0)
+    ref_enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(D, H, FF, 0.0, batch_first=True), 2, enable_nested_tensor=False).eval()
+    ours_enc = TransformerEncoder(2, D, H, dim_feedforward=FF, dropout=0.0).eval()
+    _copy(ours_enc, ref_enc)
+    ref_dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(D, H, FF, 0.0, batch_first=True), 2, norm=nn.LayerNorm(D)).eval()
+    ours_dec = TransformerDecoder(2, D, H, final_norm=True, dim_feedforward=FF, dropout=0.0).eval()
+    _copy(ours_dec, ref_dec)
+    src, tgt = torch.randn(2, 7, D), torch.randn(2, 4, D)
+    mem = ours_enc(src)
+    torch.testing.assert_close(mem, ref_enc(src), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours_dec(tgt, mem), ref_dec(tgt, mem), atol=1e-5, rtol=1e-5)
+
+
+def test_positions_go_to_queries_and_keys_only():
+    torch.manual_seed(0)
+    layer = TransformerEncoderLayer(D, H, FF, dropout=0.0).eval()
+    x, pos = torch.randn(2, 6, D), torch.randn(2, 6, D)
+    attn = layer.self_attn
+    expected_sa = attn(x + pos, x + pos, x)[0]
+    expected = layer.norm2(layer.norm1(x + expected_sa) + layer._ff(layer.norm1(x + expected_sa)))
+    torch.testing.assert_close(layer(x, pos=pos), expected, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(layer(x, pos=pos), layer(x + pos))
+
+
+def test_decoder_returns_every_layer_and_decodes_incrementally():
+    torch.manual_seed(0)
+    dec = TransformerDecoder(3, D, H, final_norm=True, return_intermediate=True, dim_feedforward=FF, dropout=0.0).eval()
+    tgt, mem = torch.randn(2, 5, D), torch.randn(2, 7, D)
+    out = dec(tgt, mem, tgt_is_causal=True)
+    assert out.shape == (3, 2, 5, D)
+    dec.return_intermediate = False
+    cache = [{} for _ in dec.layers]
+    steps = [dec(tgt[:, t : t + 1], mem, tgt_is_causal=True, cache=cache) for t in range(5)]
+    torch.testing.assert_close(torch.cat(steps, 1), out[-1], atol=1e-5, rtol=1e-5)
+    enc = TransformerEncoder(2, D, H, final_norm=True, norm_first=True, dim_feedforward=FF, dropout=0.0).eval()
+    full = enc(tgt, is_causal=True)
+    cache = [{} for _ in enc.layers]
+    torch.testing.assert_close(torch.cat([enc(tgt[:, t : t + 1], is_causal=True, cache=cache) for t in range(5)], 1), full, atol=1e-5, rtol=1e-5)
