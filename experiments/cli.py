@@ -11,11 +11,16 @@ are never typed twice; a link applies only where both sides have the name.
 """
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
 import os
+import re
 import sys
 from pathlib import Path
 
-from pytorch_lightning.cli import LightningCLI
+import pytorch_lightning as pl
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 # DataModule attribute -> model init argument of the same name.
 LINKED_ATTRIBUTES = (
@@ -31,6 +36,59 @@ LINKED_ATTRIBUTES = (
 )
 
 
+_NOISE = re.compile(
+    r"Does not validate against any of the Union subtypes|^Subtypes:|^Errors:|NoneType|^Given value type:|^tip:|^Expected a path but"
+)
+
+
+def _accepted_options(class_path: str) -> list[str]:
+    module, _, name = class_path.rpartition(".")
+    try:
+        return list(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
+    except (ImportError, AttributeError, ValueError):
+        return []
+
+
+def condense_error(message: str) -> str:
+    """jsonargparse's nested Union report -> one line naming the key, the value and what is allowed."""
+    keys, reasons, value, class_path = [], [], None, None
+    for raw in message.splitlines():
+        line = raw.strip().lstrip("- ").strip()
+        if not line or _NOISE.search(line):
+            continue
+        if m := re.match(r'Parser key "([^"]+)":\s*(.*)', line):
+            keys.append(m.group(1))
+            line = m.group(2)
+        elif m := re.match(r"Problem with given class_path '([^']+)':", line):
+            class_path = m.group(1)
+            continue
+        elif m := re.match(r"Given value: (.*)", line):
+            value = m.group(1)
+            continue
+        if line:
+            reasons.append(line)
+    reason = "; ".join(dict.fromkeys(reasons)) or message.strip()
+    reason = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", reason)
+    reason = re.sub(r"Expected a typing\.Literal\[(.*?)\]", r"expected one of \1", reason)
+    reason = re.sub(r"Expected a (\w+)", r"expected \1", reason)
+    if m := re.search(r"Option '([^']+)' is not accepted", reason):
+        options = _accepted_options(class_path) if class_path else []
+        close = difflib.get_close_matches(m.group(1), options, n=1)
+        reason = f"{m.group(1)!r} is not an option of {class_path}" + (f"; did you mean {close[0]!r}?" if close else "")
+    elif value is not None and "Got value" not in reason and not value.startswith(("Namespace(", "NestedArg(")):
+        reason = f"{reason}, got {value!r}"
+    if class_path and len(keys) > 1:
+        keys.insert(1, "init_args")
+    return f"{'.'.join(keys)}: {reason}" if keys else reason
+
+
+class AttnlabParser(LightningArgumentParser):
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:
+            return super().error(message, ex)
+        _fail(condense_error(message))
+
+
 class AttnlabCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         for name in LINKED_ATTRIBUTES:
@@ -40,7 +98,7 @@ class AttnlabCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except (ValueError, FileNotFoundError) as err:  # a user's bad value, raised where it entered
-            _fail(err)
+            _fail(condense_error(str(err)))
         if self.subcommand in ("validate", "test", "predict"):
             self._resolve_saved_checkpoint()
 
@@ -57,20 +115,28 @@ class AttnlabCLI(LightningCLI):
         cfg["ckpt_path"] = str(found[-1])
         print(f"attnlab: using checkpoint {found[-1]}", file=sys.stderr)
 
+    def after_fit(self) -> None:
+        best = self.trainer.checkpoint_callback
+        if best is not None and best.best_model_path:
+            print(f"attnlab: best {best.monitor}={float(best.best_model_score):.4f}, checkpoint {best.best_model_path}")
+
 
 def _fail(err: object) -> None:
     print(f"attnlab: error: {err}", file=sys.stderr)
     sys.exit(2)
 
 
-def main(args: list[str] | None = None) -> AttnlabCLI:
+def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
-    return AttnlabCLI(
-        model_class=None,
-        datamodule_class=None,
+    AttnlabCLI(
+        model_class=pl.LightningModule,
+        datamodule_class=pl.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        parser_class=AttnlabParser,
         save_config_kwargs={"overwrite": True},
+        # progress bars only where someone watches; logs and CI get the epoch summaries
+        trainer_defaults={"enable_progress_bar": sys.stderr.isatty()},
         args=args,
     )
 

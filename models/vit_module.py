@@ -1,0 +1,90 @@
+"""LightningModule that trains a `VisionTransformer` for image classification."""
+from __future__ import annotations
+
+from typing import Literal
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.classification import MulticlassAccuracy
+
+from models.attention import Similarity
+from models.optim import param_groups, warmup_cosine
+from models.vit import VisionTransformer
+
+
+class ImageClassifier(pl.LightningModule):
+    """ViT + cross-entropy with label smoothing, AdamW, linear warmup and cosine decay.
+
+    ``num_classes``, ``in_chans`` and ``img_size`` are linked from the DataModule.
+    Logged: ``train/loss``, ``train/acc``, ``val/loss``, ``val/acc``, ``test/loss``, ``test/acc``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_chans: int = 3,
+        img_size: int = 32,
+        patch_size: int = 4,
+        embed_dim: int = 192,
+        depth: int = 6,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.0,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        global_pool: Literal["token", "avg"] = "token",
+        similarity: Similarity = "scaled_dot",
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        warmup_epochs: float = 5.0,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.1,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = VisionTransformer(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
+            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, global_pool=global_pool, similarity=similarity,
+        )
+        self.train_acc = MulticlassAccuracy(num_classes)
+        self.val_acc = MulticlassAccuracy(num_classes)
+        self.test_acc = MulticlassAccuracy(num_classes)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str, metric: MulticlassAccuracy) -> Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing if stage == "train" else 0.0)
+        metric(logits, labels)
+        on_step = stage == "train"
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step, batch_size=len(labels))
+        self.log(f"{stage}/acc", metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(labels))
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._step(batch, "train", self.train_acc)
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, "val", self.val_acc)
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, "test", self.test_acc)
+
+    def predict_step(self, batch, batch_idx) -> dict[str, Tensor]:
+        """Per image: predicted ``label`` and its probability ``score`` (and ``target`` when the batch has labels)."""
+        labelled = isinstance(batch, (tuple, list))
+        score, label = self(batch[0] if labelled else batch).softmax(-1).max(-1)
+        return {"label": label, "score": score, **({"target": batch[1]} if labelled else {})}
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(param_groups(self.model, hp.weight_decay, self.model.no_weight_decay()), lr=hp.lr)
+        total = self.trainer.estimated_stepping_batches
+        warmup = int(total * hp.warmup_epochs / max(1, self.trainer.max_epochs or 1))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total, hp.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

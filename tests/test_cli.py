@@ -1,0 +1,80 @@
+"""The real `attnlab` CLI end to end on the embedded digits, and its errors for bad input."""
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+DIGITS = "configs/vision/digits.yaml"
+
+
+def test_fit_test_predict_from_the_saved_checkpoint(attnlab, tmp_path):
+    root = f"--trainer.default_root_dir={tmp_path}"
+    code, out, err = attnlab("fit", "--config", DIGITS, root, "--trainer.max_epochs=6")
+    assert code == 0, err
+    assert "attnlab: best val/acc=" in out
+    version = tmp_path / "lightning_logs" / "version_0"
+    assert (version / "checkpoints" / "best.ckpt").exists() and (version / "checkpoints" / "last.ckpt").exists()
+    saved = yaml.safe_load((version / "config.yaml").read_text())
+    assert saved["model"]["init_args"]["patch_size"] == 2  # the resolved config is kept with the run
+    val_acc = [float(r["val/acc"]) for r in csv.DictReader((version / "metrics.csv").open()) if r.get("val/acc")]
+    assert len(val_acc) == 6 and val_acc[-1] > 0.5 > val_acc[0]  # it learns
+
+    code, out, err = attnlab("test", "--config", DIGITS, root, "--ckpt_path", "best")
+    assert code == 0, err
+    assert "best.ckpt" in err and "test/acc" in out
+
+    code, out, err = attnlab("predict", "--config", DIGITS, root, "--ckpt_path", "last")
+    assert code == 0, err
+    rows = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 270 and set(rows[0]) == {"label", "score", "target"}
+    assert sum(r["label"] == r["target"] for r in rows) / len(rows) > 0.5
+
+
+def test_model_facts_are_linked_from_the_datamodule(attnlab, tmp_path):
+    one_batch = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1")
+    code, out, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", *one_batch)
+    assert code == 0, err
+    hparams = yaml.safe_load(next(tmp_path.glob("**/hparams.yaml")).read_text())
+    assert (hparams["num_classes"], hparams["in_chans"], hparams["img_size"]) == (10, 1, 8)
+
+
+def test_print_config_shows_every_knob(attnlab):
+    code, out, _ = attnlab("fit", "--config", DIGITS, "--print_config")
+    assert code == 0
+    cfg = yaml.safe_load(out)
+    assert {"patch_size", "embed_dim", "depth", "num_heads", "similarity", "lr"} <= set(cfg["model"]["init_args"])
+    assert cfg["data"]["init_args"]["batch_size"] == 64 and cfg["trainer"]["max_epochs"] == 40
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("--model.init_args.depthh=3", "model: 'depthh' is not an option of models.vit_module.ImageClassifier; did you mean 'depth'?"),
+        ("--model.init_args.depth=three", "model.init_args.depth: expected int. Got value: three"),
+        ("--model.init_args.similarity=cosine", "model.init_args.similarity: expected one of 'scaled_dot', 'dot', 'general'. Got value: cosine"),
+        ("--model.init_args.patch_size=3", "model.patch_size=3 does not divide the image size 8; choose a divisor of 8"),
+        ("--data.init_args.batch_size=0", "data.batch_size=0 must be >= 1"),
+        ("--trainer.max_epochs=x", "trainer.max_epochs: expected int, got 'x'"),
+    ],
+)
+def test_bad_config_fails_before_training_with_one_line(attnlab, tmp_path, override, expected):
+    code, out, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", override)
+    lines = [line for line in err.splitlines() if line.startswith("attnlab: error:")]
+    assert code == 2 and lines == [f"attnlab: error: {expected}"], err
+    assert not list(tmp_path.glob("**/*.ckpt"))  # nothing trained
+
+
+def test_unknown_key_in_a_yaml_file_names_the_key(attnlab, tmp_path):
+    cfg = yaml.safe_load(Path(DIGITS).read_text())
+    cfg["model"]["init_args"]["num_layers"] = 4
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    code, _, err = attnlab("fit", "--config", str(bad))
+    assert code == 2 and "'num_layers' is not an option of models.vit_module.ImageClassifier" in err
+
+
+def test_test_without_a_fitted_run_says_what_to_do(attnlab, tmp_path):
+    code, _, err = attnlab("test", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", "best")
+    assert code == 2 and f"no 'best*.ckpt' under {tmp_path}/; run `attnlab fit`" in err

@@ -1,0 +1,69 @@
+"""ViT building blocks and the digits DataModule, without a Trainer."""
+import pytest
+import torch
+
+from datamodules.vision import DigitsDataModule, split_lengths
+from models.attention import capture_attention
+from models.vit import PatchEmbed, VisionTransformer
+
+
+def test_patch_embed_cuts_non_overlapping_patches():
+    embed = PatchEmbed(img_size=8, patch_size=2, in_chans=1, embed_dim=4)
+    x = torch.zeros(1, 1, 8, 8)
+    x[0, 0, 2:4, 4:6] = 1.0  # exactly patch (row 1, col 2) = token 1 * 4 + 2
+    tokens = embed(x) - embed.proj.bias
+    changed = tokens.abs().sum(-1)[0].nonzero().flatten().tolist()
+    assert tokens.shape == (1, 16, 4) and changed == [6]
+
+
+def test_patch_size_must_divide_image_size():
+    with pytest.raises(ValueError, match="model.patch_size=3 does not divide the image size 8"):
+        PatchEmbed(img_size=8, patch_size=3)
+
+
+def test_vit_shapes_pooling_and_weight_decay_exemptions():
+    for pool in ("token", "avg"):
+        vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=4, global_pool=pool)
+        assert vit(torch.randn(3, 1, 8, 8)).shape == (3, 10)
+    assert vit.forward_features(torch.randn(3, 1, 8, 8)).shape == (3, 17, 32)
+    assert vit.no_weight_decay() == {"pos_embed", "cls_token"}
+
+
+def test_every_vit_layer_attends_through_the_shared_core():
+    vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=4).eval()
+    with capture_attention(vit) as maps:
+        vit(torch.randn(2, 1, 8, 8))
+    assert sorted(maps) == [f"encoder.layers.{i}.self_attn" for i in range(3)]
+    assert all(m[0].shape == (2, 4, 17, 17) for m in maps.values())
+
+
+def test_digits_split_is_fixed_by_the_seed_and_standardised():
+    a, b = DigitsDataModule(seed=1), DigitsDataModule(seed=1)
+    a.setup(), b.setup()
+    assert len(a.train_set) + len(a.val_set) + len(a.test_set) == 1797
+    torch.testing.assert_close(a.val_set.tensors[0], b.val_set.tensors[0])
+    train = a.train_set.tensors[0]
+    assert abs(train.mean().item()) < 1e-4 and abs(train.std().item() - 1) < 1e-4
+    assert train.shape[1:] == (1, 8, 8)
+
+
+def test_split_fractions_are_checked():
+    assert split_lengths(100, 0.1, 0.2) == [70, 10, 20]
+    with pytest.raises(ValueError, match="data.val_fraction=1.5"):
+        split_lengths(100, 1.5)
+    with pytest.raises(ValueError, match="leave no training samples"):
+        split_lengths(10, 0.5, 0.5)
+
+
+def test_tiny_vit_overfits_32_digits():
+    torch.manual_seed(0)
+    dm = DigitsDataModule()
+    dm.setup()
+    x, y = dm.train_set.tensors[0][:32], dm.train_set.tensors[1][:32]
+    vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=4)
+    opt = torch.optim.AdamW(vit.parameters(), lr=3e-3)
+    for _ in range(150):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(vit(x), y).backward()
+        opt.step()
+    assert (vit(x).argmax(-1) == y).float().mean().item() == 1.0
