@@ -1,0 +1,92 @@
+"""DETR's CNN backbone: a timm ResNet trunk (``features_only``) that returns one feature map.
+
+The reference freezes BatchNorm (statistics and affine terms come from ImageNet pre-training and
+batches of 2 images are too small to estimate them) and trains only layer2-layer4 at a 10x lower
+learning rate. Nothing is downloaded: weights come from a local file or the trunk starts random.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import timm
+import torch
+from timm.layers import freeze_batch_norm_2d
+from torch import Tensor, nn
+
+BackboneNorm = Literal["frozen_bn", "bn"]
+# ResNet stages from the top; ``trainable_layers=k`` trains the first k of them (torchvision's convention)
+_RESNET_STAGES = ("layer4", "layer3", "layer2", "layer1", ("conv1", "bn1"))
+
+
+def load_backbone_weights(body: nn.Module, path: str | Path) -> None:
+    """Load a local state dict (a torchvision/timm ResNet checkpoint, optionally under "model" or
+    "state_dict") into the trunk; the classifier (``fc.*``) and stages the trunk cut off are ignored."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model.backbone_weights: {path} does not exist (weights are never downloaded; give a local .pth file)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("model", "state_dict"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise ValueError(f"model.backbone_weights: {path} does not hold a state dict (got {type(state).__name__})")
+    own = body.state_dict()
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    kept = {k: v for k, v in state.items() if k in own}
+    missing = [k for k in own if k not in kept and not k.endswith("num_batches_tracked")]
+    if missing:
+        raise ValueError(f"model.backbone_weights: {path} lacks {len(missing)} weights of the trunk, e.g. {missing[:3]}; is it a checkpoint of this architecture?")
+    wrong = [k for k, v in kept.items() if v.shape != own[k].shape]
+    if wrong:
+        raise ValueError(f"model.backbone_weights: {path} has weights of another shape, e.g. {wrong[0]}: {tuple(kept[wrong[0]].shape)} vs {tuple(own[wrong[0]].shape)}")
+    body.load_state_dict(kept, strict=False)
+
+
+class Backbone(nn.Module):
+    """A timm CNN trunk returning the feature map of one stage.
+
+    Args:
+        name: timm model name ("resnet50", the reference; "resnet18", ...). Always built without
+            pre-trained weights; ``weights`` loads a local file instead.
+        out_index: which stage's output (timm ``out_indices``): 4 = layer4, stride 32 (reference);
+            3 = layer3, stride 16, for small images.
+        norm: "frozen_bn" (reference: fixed statistics and affine terms) or "bn" (trainable
+            BatchNorm, for training from scratch where there are no statistics to freeze).
+        trainable_layers: how many ResNet stages, from the top, are trained (reference 3:
+            layer2-4; 5 = all, 0 = frozen trunk).
+        weights: path to a local state dict, loaded before BatchNorm is frozen.
+        **timm_kwargs: passed to ``timm.create_model`` (e.g. ``layers``, ``channels``, ``stem_width``
+            for a narrower ResNet).
+    Shapes: images (B, 3, H, W) -> features (B, num_channels, H / stride, W / stride).
+    """
+
+    def __init__(
+        self,
+        name: str = "resnet50",
+        out_index: int = 4,
+        norm: BackboneNorm = "frozen_bn",
+        trainable_layers: int = 3,
+        weights: str | None = None,
+        **timm_kwargs: Any,
+    ):
+        super().__init__()
+        if norm not in ("frozen_bn", "bn"):
+            raise ValueError(f"model.backbone_norm={norm!r} is not known; choose 'frozen_bn' or 'bn'")
+        if not 0 <= trainable_layers <= len(_RESNET_STAGES):
+            raise ValueError(f"model.trainable_backbone_layers={trainable_layers} must be in 0..{len(_RESNET_STAGES)}")
+        try:
+            body = timm.create_model(name, pretrained=False, features_only=True, out_indices=(out_index,), **timm_kwargs)
+        except (RuntimeError, IndexError) as err:
+            raise ValueError(f"model.backbone={name!r} with out_index={out_index}: {err}") from err
+        if weights is not None:
+            load_backbone_weights(body, weights)
+        self.body = freeze_batch_norm_2d(body) if norm == "frozen_bn" else body
+        self.num_channels = self.body.feature_info.channels()[-1]
+        self.stride = self.body.feature_info.reduction()[-1]
+        trainable = tuple(p for stage in _RESNET_STAGES[:trainable_layers] for p in ((stage,) if isinstance(stage, str) else stage))
+        for pname, p in self.body.named_parameters():
+            p.requires_grad_(trainable_layers == len(_RESNET_STAGES) or pname.startswith(trainable))
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.body(images)[-1]

@@ -1,0 +1,107 @@
+"""DETR's set prediction loss: Hungarian matching, then class and box losses on the matched pairs."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
+from models.matcher import HungarianMatcher
+
+
+def num_boxes_across_processes(targets: list[dict[str, Tensor]], device: torch.device) -> Tensor:
+    """Mean number of target boxes per process (at least 1), all-reduced over the process group.
+
+    The box losses are summed over this process's matched pairs and divided by it. DDP averages the
+    gradients of the processes, so N processes then train exactly like one process with the whole
+    batch: (1/N) Σ_p S_p / (Σ_p n_p / N) = Σ_p S_p / Σ_p n_p.
+    """
+    num_boxes = torch.tensor([float(sum(len(t["labels"]) for t in targets))], device=device)
+    world_size = 1
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(num_boxes)
+        world_size = dist.get_world_size()
+    return (num_boxes / world_size).clamp(min=1)
+
+
+class SetCriterion(nn.Module):
+    """Losses of DETR (Carion et al. 2020), computed after `HungarianMatcher` pairs queries with targets.
+
+    ``loss_ce``: cross-entropy over K + 1 classes, every unmatched query labelled "no object", whose
+    weight is ``eos_coef`` (0.1) to offset its abundance. ``loss_bbox`` (L1) and ``loss_giou``
+    (1 − GIoU) on the matched boxes, normalised by the number of target boxes averaged over all
+    processes. With ``aux_outputs`` the same losses are added for every intermediate decoder layer
+    (suffix ``_<layer>``), each with its own matching. ``class_error`` (top-1 error in percent of the
+    matched queries) and ``cardinality_error`` (|#predicted objects − #targets|) are for logging.
+
+    Args:
+        num_classes: K, the object classes (the no-object class is index K).
+        matcher: the `HungarianMatcher`.
+        eos_coef: relative weight of the no-object class.
+        weight_dict: loss name -> weight for the total; aux copies are added automatically.
+    Shapes: see `HungarianMatcher`; ``forward`` returns a dict of scalar tensors.
+    """
+
+    def __init__(self, num_classes: int, matcher: HungarianMatcher, eos_coef: float = 0.1, weight_dict: dict[str, float] | None = None, num_aux: int = 0):
+        super().__init__()
+        self.num_classes, self.matcher, self.eos_coef = num_classes, matcher, eos_coef
+        base = weight_dict if weight_dict is not None else {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+        self.weight_dict = dict(base)
+        for i in range(num_aux):
+            self.weight_dict.update({f"{k}_{i}": v for k, v in base.items()})
+        empty_weight = torch.ones(num_classes + 1)
+        empty_weight[-1] = eos_coef
+        self.register_buffer("empty_weight", empty_weight)
+
+    @staticmethod
+    def _src_permutation(indices: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        batch_idx = torch.cat([torch.full_like(src, i) for i, (src, _) in enumerate(indices)])
+        return batch_idx, torch.cat([src for src, _ in indices])
+
+    def loss_labels(self, outputs, targets, indices, num_boxes, log: bool = True) -> dict[str, Tensor]:
+        logits = outputs["pred_logits"]  # (B, Q, K + 1)
+        idx = self._src_permutation(indices)
+        target_classes_o = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)])
+        target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
+        target_classes[idx] = target_classes_o
+        losses = {"loss_ce": F.cross_entropy(logits.transpose(1, 2), target_classes, self.empty_weight)}
+        if log:
+            matched = logits[idx]
+            correct = (matched.argmax(-1) == target_classes_o).float().mean() if len(matched) else logits.new_tensor(1.0)
+            losses["class_error"] = 100 * (1 - correct.detach())
+        return losses
+
+    @torch.no_grad()
+    def loss_cardinality(self, outputs, targets, indices, num_boxes) -> dict[str, Tensor]:
+        logits = outputs["pred_logits"]
+        tgt_lengths = torch.as_tensor([len(t["labels"]) for t in targets], device=logits.device, dtype=torch.float)
+        card_pred = (logits.argmax(-1) != self.num_classes).sum(1).float()  # predicted objects per image
+        return {"cardinality_error": F.l1_loss(card_pred, tgt_lengths)}
+
+    def loss_boxes(self, outputs, targets, indices, num_boxes) -> dict[str, Tensor]:
+        idx = self._src_permutation(indices)
+        src_boxes = outputs["pred_boxes"][idx]  # (ΣT, 4)
+        target_boxes = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).to(src_boxes.dtype)
+        loss_bbox = F.l1_loss(src_boxes, target_boxes, reduction="none").sum() / num_boxes
+        giou = torch.diag(generalized_box_iou(box_cxcywh_to_xyxy(src_boxes), box_cxcywh_to_xyxy(target_boxes)))
+        return {"loss_bbox": loss_bbox, "loss_giou": (1 - giou).sum() / num_boxes}
+
+    def _losses(self, outputs, targets, num_boxes, log: bool) -> dict[str, Tensor]:
+        indices = self.matcher(outputs, targets)
+        losses = self.loss_labels(outputs, targets, indices, num_boxes, log=log)
+        losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
+        if log:
+            losses.update(self.loss_cardinality(outputs, targets, indices, num_boxes))
+        return losses
+
+    def forward(self, outputs: dict, targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        num_boxes = num_boxes_across_processes(targets, outputs["pred_logits"].device)
+        losses = self._losses(outputs, targets, num_boxes, log=True)
+        for i, aux in enumerate(outputs.get("aux_outputs", [])):
+            losses.update({f"{k}_{i}": v for k, v in self._losses(aux, targets, num_boxes, log=False).items()})
+        return losses
+
+    def total(self, losses: dict[str, Tensor]) -> Tensor:
+        """The weighted sum that is trained: Σ weight_dict[k] · losses[k]."""
+        return sum(losses[k] * w for k, w in self.weight_dict.items() if k in losses)
