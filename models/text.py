@@ -1,0 +1,274 @@
+"""Text Transformers on the shared core: the encoder-decoder of Vaswani et al. (2017) for translation
+and a decoder-only language model (GPT, Radford et al. 2018).
+
+In the paper's vocabulary: token embeddings are scaled by √d_model and summed with positional
+encodings; the encoder attends in both directions, with PAD keys blocked; the decoder attends
+causally to its own prefix ("masked attention") and to the encoder memory ("encoder-decoder
+attention": queries from the decoder, keys and values from the encoder). Training feeds the target
+shifted right (`teacher_forcing`) and predicts the next token, up to EOS.
+
+Both models decode incrementally: pass ``cache`` (one dict per layer, from ``init_cache()``) and
+the position of the new tokens, and each step attends to the cached keys/values of the prefix.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.attention import Similarity
+from models.position import LearnedPositionalEncoding, SinusoidalPositionalEncoding
+from models.transformer import Activation, TransformerDecoder, TransformerEncoder
+
+Positions = Literal["sinusoidal", "learned"]
+
+
+def teacher_forcing(tgt: Tensor) -> tuple[Tensor, Tensor]:
+    """Split a target BOS y1 .. yn EOS (B, T) into the decoder input (the target shifted right:
+    BOS y1 .. yn) and the labels (y1 .. yn EOS), both (B, T - 1)."""
+    return tgt[:, :-1], tgt[:, 1:]
+
+
+def label_smoothed_nll_loss(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """Cross-entropy against the smoothed distribution q = (1 - ε)·onehot(target) + ε·uniform, where the
+    uniform part spreads over every class except PAD (Szegedy et al. 2016; the Annotated Transformer
+    also gives PAD no mass). Positions whose target is ``ignore_index`` count for nothing.
+
+    Shapes: logits (..., V), target (...) -> (loss, nll), each the mean over counted positions;
+    ``nll`` is the unsmoothed negative log-likelihood (its exp is the perplexity).
+    """
+    logp = logits.float().log_softmax(-1)  # (..., V)
+    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (...)
+    uniform = -(logp.sum(-1) - logp[..., ignore_index]) / (logp.size(-1) - 1)  # mean -log p over non-PAD classes
+    loss = (1 - epsilon) * nll + epsilon * uniform
+    keep = target.ne(ignore_index)
+    count = keep.sum().clamp(min=1)
+    return loss.masked_fill(~keep, 0).sum() / count, nll.masked_fill(~keep, 0).sum() / count
+
+
+class TokenEmbedding(nn.Module):
+    """Token embedding, multiplied by √d_model (Vaswani et al. §3.4) when ``scale``.
+
+    With scaling, weights start at N(0, d_model^-1/2) (fairseq), so scaled embeddings have unit
+    size and the same matrix serves as output projection when tied. Shapes: (B, L) -> (B, L, D).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None, scale: bool = True):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
+        self.scale = math.sqrt(d_model) if scale else 1.0
+        nn.init.normal_(self.embedding.weight, std=d_model ** -0.5 if scale else 0.02)
+        if padding_idx is not None:
+            nn.init.zeros_(self.embedding.weight[padding_idx])
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.embedding.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.embedding(tokens) * self.scale
+
+
+def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Module:
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len)
+    if kind == "learned":
+        return LearnedPositionalEncoding(d_model, max_len)
+    raise ValueError(f"model.positions={kind!r} is not known; choose sinusoidal or learned")
+
+
+def reorder_cache(cache: list[dict] | dict | Tensor, index: Tensor):
+    """Select rows ``index`` (dim 0) of every tensor in a decoding cache (beam search, finished rows)."""
+    if isinstance(cache, Tensor):
+        return cache.index_select(0, index)
+    if isinstance(cache, dict):
+        return {k: reorder_cache(v, index) for k, v in cache.items()}
+    return [reorder_cache(layer, index) for layer in cache]
+
+
+class Seq2SeqTransformer(nn.Module):
+    """The Transformer encoder-decoder for translation.
+
+    Args:
+        src_vocab_size, tgt_vocab_size: vocabularies. pad_id: the PAD index (masked everywhere).
+        d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation,
+        norm_first, similarity: as in `models.transformer` (the paper: post-norm, ReLU, scaled dot).
+        positions: "sinusoidal" (the paper) or "learned". max_len: longest sequence the positions cover.
+        share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
+        tie_output: the output projection is the target embedding matrix (Press & Wolf 2017).
+    Shapes: src (B, S), tgt (B, T) token ids -> logits (B, T, tgt_vocab_size).
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        d_model: int = 512,
+        nhead: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        similarity: Similarity = "scaled_dot",
+        positions: Positions = "sinusoidal",
+        max_len: int = 256,
+        share_embeddings: bool = False,
+        tie_output: bool = True,
+        pad_id: int = 0,
+    ):
+        super().__init__()
+        if share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(
+                f"model.share_embeddings=true needs one vocabulary for both languages, got src_vocab_size={src_vocab_size} "
+                f"and tgt_vocab_size={tgt_vocab_size}; set data.shared_vocab=true"
+            )
+        self.pad_id, self.max_len = pad_id, max_len
+        self.src_embed = TokenEmbedding(src_vocab_size, d_model, pad_id)
+        self.tgt_embed = self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, d_model, pad_id)
+        self.pos = positional_encoding(positions, d_model, max_len)
+        self.dropout = nn.Dropout(dropout)
+        layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity)
+        self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=norm_first, **layer)
+        self.decoder = TransformerDecoder(num_decoder_layers, d_model, nhead, final_norm=norm_first, **layer)
+        self.generator = nn.Linear(d_model, tgt_vocab_size, bias=False)  # the pre-softmax projection
+        for name, p in self.named_parameters():  # Xavier for the stacks, as in the Annotated Transformer
+            if p.dim() > 1 and name.startswith(("encoder.", "decoder.", "generator.")):
+                nn.init.xavier_uniform_(p)
+        if tie_output:
+            self.generator.weight = self.tgt_embed.weight
+
+    def no_weight_decay(self) -> set[str]:
+        return {"src_embed.embedding.weight", "tgt_embed.embedding.weight", "pos.weight"}
+
+    def init_cache(self) -> list[dict]:
+        return [{} for _ in self.decoder.layers]
+
+    def _embed(self, embed: TokenEmbedding, tokens: Tensor, start_pos: int = 0) -> Tensor:
+        positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)  # (L,)
+        return self.dropout(embed(tokens) + self.pos(positions))  # (B, L, D)
+
+    def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
+        """src (B, S) -> memory (B, S, D). PAD keys are blocked (mask from ``pad_id`` when not given)."""
+        if src_key_padding_mask is None:
+            src_key_padding_mask = src.eq(self.pad_id)
+        return self.encoder(self._embed(self.src_embed, src), src_key_padding_mask=src_key_padding_mask)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None,
+        tgt_key_padding_mask: Tensor | None = None,
+        cache: list[dict] | None = None,
+        start_pos: int = 0,
+    ) -> Tensor:
+        """tgt (B, T) decoder input (BOS first), memory (B, S, D) -> logits (B, T, V).
+
+        With ``cache``, ``tgt`` holds only the new tokens, at positions ``start_pos`` onwards, and
+        attends to the cached prefix; the causal mask is aligned to the end of the keys.
+        """
+        x = self._embed(self.tgt_embed, tgt, start_pos)
+        h = self.decoder(x, memory, tgt_key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
+                         tgt_is_causal=True, cache=cache)  # (B, T, D)
+        return self.generator(h)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Teacher forcing: src (B, S), tgt (B, T) the shifted-right target -> logits (B, T, V)."""
+        src_mask = src.eq(self.pad_id)
+        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt.eq(self.pad_id))
+
+
+class DecoderOnlyLM(nn.Module):
+    """A GPT-style language model: causal self-attention blocks only, tied input/output embeddings.
+
+    Args:
+        vocab_size: tokens. d_model, nhead, num_layers: width, heads, blocks.
+        dim_feedforward: MLP width (default 4·d_model). dropout, activation, similarity: as in the core.
+        norm_first: pre-norm blocks with a final LayerNorm (GPT-2); post-norm when False.
+        positions: "learned" (GPT) or "sinusoidal". max_len: the context length (block size).
+        tie_embeddings: the output projection is the token embedding matrix.
+    Shapes: tokens (B, T) -> logits (B, T, vocab_size).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 384,
+        nhead: int = 6,
+        num_layers: int = 6,
+        dim_feedforward: int | None = None,
+        dropout: float = 0.2,
+        activation: Activation = "gelu",
+        norm_first: bool = True,
+        similarity: Similarity = "scaled_dot",
+        positions: Positions = "learned",
+        max_len: int = 256,
+        tie_embeddings: bool = True,
+    ):
+        super().__init__()
+        self.max_len = max_len
+        self.tok_embed = TokenEmbedding(vocab_size, d_model, scale=False)
+        self.pos = positional_encoding(positions, d_model, max_len)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = TransformerEncoder(num_layers, d_model, nhead, final_norm=norm_first, dim_feedforward=dim_feedforward or 4 * d_model,
+                                         dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        self._init_weights(num_layers)
+        if tie_embeddings:
+            self.lm_head.weight = self.tok_embed.weight
+
+    def _init_weights(self, num_layers: int) -> None:
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/√(2·layers)."""
+        for name, p in self.blocks.named_parameters():
+            if p.dim() > 1:
+                std = 0.02 / math.sqrt(2 * num_layers) if name.endswith(("linear2.weight", "out_proj.weight")) else 0.02
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        nn.init.normal_(self.lm_head.weight, std=0.02)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"tok_embed.embedding.weight", "pos.weight"}
+
+    def init_cache(self) -> list[dict]:
+        return [{} for _ in self.blocks.layers]
+
+    def forward(self, tokens: Tensor, cache: list[dict] | None = None, start_pos: int = 0) -> Tensor:
+        """tokens (B, T) at positions ``start_pos``.. -> logits (B, T, V); with ``cache``, earlier tokens are cached."""
+        positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
+        x = self.dropout(self.tok_embed(tokens) + self.pos(positions))  # (B, T, D)
+        return self.lm_head(self.blocks(x, is_causal=True, cache=cache))
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
+        """Continue ``prompt`` (B, T0) by ``max_new_tokens`` sampled tokens -> (B, T0 + max_new_tokens).
+
+        ``temperature`` 0 picks the most likely token (greedy); ``top_k`` samples among the k most
+        likely. Each new token costs one cached step; once the context exceeds ``max_len`` the window
+        slides and is re-encoded, since absolute positions cannot shift inside a cache.
+        """
+        if prompt.size(1) == 0:
+            raise ValueError("generate needs a prompt of at least one token")
+        tokens, cache = prompt, None
+        for _ in range(max_new_tokens):
+            if use_cache and cache is not None and tokens.size(1) <= self.max_len:
+                logits = self(tokens[:, -1:], cache=cache, start_pos=tokens.size(1) - 1)[:, -1]  # (B, V)
+            else:
+                cache = self.init_cache() if use_cache else None
+                logits = self(tokens[:, -self.max_len :], cache=cache)[:, -1]
+            if temperature == 0:
+                next_token = logits.argmax(-1, keepdim=True)  # (B, 1)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_token = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            tokens = torch.cat([tokens, next_token], dim=1)
+        return tokens

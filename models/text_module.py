@@ -1,0 +1,331 @@
+"""LightningModules for text: `TranslationModule` (encoder-decoder) and `LanguageModelModule` (decoder-only).
+
+Vocabulary sizes and special-token ids are linked from the DataModule. Text comes back through
+the DataModule's tokenizer (``trainer.datamodule.decode_target`` / ``decode``), so BLEU and chrF
+are computed by sacreBLEU on detokenized text against the raw reference sentences.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from sacrebleu.metrics import BLEU, CHRF
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from models.attention import Similarity
+from models.decoding import beam_search, greedy_decode
+from models.optim import inverse_sqrt, param_groups, warmup_cosine
+from models.text import DecoderOnlyLM, Positions, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
+from models.transformer import Activation
+
+Schedule = Literal["inverse_sqrt", "cosine"]
+
+
+def check_vocabulary(checkpoint: dict, current: dict, names: tuple[str, ...]) -> None:
+    """Refuse a checkpoint whose vocabulary facts differ from the data's, before torch meets a shape mismatch."""
+    saved = checkpoint.get("hyper_parameters", {})
+    diffs = [f"{n}={saved[n]} in the checkpoint but {current[n]} from the data" for n in names if n in saved and saved[n] != current[n]]
+    if diffs:
+        raise ValueError(
+            f"the checkpoint's vocabulary does not match the data's tokenizer ({'; '.join(diffs)}): use the tokenizer settings "
+            "of the run that made the checkpoint, or set data.tokenizer_dir to that run's folder"
+        )
+
+
+def configure_adamw(module: pl.LightningModule, model: nn.Module) -> dict:
+    """AdamW with weight decay on matrices only, and the chosen schedule stepped per optimizer step."""
+    hp = module.hparams
+    optimizer = torch.optim.AdamW(param_groups(model, hp.weight_decay, model.no_weight_decay()), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
+    if hp.schedule == "inverse_sqrt":
+        factor = inverse_sqrt(hp.warmup_steps)
+    else:
+        factor = warmup_cosine(hp.warmup_steps, int(module.trainer.estimated_stepping_batches), hp.min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def log_table(module: pl.LightningModule, key: str, columns: list[str], rows: list[list[str]]) -> None:
+    """A small table of text for people: W&B table, TensorBoard text, or a Markdown file in the log folder."""
+    logger = module.logger
+    if logger is None or not rows:
+        return
+    markdown = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                         + ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows])
+    if hasattr(logger, "log_text"):  # WandbLogger
+        logger.log_text(key=key, columns=columns, data=rows, step=module.global_step)
+    elif hasattr(logger.experiment, "add_text"):  # TensorBoard
+        logger.experiment.add_text(key, markdown, module.global_step)
+    elif logger.log_dir:
+        path = Path(logger.log_dir) / (key.replace("/", "_") + ".md")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(f"\n### epoch {module.current_epoch}, step {module.global_step}\n\n{markdown}\n")
+
+
+def _gather(rows: list) -> list:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, rows)
+        return [r for part in parts for r in part]
+    return rows
+
+
+class TranslationModule(pl.LightningModule):
+    """`Seq2SeqTransformer` trained with teacher forcing and label smoothing; BLEU/chrF by decoding.
+
+    Args (model): see `Seq2SeqTransformer`; ``src_vocab_size``, ``tgt_vocab_size``, ``pad_id``,
+        ``bos_id``, ``eos_id`` are linked from the DataModule.
+    Args (training): label_smoothing ε; AdamW ``lr`` (the peak), ``betas``, ``eps``, ``weight_decay``;
+        ``schedule`` "inverse_sqrt" (the paper: linear warmup for ``warmup_steps``, then ∝ 1/√step) or
+        "cosine" (warmup, then cosine decay to ``min_lr_ratio``·lr).
+    Args (decoding): ``val_beam_size`` for validation (1 = greedy), ``beam_size`` for test and
+        predict, ``length_penalty`` α; at most ``max_len_a``·|source| + ``max_len_b`` tokens.
+        ``num_samples`` sample translations are logged as a table.
+    Logged: ``train/loss`` (smoothed), ``val|test/loss`` (NLL per token), ``val|test/ppl``,
+    ``val|test/bleu`` and ``val|test/chrf`` (sacreBLEU, detokenized).
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int = 8000,
+        tgt_vocab_size: int = 8000,
+        pad_id: int = 0,
+        bos_id: int = 1,
+        eos_id: int = 2,
+        d_model: int = 512,
+        nhead: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        similarity: Similarity = "scaled_dot",
+        positions: Positions = "sinusoidal",
+        max_len: int = 256,
+        share_embeddings: bool = False,
+        tie_output: bool = True,
+        label_smoothing: float = 0.1,
+        lr: float = 7e-4,
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-9,
+        weight_decay: float = 0.0,
+        schedule: Schedule = "inverse_sqrt",
+        warmup_steps: int = 4000,
+        min_lr_ratio: float = 0.0,
+        val_beam_size: int = 1,
+        beam_size: int = 4,
+        length_penalty: float = 0.6,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        num_samples: int = 5,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        if not 0 <= label_smoothing < 1:
+            raise ValueError(f"model.label_smoothing={label_smoothing} must be in [0, 1)")
+        for key, value in (("val_beam_size", val_beam_size), ("beam_size", beam_size)):
+            if value < 1:
+                raise ValueError(f"model.{key}={value} must be >= 1")
+        self.model = Seq2SeqTransformer(
+            src_vocab_size, tgt_vocab_size, d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
+            num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+            norm_first=norm_first, similarity=similarity, positions=positions, max_len=max_len,
+            share_embeddings=share_embeddings, tie_output=tie_output, pad_id=pad_id,
+        )
+        self.val_nll, self.test_nll = MeanMetric(), MeanMetric()
+        self._outputs: list[tuple[int, str, str, str]] = []  # (index, source, reference, hypothesis)
+        self._signature_shown = False
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        return self.model(src, tgt)
+
+    def translate(self, src: Tensor, beam_size: int) -> Tensor:
+        """src (B, S) -> token ids (B, L), EOS-terminated, PAD after."""
+        hp = self.hparams
+        src_len = int(src.ne(hp.pad_id).sum(1).max())
+        max_len = max(1, min(self.model.max_len, int(hp.max_len_a * src_len + hp.max_len_b)))
+        ids = dict(bos_id=hp.bos_id, eos_id=hp.eos_id, pad_id=hp.pad_id, max_len=max_len)
+        if beam_size == 1:
+            return greedy_decode(self.model, src, **ids)[0]
+        return beam_search(self.model, src, beam_size=beam_size, alpha=hp.length_penalty, **ids)[0]
+
+    def _detokenize(self, ids: Tensor) -> list[str]:
+        datamodule = self.trainer.datamodule
+        if not hasattr(datamodule, "decode_target"):
+            raise ValueError("TranslationModule needs a DataModule with decode_target() (e.g. datamodules.text.ParallelTextDataModule)")
+        return datamodule.decode_target(ids.tolist())
+
+    def _losses(self, batch: dict) -> tuple[Tensor, Tensor, int]:
+        decoder_input, labels = teacher_forcing(batch["tgt"])  # (B, T-1) each
+        logits = self(batch["src"], decoder_input)  # (B, T-1, V)
+        loss, nll = label_smoothed_nll_loss(logits, labels, self.hparams.label_smoothing, self.hparams.pad_id)
+        return loss, nll, int(labels.ne(self.hparams.pad_id).sum())
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        loss, _, tokens = self._losses(batch)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=tokens)
+        return loss
+
+    def _eval_step(self, batch: dict, metric: MeanMetric, beam_size: int) -> None:
+        _, nll, tokens = self._losses(batch)
+        metric.update(nll, weight=tokens)
+        hyps = self._detokenize(self.translate(batch["src"], beam_size))
+        self._outputs += zip(batch["index"].tolist(), batch["src_text"], batch["tgt_text"], hyps)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch, self.val_nll, self.hparams.val_beam_size)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch, self.test_nll, self.hparams.beam_size)
+
+    def on_validation_epoch_start(self) -> None:
+        self._outputs = []
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def _eval_epoch_end(self, stage: str, metric: MeanMetric) -> None:
+        nll = metric.compute()
+        metric.reset()
+        rows = sorted({r[0]: r for r in _gather(self._outputs)}.values())  # DDP may repeat samples to even out ranks
+        self._outputs = []
+        hyps, refs = [r[3] for r in rows], [r[2] for r in rows]
+        bleu, chrf = BLEU(), CHRF()
+        self.log_dict({f"{stage}/loss": nll, f"{stage}/ppl": nll.exp(), f"{stage}/bleu": bleu.corpus_score(hyps, [refs]).score,
+                       f"{stage}/chrf": chrf.corpus_score(hyps, [refs]).score}, prog_bar=True)
+        if self.trainer.sanity_checking:
+            return
+        samples = [[src, ref, hyp] for _, src, ref, hyp in rows[: self.hparams.num_samples]]
+        log_table(self, f"{stage}/samples", ["source", "reference", "hypothesis"], samples)
+        if stage == "test" or not self._signature_shown:
+            self._signature_shown = True
+            self.print(f"sacreBLEU signatures: {bleu.get_signature()} | {chrf.get_signature()}")
+            log_table(self, f"{stage}/sacrebleu_signature", ["metric", "signature"], [["BLEU", str(bleu.get_signature())], ["chrF", str(chrf.get_signature())]])
+        if stage == "test":
+            self.print("\n".join(f"  {src}\n  -> {hyp}\n  (ref {ref})" for src, ref, hyp in samples))
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val", self.val_nll)
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test", self.test_nll)
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict[str, list[str]]:
+        """Translations of the input lines, in order; each is also printed on standard output."""
+        hyps = self._detokenize(self.translate(batch["src"], self.hparams.beam_size))
+        hyps = [hyp if src.strip() else "" for src, hyp in zip(batch["src_text"], hyps)]  # an empty line stays empty
+        print("\n".join(hyps), flush=True)
+        return {"source": batch["src_text"], "translation": hyps}
+
+    def configure_optimizers(self) -> dict:
+        return configure_adamw(self, self.model)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_vocabulary(checkpoint, self.hparams, ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"))
+
+
+class LanguageModelModule(pl.LightningModule):
+    """`DecoderOnlyLM` trained to predict the next token (nanoGPT's recipe by default).
+
+    Args (model): see `DecoderOnlyLM`; ``vocab_size`` is linked from the DataModule.
+    Args (training): AdamW ``lr``, ``betas``, ``eps``, ``weight_decay`` (matrices only), ``schedule``
+        with ``warmup_steps`` and ``min_lr_ratio``.
+    Args (generation): ``max_new_tokens``, ``temperature``, ``top_k`` for `attnlab predict`;
+        ``sample_tokens`` generated after each validation and logged (0: none).
+    Logged: ``train/loss``, ``val/loss`` (nats per token), ``val/ppl``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        d_model: int = 384,
+        nhead: int = 6,
+        num_layers: int = 6,
+        dim_feedforward: int | None = None,
+        dropout: float = 0.2,
+        activation: Activation = "gelu",
+        norm_first: bool = True,
+        similarity: Similarity = "scaled_dot",
+        positions: Positions = "learned",
+        max_len: int = 256,
+        tie_embeddings: bool = True,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.99),
+        eps: float = 1e-8,
+        weight_decay: float = 0.1,
+        schedule: Schedule = "cosine",
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.1,
+        max_new_tokens: int = 200,
+        temperature: float = 0.8,
+        top_k: int | None = 200,
+        sample_tokens: int = 200,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        if temperature < 0:
+            raise ValueError(f"model.temperature={temperature} must be >= 0 (0: always the most likely token)")
+        self.model = DecoderOnlyLM(vocab_size, d_model=d_model, nhead=nhead, num_layers=num_layers, dim_feedforward=dim_feedforward,
+                                   dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity,
+                                   positions=positions, max_len=max_len, tie_embeddings=tie_embeddings)
+        self.val_nll = MeanMetric()
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.model(tokens)
+
+    def _loss(self, batch: dict) -> Tensor:
+        logits = self(batch["input"])  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["target"].flatten())
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=batch["target"].numel())
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.val_nll.update(self._loss(batch), weight=batch["target"].numel())
+
+    test_step = validation_step
+
+    def _epoch_end(self, stage: str) -> None:
+        nll = self.val_nll.compute()
+        self.val_nll.reset()
+        self.log_dict({f"{stage}/loss": nll, f"{stage}/ppl": nll.exp()}, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self._epoch_end("val")
+        if self.hparams.sample_tokens and not self.trainer.sanity_checking and self.trainer.is_global_zero:
+            start = torch.full((1, 1), self._newline_id(), dtype=torch.long, device=self.device)
+            text = self._complete(start, self.hparams.sample_tokens)
+            log_table(self, "val/samples", ["step", "sample"], [[str(self.global_step), text]])
+
+    def on_test_epoch_end(self) -> None:
+        self._epoch_end("test")
+
+    def _newline_id(self) -> int:
+        ids = self.trainer.datamodule.tokenizer.encode("\n", add_special_tokens=False).ids
+        return ids[0] if ids else 0
+
+    def _complete(self, prompt: Tensor, max_new_tokens: int) -> str:
+        hp = self.hparams
+        out = self.model.generate(prompt, max_new_tokens, temperature=hp.temperature, top_k=hp.top_k)
+        return self.trainer.datamodule.decode(out.tolist())[0]
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict[str, list[str]]:
+        """The prompt and its continuation, printed on standard output."""
+        if batch["prompt"].size(1) == 0:
+            raise ValueError(f"prompt {batch['prompt_text'][0]!r} has no tokens; give at least one character")
+        text = self._complete(batch["prompt"], self.hparams.max_new_tokens)
+        print(text, flush=True)
+        return {"prompt": batch["prompt_text"], "completion": [text]}
+
+    def configure_optimizers(self) -> dict:
+        return configure_adamw(self, self.model)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_vocabulary(checkpoint, self.hparams, ("vocab_size",))
