@@ -94,6 +94,8 @@ def gather_detections(detections: Detections) -> Detections:
 def draw_detections(image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float) -> Image.Image:
     """The image with the boxes scoring at least ``score_threshold``, labelled "name score"."""
     keep = det["scores"] >= score_threshold
+    if not keep.any():
+        return image.convert("RGB")
     pixels = torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)  # (3, H, W) uint8
     labels = [f"{class_names[l]} {s:.2f}" for l, s in zip(det["labels"][keep].tolist(), det["scores"][keep].tolist())]
     drawn = draw_bounding_boxes(pixels, det["boxes"][keep].float(), labels=labels, colors="red", width=2)
