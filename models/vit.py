@@ -1,18 +1,34 @@
-"""Vision Transformer (Dosovitskiy et al. 2021) on the shared encoder.
+"""Vision Transformer (Dosovitskiy et al. 2021) on the shared encoder, and weight import.
 
 An image is cut into non-overlapping patches (`PatchEmbed`), a class token is prepended,
 learned positions are added, and the shared pre-norm encoder runs over the tokens; the head
-reads the class token (or the mean of the patch tokens).
+reads the class token after the final norm ("token"), or the mean of the patch tokens followed
+by ``fc_norm`` ("avg", as timm and MAE do).
+
+Weights come from local files only (`load_pretrained`): a checkpoint of our own
+(`attnlab fit` writes Lightning ``.ckpt`` files) or a timm ``VisionTransformer`` state dict
+(``.pth``/``.bin``/``.safetensors``), renamed by `timm_to_attnlab`. Positions are resampled
+(bicubic, timm's ``resample_abs_pos_embed``) when the patch grid differs from the checkpoint's,
+the patch projection is adapted when the channel count differs, and the head is re-initialised
+when the class count differs.
 """
 from __future__ import annotations
 
+import logging
+import math
+import re
+from pathlib import Path
 from typing import Literal
 
 import torch
+from timm.layers import resample_abs_pos_embed
+from timm.models import adapt_input_conv
 from torch import Tensor, nn
 
 from models.attention import Similarity
 from models.transformer import TransformerEncoder
+
+log = logging.getLogger(__name__)
 
 
 class PatchEmbed(nn.Module):
@@ -33,6 +49,12 @@ class PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
+def _init_linear(layer: nn.Linear) -> None:
+    nn.init.trunc_normal_(layer.weight, std=0.02)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+
+
 class VisionTransformer(nn.Module):
     """ViT classifier.
 
@@ -41,10 +63,13 @@ class VisionTransformer(nn.Module):
         num_classes: classes of the head (0 gives features only).
         embed_dim, depth, num_heads, mlp_ratio: width, layers, heads, MLP width / embed_dim.
         drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout, stochastic depth.
-        global_pool: "token" (class token) or "avg" (mean of patch tokens).
+        global_pool: "token" (class token after the final norm) or "avg" (mean of the patch
+            tokens, then ``fc_norm``; the class token is kept, as in timm, but unread).
         similarity: attention similarity of the shared core.
     Shapes: images (B, C, H, W) -> logits (B, num_classes).
     """
+
+    num_prefix_tokens = 1  # the class token
 
     def __init__(
         self,
@@ -65,16 +90,18 @@ class VisionTransformer(nn.Module):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"model.global_pool={global_pool!r}; expected 'token' or 'avg'")
-        self.global_pool = global_pool
+        self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.patch_embed.num_patches, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.patch_embed.num_patches, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         self.encoder = TransformerEncoder(
-            depth, embed_dim, num_heads, final_norm=True, drop_path=drop_path_rate,
+            depth, embed_dim, num_heads, final_norm=global_pool == "token", drop_path=drop_path_rate,
             dim_feedforward=int(embed_dim * mlp_ratio), dropout=drop_rate, attn_dropout=attn_drop_rate,
             activation="gelu", norm_first=True, similarity=similarity, layer_norm_eps=1e-6,
         )
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "avg" else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
@@ -83,22 +110,141 @@ class VisionTransformer(nn.Module):
         nn.init.normal_(self.cls_token, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+                _init_linear(m)
+
+    def reset_head(self) -> None:
+        """A fresh head (new task, same class count)."""
+        if isinstance(self.head, nn.Linear):
+            _init_linear(self.head)
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}
 
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Layer groups for timm's layer-wise learning-rate decay: embeddings, then one group per
+        block, then the final norm and head (timm's ``VisionTransformer.group_matcher``)."""
+        return {
+            "stem": r"^cls_token|pos_embed|patch_embed",
+            "blocks": [(r"^encoder\.layers\.(\d+)", None), (r"^encoder\.norm", (99999,))],
+        }
+
     def forward_features(self, x: Tensor) -> Tensor:
-        """Images (B, C, H, W) -> normed tokens (B, 1 + N, D), class token first."""
+        """Images (B, C, H, W) -> encoded tokens (B, 1 + N, D), class token first
+        (after the final norm with "token" pooling)."""
         x = self.patch_embed(x)  # (B, N, D)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed  # (B, 1 + N, D)
         return self.encoder(self.pos_drop(x))
 
     def forward_head(self, tokens: Tensor) -> Tensor:
-        pooled = tokens[:, 0] if self.global_pool == "token" else tokens[:, 1:].mean(dim=1)
-        return self.head(pooled)
+        """Tokens (B, 1 + N, D) -> logits (B, num_classes)."""
+        pooled = tokens[:, 0] if self.global_pool == "token" else tokens[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
+        return self.head(self.head_drop(self.fc_norm(pooled)))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+# timm VisionTransformer key -> ours (nn.TransformerEncoderLayer names in models.transformer).
+_TIMM_KEYS = (
+    (r"^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$", r"encoder.layers.\1.self_attn.in_proj_\2"),
+    (r"^blocks\.(\d+)\.attn\.proj\.", r"encoder.layers.\1.self_attn.out_proj."),
+    (r"^blocks\.(\d+)\.mlp\.fc1\.", r"encoder.layers.\1.linear1."),
+    (r"^blocks\.(\d+)\.mlp\.fc2\.", r"encoder.layers.\1.linear2."),
+    (r"^blocks\.(\d+)\.(norm[12])\.", r"encoder.layers.\1.\2."),
+    (r"^norm\.", "encoder.norm."),
+)
+
+
+def timm_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Rename the keys of a timm ``VisionTransformer`` state dict to ours.
+
+    timm's packed ``attn.qkv`` is our ``in_proj`` (both (3D, D), q, k, v stacked), ``attn.proj`` our
+    ``out_proj``, ``mlp.fc1/fc2`` our ``linear1/linear2`` and the final ``norm`` our ``encoder.norm``;
+    ``cls_token``, ``pos_embed``, ``patch_embed.proj``, ``fc_norm`` and ``head`` keep their names.
+    Keys of timm features we lack (layer scale, register tokens, q/k norm) pass through unrenamed,
+    so that loading names them.
+    """
+    renamed = {}
+    for key, value in state.items():
+        for pattern, replacement in _TIMM_KEYS:
+            key = re.sub(pattern, replacement, key)
+        renamed[key] = value
+    return renamed
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
+    """A local weights file -> a state dict with our key names.
+
+    Accepts an `attnlab fit` checkpoint (``.ckpt``: Lightning's ``state_dict`` with the module's
+    ``model.`` prefix), a state dict of our `VisionTransformer`, or a timm ``VisionTransformer``
+    state dict (``.pth``/``.bin`` via ``torch.load(weights_only=True)``, or ``.safetensors``),
+    optionally under a "model"/"state_dict" key. Nothing is downloaded.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model.init_from: {path} does not exist (weights are never downloaded; give a local .ckpt, .pth or .safetensors file)")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"model.init_from: {path} does not hold a state dict of tensors")
+    if any(k.startswith("blocks.") for k in state):
+        return timm_to_attnlab(state)
+    return {k.removeprefix("model."): v for k, v in state.items()}
+
+
+def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: str = "checkpoint") -> None:
+    """Load a state dict with our key names into ``model``, adapting it where that is well defined.
+
+    - positions: resampled (bicubic) to the model's patch grid when the grid differs;
+    - patch projection: adapted to the model's channel count (timm's ``adapt_input_conv``: e.g. RGB
+      weights summed for grayscale input);
+    - head: re-initialised (and logged) when the class count differs.
+    Anything else that does not fit (depth, width, patch size, pooling) is a ValueError naming ``source``.
+    """
+    state = dict(state)
+    own = model.state_dict()
+    if "fc_norm.weight" in state and "fc_norm.weight" not in own:
+        raise ValueError(f"{source} was trained with global_pool='avg' (it has fc_norm); set model.global_pool=avg")
+    if "encoder.norm.weight" in state and "encoder.norm.weight" not in own:
+        raise ValueError(f"{source} was trained with global_pool='token'; set model.global_pool=token")
+    pos = state.get("pos_embed")
+    if pos is not None and pos.shape != own["pos_embed"].shape and pos.shape[-1] == own["pos_embed"].shape[-1]:
+        old_grid = math.isqrt(pos.shape[1] - model.num_prefix_tokens)
+        if old_grid**2 + model.num_prefix_tokens != pos.shape[1]:
+            raise ValueError(f"{source}: pos_embed has {pos.shape[1]} positions, not a class token and a square patch grid")
+        grid = model.patch_embed.grid_size
+        state["pos_embed"] = resample_abs_pos_embed(pos, [grid, grid], [old_grid, old_grid], num_prefix_tokens=model.num_prefix_tokens)
+        log.warning("%s: positions resampled from a %dx%d to a %dx%d patch grid", source, old_grid, old_grid, grid, grid)
+    proj = state.get("patch_embed.proj.weight")
+    in_chans = own["patch_embed.proj.weight"].shape[1]
+    if proj is not None and proj.shape[1] != in_chans:
+        state["patch_embed.proj.weight"] = adapt_input_conv(in_chans, proj)
+        log.warning("%s: patch projection adapted from %d to %d input channels", source, proj.shape[1], in_chans)
+    classes = {name: d["head.weight"].shape[0] if "head.weight" in d else 0 for name, d in (("checkpoint", state), ("model", own))}
+    new_head = classes["checkpoint"] != classes["model"]
+    if new_head:
+        state = {k: v for k, v in state.items() if not k.startswith("head.")}
+        log.warning("%s: its head has %d classes, the model %d; the head is re-initialised", source, classes["checkpoint"], classes["model"])
+    missing = [k for k in own if k not in state and not (new_head and k.startswith("head."))]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise ValueError(f"{source} does not fit this ViT: missing {missing[:3]}, unexpected {unexpected[:3]}; is it a ViT of this depth and pooling?")
+    wrong = [k for k in state if state[k].shape != own[k].shape]
+    if wrong:
+        k = wrong[0]
+        raise ValueError(f"{source} has weights of another shape, e.g. {k}: {tuple(state[k].shape)} vs the model's {tuple(own[k].shape)}; check embed_dim, patch_size, mlp_ratio")
+    model.load_state_dict(state, strict=not new_head)
+    if new_head:
+        model.reset_head()
+
+
+def load_timm_state_dict(model: VisionTransformer, state: dict[str, Tensor], source: str = "timm state dict") -> None:
+    """Load a timm ``VisionTransformer`` state dict (timm key names) into our ``model``."""
+    load_pretrained(model, timm_to_attnlab(state), source)

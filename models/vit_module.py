@@ -1,4 +1,5 @@
-"""LightningModule that trains a `VisionTransformer` for image classification."""
+"""LightningModule that trains a `VisionTransformer` for image classification, from scratch or
+fine-tuned from a local checkpoint (ours or timm's)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -7,17 +8,28 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from timm.optim import param_groups_layer_decay
 from torchmetrics.classification import MulticlassAccuracy
 
 from models.attention import Similarity
 from models.optim import param_groups, warmup_cosine
-from models.vit import VisionTransformer
+from models.vit import VisionTransformer, load_pretrained, read_checkpoint
 
 
 class ImageClassifier(pl.LightningModule):
     """ViT + cross-entropy with label smoothing, AdamW, linear warmup and cosine decay.
 
-    ``num_classes``, ``in_chans`` and ``img_size`` are linked from the DataModule.
+    ``num_classes``, ``in_chans`` and ``img_size`` are linked from the DataModule. Training labels
+    may be class indices (B,) or soft targets (B, num_classes) from Mixup/CutMix; label smoothing
+    applies to both (so Mixup itself runs without smoothing).
+
+    Transfer learning:
+        init_from: a local ``.ckpt`` of `attnlab fit`, or a timm ViT ``.pth``/``.safetensors``
+            state dict; positions are resampled to this image size and the head is re-initialised
+            when the class count differs (see `models.vit.load_pretrained`).
+        freeze_backbone: train the head only (a linear probe).
+        layer_decay: layer-wise learning-rate decay (BEiT; timm's ``param_groups_layer_decay``):
+            block i of L trains at ``lr * layer_decay ** (L + 1 - i)``, the head at ``lr``.
     Logged: ``train/loss``, ``train/acc``, ``val/loss``, ``val/acc``, ``test/loss``, ``test/acc``.
     """
 
@@ -41,14 +53,24 @@ class ImageClassifier(pl.LightningModule):
         warmup_epochs: float = 5.0,
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.1,
+        init_from: str | None = None,
+        freeze_backbone: bool = False,
+        layer_decay: float | None = None,
     ):
         super().__init__()
+        if layer_decay is not None and not 0 < layer_decay <= 1:
+            raise ValueError(f"model.layer_decay={layer_decay} must be in (0, 1]")
         self.save_hyperparameters()
         self.model = VisionTransformer(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
             embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, drop_rate=drop_rate,
             attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, global_pool=global_pool, similarity=similarity,
         )
+        if init_from:
+            load_pretrained(self.model, read_checkpoint(init_from), f"model.init_from={init_from}")
+        if freeze_backbone:
+            for name, p in self.model.named_parameters():
+                p.requires_grad = name.startswith("head.")
         self.train_acc = MulticlassAccuracy(num_classes)
         self.val_acc = MulticlassAccuracy(num_classes)
         self.test_acc = MulticlassAccuracy(num_classes)
@@ -57,10 +79,10 @@ class ImageClassifier(pl.LightningModule):
         return self.model(images)
 
     def _step(self, batch: tuple[Tensor, Tensor], stage: str, metric: MulticlassAccuracy) -> Tensor:
-        images, labels = batch
+        images, labels = batch  # labels (B,) class indices, or (B, K) soft targets from Mixup/CutMix
         logits = self(images)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing if stage == "train" else 0.0)
-        metric(logits, labels)
+        metric(logits, labels if labels.ndim == 1 else labels.argmax(-1))
         on_step = stage == "train"
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step, batch_size=len(labels))
         self.log(f"{stage}/acc", metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(labels))
@@ -83,7 +105,13 @@ class ImageClassifier(pl.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = torch.optim.AdamW(param_groups(self.model, hp.weight_decay, self.model.no_weight_decay()), lr=hp.lr)
+        if hp.layer_decay is None:
+            groups = param_groups(self.model, hp.weight_decay, self.model.no_weight_decay())
+        else:
+            groups = param_groups_layer_decay(self.model, hp.weight_decay, self.model.no_weight_decay(), layer_decay=hp.layer_decay)
+            for group in groups:  # LambdaLR scales each group's own lr; timm's schedulers would read lr_scale
+                group["lr"] = hp.lr * group.pop("lr_scale")
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr)
         total = self.trainer.estimated_stepping_batches
         warmup = int(total * hp.warmup_epochs / max(1, self.trainer.max_epochs or 1))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total, hp.min_lr_ratio))
