@@ -22,6 +22,8 @@ from pathlib import Path
 import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
+from experiments import tracking
+
 # DataModule attribute -> model init argument of the same name.
 LINKED_ATTRIBUTES = (
     "num_classes",
@@ -94,6 +96,9 @@ class AttnlabCLI(LightningCLI):
         for name in LINKED_ATTRIBUTES:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
 
+    def before_instantiate_classes(self) -> None:
+        tracking.prepare(self.config, self.subcommand)  # logger folders; `fit --ckpt_path last` resumes the run
+
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
@@ -128,6 +133,11 @@ def _fail(err: object) -> None:
 
 def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["compare"]:  # not a Lightning subcommand: the cross-run report
+        from experiments.compare import main as compare
+
+        return compare(argv[1:])
     AttnlabCLI(
         model_class=pl.LightningModule,
         datamodule_class=pl.LightningDataModule,
@@ -135,8 +145,10 @@ def main(args: list[str] | None = None) -> None:
         subclass_mode_data=True,
         parser_class=AttnlabParser,
         save_config_kwargs={"overwrite": True},
+        save_config_callback=tracking.LoggedConfig,  # config.yaml in the run folder, and nested in W&B
         # progress bars only where someone watches; logs and CI get the epoch summaries
-        trainer_defaults={"enable_progress_bar": sys.stderr.isatty()},
+        # every experiment gets throughput, gradient norm and summary.json without listing them
+        trainer_defaults={"enable_progress_bar": sys.stderr.isatty(), "callbacks": tracking.default_callbacks()},
         args=args,
     )
 

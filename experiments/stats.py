@@ -1,0 +1,211 @@
+"""Attention statistics of any attnlab model on one fixed batch, measured with `capture_attention`.
+
+Per attention layer and head:
+    entropy      mean over queries of -Σ_k p_k log p_k (nats), the spread of attention
+    max_weight   mean over queries of max_k p_k: softmax saturation (1 = one-hot)
+    saturated    share of queries whose largest weight exceeds 0.9
+    logit_var    mean over queries of the variance, over the keys a query may see, of its logits
+                 (the similarity after scaling, before softmax): the quantity √d keeps near 1
+    distance     attention-weighted mean distance between a query and its keys, in tokens for text
+                 and in pixels for ViT patches and DETR's memory cells (self-attention only; [CLS]
+                 and DETR's object queries have no place, so they are left out)
+    special      attention mass on special tokens: [CLS] for the ViT, BOS/EOS for text (none in DETR)
+Padded queries and blocked keys (padding, the future) are left out of every average.
+
+The modality is read from the model's parts (``patch_embed``: ViT; ``backbone`` and ``transformer``:
+DETR; otherwise text), and its forward inputs are what the LightningModule passed to ``model`` on
+the fixed batch (recorded by `FirstCall`): ViT ``(images,)``, DETR ``(images, mask)``, translation
+``(src, tgt)``, language model ``(tokens,)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from models.attention import MultiHeadAttention, capture_attention, merge_masks
+
+SATURATION = 0.9  # a query whose largest weight exceeds this attends, in effect, to one key
+
+
+@dataclass
+class Sequence:
+    """What the attention of one sequence needs besides the weights.
+
+    positions: (L, C) coordinates in ``unit`` (NaN rows have no place: [CLS], object queries).
+    special: (B, L) True at special tokens, or None when the modality has none.
+    """
+
+    positions: Tensor | None
+    special: Tensor | None
+
+
+class FirstCall:
+    """Record the positional and keyword inputs of ``module``'s next call (detached), then stop listening."""
+
+    def __init__(self, module: nn.Module):
+        self.args: tuple | None = None
+        self.kwargs: dict[str, Any] = {}
+        self._handle = module.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        detach = lambda x: x.detach().clone() if isinstance(x, Tensor) else x  # noqa: E731
+        self.args, self.kwargs = tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}
+        self.remove()
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def modality(model: nn.Module) -> str:
+    if hasattr(model, "patch_embed"):
+        return "vision"
+    if hasattr(model, "backbone") and hasattr(model, "transformer"):
+        return "detection"
+    return "text"
+
+
+def unit(kind: str) -> str:
+    return "tokens" if kind == "text" else "pixels"
+
+
+def _grid(h: int, w: int, stride_h: float, stride_w: float) -> Tensor:
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return torch.stack([(rows.flatten() + 0.5) * stride_h, (cols.flatten() + 0.5) * stride_w], -1).float()  # (h·w, 2)
+
+
+def _special(tokens: Tensor, ids: tuple[int, ...]) -> Tensor:
+    return torch.isin(tokens, torch.tensor(ids, device=tokens.device)) if ids else torch.zeros_like(tokens, dtype=torch.bool)
+
+
+def _sequences(kind: str, model: nn.Module, args: tuple, feature_hw: tuple[int, int] | None, special_ids: tuple[int, ...]) -> tuple[Sequence, Sequence | None]:
+    """(encoder-side sequence, decoder-side sequence or None) of the fixed batch."""
+    if kind == "vision":
+        images = args[0]  # (B, C, H, W)
+        p = model.patch_embed.patch_size
+        cells = _grid(images.shape[-2] // p, images.shape[-1] // p, p, p)
+        prefix = getattr(model, "num_prefix_tokens", 1)
+        positions = torch.cat([torch.full((prefix, 2), float("nan")), cells])  # [CLS] first, no place
+        special = torch.zeros(images.shape[0], len(positions), dtype=torch.bool)
+        special[:, :prefix] = True
+        return Sequence(positions, special), None
+    if kind == "detection":
+        images = args[0]
+        h, w = feature_hw
+        return Sequence(_grid(h, w, images.shape[-2] / h, images.shape[-1] / w), None), Sequence(None, None)
+    src = args[0]  # (B, S) token ids
+    enc = Sequence(torch.arange(src.shape[1], dtype=torch.float32)[:, None], _special(src, special_ids).cpu())
+    if len(args) > 1 and isinstance(args[1], Tensor):  # encoder-decoder: (src, tgt)
+        tgt = args[1]
+        return enc, Sequence(torch.arange(tgt.shape[1], dtype=torch.float32)[:, None], _special(tgt, special_ids).cpu())
+    return enc, None
+
+
+def _layer_stats(weights: Tensor, logits: Tensor, blocked: Tensor, valid_q: Tensor, q_seq: Sequence | None, k_seq: Sequence | None) -> dict[str, list[float] | None]:
+    """Per-head statistics of one layer. weights/logits (B, H, Lq, Lk); blocked broadcastable to them; valid_q (B, Lq)."""
+    allowed = ~blocked.expand_as(weights)
+    rows = valid_q[:, None, :].expand(weights.shape[:3]) & allowed.any(-1)  # (B, H, Lq)
+    n = rows.sum((0, 2)).clamp(min=1)  # (H,)
+
+    def mean(x: Tensor) -> list[float]:  # (B, H, Lq) -> per head, over counted rows
+        return ((x * rows).sum((0, 2)) / n).tolist()
+
+    p = weights.float()
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
+    top = p.max(-1).values
+    k = allowed.sum(-1).clamp(min=1)
+    x = logits.float().masked_fill(~allowed, 0.0)
+    mu = x.sum(-1, keepdim=True) / k[..., None]
+    var = ((x - mu).masked_fill(~allowed, 0.0) ** 2).sum(-1) / k
+    out = {"entropy": mean(entropy), "max_weight": mean(top), "saturated": mean((top > SATURATION).float()), "logit_var": mean(var),
+           "distance": None, "special": None}
+    if q_seq is not None and k_seq is not None and q_seq.positions is not None and k_seq.positions is not None:
+        d = torch.cdist(q_seq.positions, k_seq.positions).to(p.device)  # (Lq, Lk), NaN where a side has no place
+        placed = ~d.isnan()
+        mass = (p * placed).sum(-1)
+        dist = (p * d.nan_to_num(0.0)).sum(-1) / mass.clamp_min(1e-12)
+        q_placed = ~q_seq.positions.isnan().any(-1).to(p.device)  # (Lq,)
+        keep = rows & q_placed & (mass > 0)
+        out["distance"] = ((dist * keep).sum((0, 2)) / keep.sum((0, 2)).clamp(min=1)).tolist()
+    if k_seq is not None and k_seq.special is not None:
+        out["special"] = mean((p * k_seq.special.to(p.device)[:, None, None, :]).sum(-1))
+    return out
+
+
+@torch.no_grad()
+def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = None, special_ids: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Run ``model(*args, **kwargs)`` once in eval mode and measure its attention (see the module docstring).
+
+    Returns ``{"modality", "unit", "batch_size", "layers": [{"name", "kind": "self"|"cross", "heads",
+    "entropy", "max_weight", "saturated", "logit_var", "distance", "special"}, ...]}`` with one value per
+    head in each list (``distance``/``special`` None where not defined), layers in module order.
+    """
+    kind = modality(model)
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    calls: dict[str, tuple[tuple, dict]] = {}
+    handles = [m.register_forward_pre_hook(lambda m, a, kw, name=name: calls.setdefault(name, (a, kw)) and None, with_kwargs=True)
+               for name, m in layers.items()]
+    feature_hw: list[tuple[int, int]] = []
+    if kind == "detection":
+        handles.append(model.backbone.register_forward_hook(lambda m, a, out: feature_hw.append(tuple(out.shape[-2:]))))
+    was_training = model.training
+    model.eval()
+    try:
+        with capture_attention(model) as maps:
+            model(*args, **(kwargs or {}))
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    enc, dec = _sequences(kind, model, args, feature_hw[0] if feature_hw else None, special_ids)
+    dec_valid = None
+    stats = []
+    for name, m in layers.items():
+        if name not in calls or not maps[name]:
+            continue
+        (a, kw), weights = calls[name], maps[name][0]  # the first call: one forward pass
+        query = a[0] if a else kw["query"]
+        key = a[1] if len(a) > 1 else kw.get("key")
+        key = query if key is None else key
+        value = a[2] if len(a) > 2 else kw.get("value")
+        value = key if value is None else value
+        q, k, _ = m._project(query, key, value)
+        q, k = m._heads(q), m._heads(k)  # (B, H, L, d)
+        if m.similarity == "general":
+            q = torch.einsum("bhld,hde->bhle", q, m.general_weight)
+        logits = (q @ k.transpose(-2, -1)) * m.scale  # (B, H, Lq, Lk)
+        b, _, lq, lk = logits.shape
+        mask = merge_masks(b, lq, lk, attn_mask=kw.get("attn_mask"), key_padding_mask=kw.get("key_padding_mask"),
+                           is_causal=kw.get("is_causal", False), device=logits.device, dtype=logits.dtype)
+        blocked = torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=logits.device) if mask is None else (
+            mask if mask.dtype == torch.bool else torch.isneginf(mask))
+        kpm = kw.get("key_padding_mask")
+        cross = name.endswith("multihead_attn")
+        in_decoder = "decoder" in name.split(".")
+        if cross:
+            q_seq, k_seq = dec, enc
+            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else torch.ones(b, lq, dtype=torch.bool, device=logits.device)
+        else:
+            q_seq = k_seq = dec if in_decoder and dec is not None else enc
+            valid_q = ~kpm if kpm is not None else torch.ones(b, lq, dtype=torch.bool, device=logits.device)
+            if in_decoder:
+                dec_valid = valid_q
+        if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:
+            q_seq = None  # a layout this function does not know: no distance rather than a wrong one
+        if k_seq is not None and k_seq.positions is not None and len(k_seq.positions) != lk:
+            k_seq = None
+        layer = {"name": name, "kind": "cross" if cross else "self", "heads": m.num_heads}
+        layer.update(_layer_stats(weights, logits, blocked, valid_q, q_seq, k_seq))
+        stats.append(layer)
+    return {"modality": kind, "unit": unit(kind), "batch_size": int(args[0].shape[0]) if args and isinstance(args[0], Tensor) else None, "layers": stats}
+
+
+def summarize(stats: dict[str, Any]) -> dict[str, float | None]:
+    """Means over every layer and head: one number per statistic, for tables."""
+    out: dict[str, float | None] = {}
+    for key in ("entropy", "max_weight", "saturated", "logit_var", "distance", "special"):
+        values = [v for layer in stats.get("layers", []) if layer.get(key) is not None for v in layer[key]]
+        out[key] = sum(values) / len(values) if values else None
+    return out

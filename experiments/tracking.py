@@ -1,0 +1,209 @@
+"""Experiment tracking: W&B that never blocks on the network, the local run folder, and resuming.
+
+The run folder of an experiment is ``<trainer.default_root_dir>/lightning_logs/version_N/``:
+``config.yaml`` (the resolved LightningCLI config), ``hparams.yaml``, ``metrics.csv``,
+``checkpoints/{best,last}.ckpt``, ``summary.json`` (`experiments.callbacks.RunSummary`) and
+``attention.png``; offline W&B runs sit beside it in ``<default_root_dir>/wandb/offline-run-*``.
+
+W&B mode (`wandb_mode`): ``WANDB_MODE`` when set (online, offline, disabled); otherwise online when
+W&B credentials exist (``WANDB_API_KEY`` or an api.wandb.ai entry in ~/.netrc), else offline. So a
+machine without an account never waits on the network; upload later with ``wandb sync <run dir>``.
+
+`prepare` runs on the parsed config before LightningCLI instantiates anything: loggers of this
+module without ``save_dir`` get ``trainer.default_root_dir``, and ``fit --ckpt_path last`` resumes the
+newest ``last*.ckpt`` under the root into the same run folder and the same W&B run (or starts a new
+run, saying so, when there is none: the same command serves a first start and a requeued job).
+"""
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from jsonargparse import Namespace
+from pytorch_lightning.cli import SaveConfigCallback
+from pytorch_lightning.loggers import CSVLogger as _CSVLogger
+from pytorch_lightning.loggers import WandbLogger as _WandbLogger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+
+Mode = Literal["online", "offline", "disabled"]
+
+
+def wandb_mode(environ: dict[str, str] | None = None, netrc_file: str | None = None) -> Mode:
+    """The W&B mode this process should use (see the module docstring)."""
+    environ = os.environ if environ is None else environ
+    env = environ.get("WANDB_MODE", "").strip().lower()
+    if env:
+        return {"dryrun": "offline", "run": "online"}.get(env, env)  # wandb's older spellings
+    if environ.get("WANDB_API_KEY"):
+        return "online"
+    path = netrc_file or environ.get("NETRC") or str(Path.home() / ".netrc")
+    try:
+        if Path(path).is_file() and netrc.netrc(path).authenticators("api.wandb.ai"):
+            return "online"
+    except (netrc.NetrcParseError, OSError):
+        pass
+    return "offline"
+
+
+class WandbLogger(_WandbLogger):
+    """Lightning's WandbLogger with attnlab's defaults.
+
+    Args:
+        project, entity, name, group, tags: the W&B run's place and labels.
+        save_dir: where ``wandb/`` goes; default ``trainer.default_root_dir`` (filled in by `prepare`).
+        mode: "online", "offline" or "disabled"; default from the environment (`wandb_mode`).
+        id: the run to continue (filled in on ``fit --ckpt_path last``).
+        log_model: upload checkpoints as artifacts (online only).
+    The run config is the resolved LightningCLI config, nested (logged by `LoggedConfig`);
+    Lightning's flat hyper-parameter dump is not logged a second time.
+    """
+
+    def __init__(
+        self,
+        project: str = "attnlab",
+        entity: str | None = None,
+        name: str | None = None,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        save_dir: str | None = None,
+        mode: Mode | None = None,
+        id: str | None = None,
+        log_model: bool = False,
+    ):
+        self.mode = mode or wandb_mode()
+        if self.mode not in ("online", "offline", "disabled"):
+            raise ValueError(f"trainer.logger: W&B mode={self.mode!r}; expected online, offline or disabled (WANDB_MODE)")
+        if log_model and self.mode != "online":
+            log_model = False  # artifacts need the server; an offline run keeps its checkpoints locally
+        # mode goes straight to wandb.init: Lightning's offline=True would set WANDB_MODE for the whole process
+        super().__init__(name=name, save_dir=save_dir or ".", project=project, id=id, log_model=log_model,
+                         entity=entity, group=group, tags=tags, mode=self.mode)
+
+    def log_hyperparams(self, params: Any) -> None:
+        """Skipped: the nested CLI config (`log_config`) already holds every hyper-parameter."""
+
+    def log_config(self, config: dict[str, Any], files: list[str] = ()) -> None:
+        self.experiment.config.update(config, allow_val_change=True)
+        for path in files:
+            if self.mode != "disabled":
+                self.experiment.save(path, base_path=str(Path(path).parent), policy="now")
+
+
+class _AppendingWriter(ExperimentWriter):
+    """metrics.csv writer that keeps the rows of the run it resumes."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = f.readline().strip().split(",")
+
+
+class CSVLogger(_CSVLogger):
+    """Lightning's CSVLogger whose ``save_dir`` defaults to ``trainer.default_root_dir`` and which, when
+    given an existing ``version``, appends to that run's metrics.csv instead of deleting it."""
+
+    def __init__(self, save_dir: str | None = None, name: str = "lightning_logs", version: int | str | None = None, flush_logs_every_n_steps: int = 100):
+        super().__init__(save_dir=save_dir or ".", name=name, version=version, flush_logs_every_n_steps=flush_logs_every_n_steps)
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            from lightning_fabric.utilities.rank_zero import rank_zero_only
+
+            if rank_zero_only.rank > 0:
+                return super().experiment  # a dummy on other ranks
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+class LoggedConfig(SaveConfigCallback):
+    """Save ``config.yaml`` in the run folder (as LightningCLI does) and log it to W&B loggers: the
+    nested config, with the values linked from the DataModule filled in, plus the file itself."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+        if not loggers:
+            return
+        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+        init_args = (config.get("model") or {}).get("init_args")
+        if isinstance(init_args, dict):
+            from experiments.cli import LINKED_ATTRIBUTES
+
+            init_args.update({k: pl_module.hparams[k] for k in LINKED_ATTRIBUTES if k in pl_module.hparams})
+        path = Path(trainer.log_dir or trainer.default_root_dir) / self.config_filename
+        for logger in loggers:
+            logger.log_config(config, files=[str(path)] if path.exists() else [])
+
+
+def _logger_entries(trainer: Namespace) -> list[Namespace]:
+    loggers = trainer.get("logger")
+    if isinstance(loggers, Namespace):
+        loggers = [loggers]
+    return [lg for lg in loggers if isinstance(lg, Namespace) and "class_path" in lg] if isinstance(loggers, list) else []
+
+
+def _is(entry: Namespace, cls: type) -> bool:
+    return entry.class_path in (f"{cls.__module__}.{cls.__qualname__}", cls.__qualname__)
+
+
+def prepare(config: Namespace, subcommand: str | None) -> None:
+    """Fill the run folder into this module's loggers and resolve ``fit --ckpt_path last`` (see module docstring)."""
+    cfg = config.get(subcommand) if subcommand else config
+    if not isinstance(cfg, Namespace) or not isinstance(cfg.get("trainer"), Namespace):
+        return
+    root = cfg.trainer.get("default_root_dir") or os.getcwd()
+    entries = _logger_entries(cfg.trainer)
+    for entry in entries:
+        if (_is(entry, WandbLogger) or _is(entry, CSVLogger)) and entry.get("init_args") is not None and not entry.init_args.get("save_dir"):
+            entry.init_args.save_dir = str(root)
+    if subcommand == "fit" and cfg.get("ckpt_path") == "last":
+        _resume_last(cfg, Path(root), entries)
+
+
+def _resume_last(cfg: Namespace, root: Path, entries: list[Namespace]) -> None:
+    found = sorted(root.glob("**/checkpoints/last*.ckpt"), key=os.path.getmtime)
+    if not found:
+        print(f"attnlab: no 'last*.ckpt' under {root}/: starting a new run", file=sys.stderr)
+        cfg.ckpt_path = None
+        return
+    ckpt = found[-1]
+    cfg.ckpt_path = str(ckpt)
+    print(f"attnlab: resuming from {ckpt}", file=sys.stderr)
+    run_dir = ckpt.parent.parent
+    if ckpt.parent.name != "checkpoints":
+        return
+    logger = cfg.trainer.get("logger")
+    if logger is None or logger is True:  # Lightning's default logger, pinned to the resumed run's folder
+        cfg.trainer.logger = Namespace(class_path=f"{CSVLogger.__module__}.CSVLogger",
+                                       init_args=Namespace(save_dir=str(run_dir.parent.parent), name=run_dir.parent.name, version=run_dir.name))
+        return
+    summary = _read_json(run_dir / "summary.json")
+    for entry in entries:
+        args = entry.get("init_args")
+        if args is None:
+            continue
+        if _is(entry, CSVLogger) and args.get("version") is None and Path(args.save_dir or root) / (args.get("name") or "lightning_logs") == run_dir.parent:
+            args.version = run_dir.name
+        elif _is(entry, WandbLogger) and not args.get("id"):
+            ids = [run.get("id") for run in summary.get("wandb") or [] if run.get("id") and run.get("mode") != "disabled"]
+            if ids:
+                args.id = ids[0]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def default_callbacks() -> list:
+    """The callbacks every experiment gets without listing them: throughput, gradient norm, run summary."""
+    from experiments.callbacks import GradientNorm, RunSummary, Throughput
+
+    return [Throughput(), GradientNorm(), RunSummary()]
