@@ -121,8 +121,8 @@ class VisionTransformer(nn.Module):
         return {"pos_embed", "cls_token"}
 
     def group_matcher(self, coarse: bool = False) -> dict:
-        """Layer groups for timm's layer-wise learning-rate decay: embeddings, then one group per
-        block, then the final norm and head (timm's ``VisionTransformer.group_matcher``)."""
+        """Layer groups for timm's layer-wise learning-rate decay, as timm's ``VisionTransformer``
+        makes them: embeddings, one group per block (the final norm joins the last), the head on top."""
         return {
             "stem": r"^cls_token|pos_embed|patch_embed",
             "blocks": [(r"^encoder\.layers\.(\d+)", None), (r"^encoder\.norm", (99999,))],

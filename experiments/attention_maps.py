@@ -1,0 +1,178 @@
+"""Where a ViT looks: the class token's attention per head, attention rollout, and a callback
+that renders both over the input images during validation and prediction.
+
+Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers"): average
+the heads of each layer, add the identity for the residual connection, renormalise the rows, and
+multiply the layers' matrices from the first to the last; the class token's row of the product
+says how much each input patch flows into what the head reads.
+
+Weights come from `models.attention.capture_attention`, so any model built on the shared core
+works unedited. Rendering uses matplotlib's object API (no pyplot, no global backend): PNG files.
+
+    with capture_attention(vit) as maps:
+        vit(images)
+    heads = cls_attention(maps)        # (B, H, g, g), last layer
+    rollout = attention_rollout(maps)  # (B, g, g)
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal, Mapping, Sequence
+
+import pytorch_lightning as pl
+import torch
+from matplotlib.figure import Figure
+from pytorch_lightning.loggers import WandbLogger
+from torch import Tensor
+
+from models.attention import capture_attention
+
+Maps = Mapping[str, Sequence[Tensor]] | Sequence[Tensor]
+
+
+def layer_weights(maps: Maps) -> list[Tensor]:
+    """`capture_attention`'s dict (module name -> weights per call) -> the weights (B, H, L, L) of
+    each layer, in the order the layers were registered (the forward order of an encoder), from
+    each layer's last call. A sequence of tensors is returned as it is."""
+    weights = [calls[-1] for calls in maps.values() if calls] if isinstance(maps, Mapping) else list(maps)
+    if not weights:
+        raise ValueError("no attention weights were captured; run the model inside capture_attention(model)")
+    return weights
+
+
+def _grid(weights: Tensor, num_prefix_tokens: int) -> int:
+    n = weights.shape[-1] - num_prefix_tokens
+    g = math.isqrt(n)
+    if g * g != n:
+        raise ValueError(f"{n} patch tokens after {num_prefix_tokens} prefix token(s) do not form a square grid")
+    return g
+
+
+def cls_attention(maps: Maps, layer: int = -1, num_prefix_tokens: int = 1) -> Tensor:
+    """The class token's attention to every patch, per head, of one layer: (B, H, g, g).
+
+    Rows are the class token's softmax over all tokens, so a head's map sums to 1 minus what the
+    class token gives to itself."""
+    w = layer_weights(maps)[layer]  # (B, H, L, L)
+    g = _grid(w, num_prefix_tokens)
+    return w[:, :, 0, num_prefix_tokens:].reshape(*w.shape[:2], g, g)
+
+
+def attention_rollout(maps: Maps, num_prefix_tokens: int = 1, token: Literal["cls", "mean"] = "cls") -> Tensor:
+    """Attention rollout over all captured layers -> (B, g, g).
+
+    ``token="cls"`` reads the class token's row (the head of a "token"-pooled ViT); ``"mean"`` the
+    mean of the patch tokens' rows (the head of an "avg"-pooled ViT). Each map sums to at most 1
+    (the rest flows from the prefix tokens)."""
+    weights = layer_weights(maps)
+    rollout = None
+    for w in weights:
+        a = w.mean(1)  # (B, L, L): heads averaged
+        a = a + torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)  # the residual path
+        a = a / a.sum(-1, keepdim=True)
+        rollout = a if rollout is None else a @ rollout  # (B, L, L): later layers on the left
+    g = _grid(weights[0], num_prefix_tokens)
+    rows = rollout[:, 0] if token == "cls" else rollout[:, num_prefix_tokens:].mean(1)  # (B, L)
+    return rows[:, num_prefix_tokens:].reshape(-1, g, g)
+
+
+def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str = "") -> Figure:
+    """One figure: the image, the rollout over it, and each head's class-token map over it.
+
+    image (C, H, W) any scale (shown min-max normalised); rollout (g, g); heads (H, g, g).
+    Each map is scaled to its own maximum: the panels show where, not how much."""
+    image = image.detach().float().cpu()
+    image = (image - image.min()) / (image.max() - image.min()).clamp_min(1e-8)
+    shown = image[0] if image.shape[0] == 1 else image.permute(1, 2, 0)  # (H, W) or (H, W, 3)
+    cmap = "gray" if image.shape[0] == 1 else None
+    panels = [("input", None), ("rollout", rollout)] + [(f"head {h}", m) for h, m in enumerate(heads)]
+    fig = Figure(figsize=(1.6 * len(panels), 1.9))
+    axes = fig.subplots(1, len(panels))
+    extent = (0, image.shape[-1], image.shape[-2], 0)
+    for ax, (name, heat) in zip(axes, panels):
+        ax.imshow(shown, cmap=cmap, extent=extent)
+        if heat is not None:
+            heat = heat.detach().float().cpu()
+            ax.imshow(heat / heat.max().clamp_min(1e-8), cmap="inferno", alpha=0.6, extent=extent, interpolation="bilinear", vmin=0, vmax=1)
+        ax.set_title(name, fontsize=7)
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=8)
+    return fig
+
+
+class AttentionMapLogger(pl.Callback):
+    """Render attention maps of a few fixed images during validation (and on request during
+    `attnlab predict`).
+
+    Validation: the first ``num_images`` images of the first validation batch (the validation
+    loader is not shuffled, so they stay the same across epochs), every ``every_n_epochs``
+    epochs. Prediction (``predict=True``): the first ``num_images`` predicted images.
+    Each image gives one PNG: input, rollout, and the class token's map per head of ``layer``,
+    written under ``<trainer.log_dir or default_root_dir>/attention_maps/epoch_<N>/`` (or
+    ``.../predict/``) and, when a W&B logger is attached, logged as ``val/attention_maps``.
+    The LightningModule's ``model`` (or the module itself) must attend through the shared core;
+    rollout reads the class token, or the patch mean for ``global_pool="avg"``.
+
+    To write maps from a config that lacks this callback::
+
+        attnlab predict --config configs/vision/digits.yaml --ckpt_path best \\
+            --trainer.callbacks+=experiments.attention_maps.AttentionMapLogger
+    """
+
+    def __init__(self, num_images: int = 8, every_n_epochs: int = 1, layer: int = -1, predict: bool = True):
+        super().__init__()
+        if num_images < 1 or every_n_epochs < 1:
+            raise ValueError(f"AttentionMapLogger: num_images={num_images} and every_n_epochs={every_n_epochs} must be >= 1")
+        self.num_images, self.every_n_epochs, self.layer, self.predict = num_images, every_n_epochs, layer, predict
+        self._predicted = 0
+
+    @torch.no_grad()
+    def render(self, trainer: pl.Trainer, pl_module: pl.LightningModule, images: Tensor, labels: Tensor | None, folder: str, first: int = 0) -> list[str]:
+        """Run ``pl_module`` on ``images`` (B, C, H, W) with weights captured; write one PNG per
+        image, numbered from ``first``; return the paths."""
+        model = getattr(pl_module, "model", pl_module)
+        with capture_attention(model) as maps:
+            logits = model(images)
+        token = "mean" if getattr(model, "global_pool", "token") == "avg" else "cls"
+        rollout, heads = attention_rollout(maps, token=token), cls_attention(maps, self.layer)
+        names = getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
+        name = (lambda k: names[k]) if names else str
+        out = Path(trainer.log_dir or trainer.default_root_dir) / "attention_maps" / folder
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for i, pred in enumerate(logits.argmax(-1).tolist()):
+            title = f"pred {name(pred)}" + ("" if labels is None else f", label {name(int(labels[i]))}")
+            fig = render_attention(images[i], rollout[i], heads[i], title)
+            path = out / f"image_{first + i}.png"
+            fig.savefig(path, dpi=100, bbox_inches="tight")
+            paths.append(str(path))
+        return paths
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if batch_idx or dataloader_idx or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        if trainer.current_epoch % self.every_n_epochs:
+            return
+        images, labels = batch[0][: self.num_images], batch[1][: self.num_images]
+        labels = labels if labels.ndim == 1 else labels.argmax(-1)
+        paths = self.render(trainer, pl_module, images, labels, f"epoch_{trainer.current_epoch}")
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_image(key="val/attention_maps", images=paths, step=trainer.global_step)
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self._predicted = 0
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if not self.predict or self._predicted >= self.num_images or not trainer.is_global_zero:
+            return
+        labelled = isinstance(batch, (tuple, list))
+        images = (batch[0] if labelled else batch)[: self.num_images - self._predicted]
+        labels = batch[1][: len(images)] if labelled else None
+        self._predicted += len(self.render(trainer, pl_module, images, labels, "predict", first=self._predicted))
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        if self.predict and self._predicted:
+            print(f"attnlab: attention maps of {self._predicted} images written to {Path(trainer.log_dir or trainer.default_root_dir) / 'attention_maps' / 'predict'}")

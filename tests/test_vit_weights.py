@@ -1,0 +1,155 @@
+"""Weight import and transfer learning: timm parity, position resampling, head replacement,
+init_from our own checkpoints, frozen backbone, layer-wise learning-rate decay."""
+import logging
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+from models.vit import VisionTransformer, load_pretrained, load_timm_state_dict, read_checkpoint
+from models.vit_module import ImageClassifier
+
+
+def _randomised(model: torch.nn.Module) -> torch.nn.Module:
+    """Every parameter random (norms included), so a swapped or untouched weight shows in the logits."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.1 + (1.0 if p.ndim == 1 and p.shape[0] == model.embed_dim else 0.0))
+    return model.eval()
+
+
+def _small_timm(**kwargs) -> timm.models.VisionTransformer:
+    args = dict(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3) | kwargs
+    return _randomised(timm.models.VisionTransformer(**args))
+
+
+def test_timm_vit_tiny_logits_agree_after_loading_its_file(tmp_path):
+    theirs = _randomised(timm.create_model("vit_tiny_patch16_224", pretrained=False))
+    path = tmp_path / "vit_tiny.pth"
+    torch.save(theirs.state_dict(), path)
+    ours = VisionTransformer(img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=192, depth=12, num_heads=3).eval()
+    load_pretrained(ours, read_checkpoint(path))
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        expected, got = theirs(x), ours(x)
+    assert expected.std() > 0.1
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("global_pool", ["token", "avg"])
+def test_small_timm_vit_agrees_for_both_poolings_and_from_safetensors(tmp_path, global_pool):
+    theirs = _small_timm(global_pool=global_pool)
+    path = tmp_path / "small.safetensors"
+    save_file(theirs.state_dict(), str(path))
+    ours = VisionTransformer(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3, global_pool=global_pool).eval()
+    load_pretrained(ours, read_checkpoint(path))
+    x = torch.randn(3, 1, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+
+def test_positions_resampled_like_timm_at_a_new_image_size():
+    """timm's dynamic_img_size resamples its positions on the fly; ours are resampled once at load."""
+    theirs = _small_timm(dynamic_img_size=True)
+    ours = VisionTransformer(img_size=48, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3).eval()
+    load_timm_state_dict(ours, theirs.state_dict())
+    x = torch.randn(2, 1, 48, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+
+def _vit(img_size: int, patch_size: int = 4, num_classes: int = 10, **kwargs) -> VisionTransformer:
+    return VisionTransformer(img_size=img_size, patch_size=patch_size, in_chans=1, num_classes=num_classes, embed_dim=16, depth=1, num_heads=2, **kwargs)
+
+
+def test_position_resampling_keeps_a_one_patch_grid_and_an_unchanged_grid_sane():
+    one = _vit(img_size=4)  # a 1x1 patch grid: one patch position after the class token's
+    big = _vit(img_size=12)  # 3x3
+    load_pretrained(big, one.state_dict())
+    pos, src = big.pos_embed[0].detach(), one.pos_embed[0].detach()
+    torch.testing.assert_close(pos[0], src[0])  # the class token's position is not resampled
+    torch.testing.assert_close(pos[1:], src[1].expand(9, -1))  # one position spread over the grid, unchanged
+    same = _vit(img_size=12)
+    load_pretrained(same, big.state_dict())
+    torch.testing.assert_close(same.pos_embed, big.pos_embed, rtol=0, atol=0)
+
+
+def test_head_is_reinitialised_and_logged_when_the_class_count_differs(caplog):
+    source = _vit(img_size=8, num_classes=10)
+    target = _vit(img_size=8, num_classes=3)
+    with caplog.at_level(logging.WARNING, logger="models.vit"):
+        load_pretrained(target, source.state_dict(), "pretrained.pth")
+    assert "pretrained.pth: its head has 10 classes, the model 3; the head is re-initialised" in caplog.text
+    assert target.head.weight.shape == (3, 16)
+    torch.testing.assert_close(target.patch_embed.proj.weight, source.patch_embed.proj.weight)
+    torch.testing.assert_close(target.encoder.layers[0].self_attn.in_proj_weight, source.encoder.layers[0].self_attn.in_proj_weight)
+    same = _vit(img_size=8, num_classes=10)
+    load_pretrained(same, source.state_dict())
+    torch.testing.assert_close(same.head.weight, source.head.weight)  # same classes: the head is kept
+
+
+def test_rgb_weights_adapt_to_grayscale_by_summing_channels():
+    rgb = VisionTransformer(img_size=8, patch_size=4, in_chans=3, num_classes=2, embed_dim=16, depth=1, num_heads=2)
+    gray = _vit(img_size=8, num_classes=2)
+    load_pretrained(gray, rgb.state_dict())
+    torch.testing.assert_close(gray.patch_embed.proj.weight, rgb.patch_embed.proj.weight.sum(1, keepdim=True))
+
+
+@pytest.mark.parametrize(
+    "source,match",
+    [
+        (dict(global_pool="avg"), "trained with global_pool='avg' .* set model.global_pool=avg"),
+        (dict(patch_size=2), "weights of another shape, e.g. patch_embed.proj.weight"),
+    ],
+)
+def test_checkpoints_that_do_not_fit_are_refused_with_the_reason(source, match):
+    with pytest.raises(ValueError, match=match):
+        load_pretrained(_vit(img_size=8), _vit(img_size=8, **source).state_dict())
+
+
+def test_timm_features_we_lack_are_named():
+    state = _small_timm(init_values=1e-5).state_dict()  # LayerScale
+    with pytest.raises(ValueError, match=r"unexpected \['blocks.0.ls1.gamma'"):
+        load_timm_state_dict(VisionTransformer(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3), state)
+
+
+def test_missing_weights_file_names_the_key():
+    with pytest.raises(FileNotFoundError, match="model.init_from: /no/such.pth does not exist"):
+        read_checkpoint("/no/such.pth")
+
+
+def _classifier(**kwargs) -> ImageClassifier:
+    args = dict(num_classes=10, in_chans=1, img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2) | kwargs
+    return ImageClassifier(**args)
+
+
+def test_init_from_a_lightning_checkpoint_then_freeze_the_backbone(tmp_path):
+    source = _classifier()
+    path = tmp_path / "best.ckpt"
+    torch.save({"state_dict": source.state_dict(), "hyper_parameters": dict(source.hparams)}, path)
+    tuned = _classifier(num_classes=4, init_from=str(path), freeze_backbone=True)
+    torch.testing.assert_close(tuned.model.pos_embed, source.model.pos_embed)
+    trainable = {n for n, p in tuned.named_parameters() if p.requires_grad}
+    assert trainable == {"model.head.weight", "model.head.bias"}
+
+
+def test_layer_decay_scales_learning_rates_from_the_head_down():
+    module = _classifier(layer_decay=0.5, lr=1.0)
+    module.trainer = type("T", (), {"estimated_stepping_batches": 10, "max_epochs": 1})()
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    lr_of = {id(p): g["initial_lr"] for g in groups for p in g["params"]}  # before warmup scales it
+    named = dict(module.model.named_parameters())
+    # timm's grouping: embeddings, block 0, block 1 with the final norm, head -> 0.5 ** (3, 2, 1, 0)
+    assert lr_of[id(named["pos_embed"])] == 0.125
+    assert lr_of[id(named["encoder.layers.0.linear1.weight"])] == 0.25
+    assert lr_of[id(named["encoder.layers.1.linear1.weight"])] == lr_of[id(named["encoder.norm.weight"])] == 0.5
+    assert lr_of[id(named["head.weight"])] == 1.0
+    decay_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    assert decay_of[id(named["pos_embed"])] == decay_of[id(named["head.bias"])] == 0.0 < decay_of[id(named["head.weight"])]
+
+
+def test_layer_decay_out_of_range_is_refused():
+    with pytest.raises(ValueError, match=r"model.layer_decay=1.5 must be in \(0, 1\]"):
+        _classifier(layer_decay=1.5)
