@@ -349,13 +349,12 @@ class CocoDataModule(DetectionDataModule):
         self.category_ids = sorted(self.coco["train"].cats)
         self.class_names = [self.coco["train"].cats[c]["name"] for c in self.category_ids]
         self.files = {"train": (Path(images), annotations)}
-        if val_annotations is None:
-            self.train_ids, val_ids = split_image_ids(list(self.coco["train"].imgs), val_fraction, seed)
+        if val_annotations is None:  # validate on a held-out part of the training images
+            self.train_ids, self.val_ids = split_image_ids(list(self.coco["train"].imgs), val_fraction, seed)
             self.coco["val"], self.files["val"] = self.coco["train"], self.files["train"]
         else:
-            self.train_ids, val_ids = None, None
+            self.train_ids = self.val_ids = None
             self.coco["val"], self.files["val"] = self._load_matching(val_annotations, "data.val_annotations"), (Path(val_images), val_annotations)
-        self.val_ids = val_ids
         if test_annotations is not None:
             self.coco["test"], self.files["test"] = self._load_matching(test_annotations, "data.test_annotations"), (Path(test_images), test_annotations)
 

@@ -1,7 +1,9 @@
 """The embedded detection default: simple shapes written as a real COCO dataset (JSON + PNG).
 
 Each image has a plain background and 1..``max_objects`` solid circles, squares and triangles
-(3 classes) of random colour and size that do not overlap. The files are generated once,
+(3 classes) of random size that do not overlap, in a random colour (``palette="random"``: only the
+shape tells the class) or a colour from the class's own family (``palette="by_class"``: reddish
+circles, greenish squares, bluish triangles, so shape and colour both tell it). The files are generated once,
 deterministically from the seed, under ``data_dir`` and read back by the same `CocoDetection` as
 real COCO data, so `make demo` and the tests need no download.
 """
@@ -11,7 +13,7 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 from PIL import Image, ImageDraw
 from pycocotools.coco import COCO
@@ -19,19 +21,22 @@ from pycocotools.coco import COCO
 from datamodules.coco import DetectionDataModule, load_coco
 
 SHAPES = ("circle", "square", "triangle")
+Palette = Literal["random", "by_class"]
 
 
-def _colour(rng: random.Random, away_from: tuple[int, ...]) -> tuple[int, int, int]:
-    """A random colour that differs clearly from the background."""
+def _colour(rng: random.Random, away_from: tuple[int, ...], family: int | None) -> tuple[int, int, int]:
+    """A random colour that differs clearly from the background; with ``family`` = c, channel c dominates."""
     while True:
-        c = tuple(rng.randrange(256) for _ in range(3))
+        c = [rng.randrange(256) for _ in range(3)]
+        if family is not None:
+            c = [rng.randrange(180, 256) if i == family else rng.randrange(0, 90) for i in range(3)]
         if sum(abs(a - b) for a, b in zip(c, away_from)) > 200:
-            return c
+            return tuple(c)
 
 
-def _draw_image(rng: random.Random, size: int, max_objects: int, min_side: int, max_side: int) -> tuple[Image.Image, list[tuple[int, list[int]]]]:
+def _draw_image(rng: random.Random, size: int, max_objects: int, min_side: int, max_side: int, palette: str) -> tuple[Image.Image, list[tuple[int, list[int]]]]:
     """One image and its objects as (category index, [x, y, w, h]) with tight pixel boxes."""
-    background = tuple(rng.randrange(256) for _ in range(3))
+    background = tuple(rng.randrange(256) for _ in range(3)) if palette == "random" else (rng.randrange(256),) * 3
     image = Image.new("RGB", (size, size), background)
     draw = ImageDraw.Draw(image)
     objects: list[tuple[int, list[int]]] = []
@@ -44,7 +49,7 @@ def _draw_image(rng: random.Random, size: int, max_objects: int, min_side: int, 
         else:
             continue
         shape = rng.randrange(len(SHAPES))
-        fill, x1, y1 = _colour(rng, background), x + side - 1, y + side - 1  # PIL corners are inclusive
+        fill, x1, y1 = _colour(rng, background, shape if palette == "by_class" else None), x + side - 1, y + side - 1  # PIL corners are inclusive
         if SHAPES[shape] == "circle":
             draw.ellipse([x, y, x1, y1], fill=fill)
         elif SHAPES[shape] == "square":
@@ -55,8 +60,8 @@ def _draw_image(rng: random.Random, size: int, max_objects: int, min_side: int, 
     return image, objects
 
 
-def generate_shapes(root: str | Path, split: str, num_images: int, image_size: int = 96, max_objects: int = 4,
-                    min_side: int = 12, max_side: int = 32, seed: int = 0) -> Path:
+def generate_shapes(root: str | Path, split: str, num_images: int, image_size: int = 64, max_objects: int = 4,
+                    min_side: int = 10, max_side: int = 22, seed: int = 0, palette: Palette = "by_class") -> Path:
     """Write ``root/<split>/images/*.png`` and ``root/annotations/instances_<split>.json`` (COCO).
 
     Nothing is rewritten when the JSON already records the same parameters. The JSON is written
@@ -64,7 +69,7 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size: i
     """
     root = Path(root)
     params = {"split": split, "num_images": num_images, "image_size": image_size, "max_objects": max_objects,
-              "min_side": min_side, "max_side": max_side, "seed": seed, "shapes": list(SHAPES)}
+              "min_side": min_side, "max_side": max_side, "seed": seed, "palette": palette, "shapes": list(SHAPES)}
     ann_path = root / "annotations" / f"instances_{split}.json"
     if ann_path.is_file():
         try:
@@ -74,13 +79,15 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size: i
             pass
     if not 8 <= min_side <= max_side <= image_size:
         raise ValueError(f"data: shape sides min_side={min_side}, max_side={max_side} must satisfy 8 <= min <= max <= image_size={image_size}")
+    if palette not in ("random", "by_class"):
+        raise ValueError(f"data.palette={palette!r} is not known; choose 'random' or 'by_class'")
     image_dir = root / split / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
     ann_path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(f"shapes-{split}-{seed}")
     images, annotations = [], []
     for image_id in range(1, num_images + 1):
-        image, objects = _draw_image(rng, image_size, max_objects, min_side, max_side)
+        image, objects = _draw_image(rng, image_size, max_objects, min_side, max_side, palette)
         file_name = f"{image_id:06d}.png"
         image.save(image_dir / file_name)
         images.append({"id": image_id, "file_name": file_name, "width": image_size, "height": image_size})
@@ -103,6 +110,7 @@ class ShapesDataModule(DetectionDataModule):
         num_train, num_val, num_test: images per split.
         image_size: side of the square images; min_side, max_side: side range of a shape.
         max_objects: objects per image are drawn from 1..max_objects.
+        palette: "by_class" (colour family per class) or "random" (only the shape tells the class).
         seed: generation seed (each split has its own stream).
         Others: see `DetectionDataModule`; the defaults here suit 96-pixel images.
     """
@@ -116,19 +124,20 @@ class ShapesDataModule(DetectionDataModule):
         num_train: int = 2000,
         num_val: int = 200,
         num_test: int = 200,
-        image_size: int = 96,
-        min_side: int = 12,
-        max_side: int = 32,
+        image_size: int = 64,
+        min_side: int = 10,
+        max_side: int = 22,
         max_objects: int = 4,
+        palette: Palette = "by_class",
         seed: int = 0,
         batch_size: int = 16,
         num_workers: int = 0,
-        train_scales: Sequence[int] = (96,),
-        max_size: int = 128,
+        train_scales: Sequence[int] = (64,),
+        max_size: int = 64,
         crop: bool = False,
-        crop_resize_scales: Sequence[int] = (96,),
-        crop_size: tuple[int, int] = (64, 96),
-        val_size: int = 96,
+        crop_resize_scales: Sequence[int] = (64,),
+        crop_size: tuple[int, int] = (48, 64),
+        val_size: int = 64,
         hflip: bool = True,
         predict_images: str | None = None,
     ):
@@ -137,13 +146,15 @@ class ShapesDataModule(DetectionDataModule):
             raise ValueError(f"data: num_train={num_train}, num_val={num_val}, num_test={num_test} must all be >= 1")
         if not 8 <= min_side <= max_side <= image_size:
             raise ValueError(f"data: min_side={min_side}, max_side={max_side} must satisfy 8 <= min_side <= max_side <= image_size={image_size}")
+        if palette not in ("random", "by_class"):
+            raise ValueError(f"data.palette={palette!r} is not known; choose 'random' or 'by_class'")
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.sizes = {"train": num_train, "val": num_val, "test": num_test}
 
     def _generate(self, split: str) -> Path:
         hp = self.hparams
-        return generate_shapes(self.data_dir, split, self.sizes[split], hp.image_size, hp.max_objects, hp.min_side, hp.max_side, hp.seed)
+        return generate_shapes(self.data_dir, split, self.sizes[split], hp.image_size, hp.max_objects, hp.min_side, hp.max_side, hp.seed, hp.palette)
 
     def prepare_data(self) -> None:
         for split in self.sizes:

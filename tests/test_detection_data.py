@@ -7,11 +7,11 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.coco import CocoDataModule, CocoDetection, collate_detection, load_coco
+from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection, collate_detection, load_coco
 from datamodules.detection_transforms import Normalize, crop, hflip, make_transforms, resize
 from datamodules.synthetic import ShapesDataModule, generate_shapes
 from datamodules.voc import VocDataModule, read_voc_split
-from models.detr_module import coco_evaluate, to_coco_results
+from models.coco_eval import coco_evaluate, to_coco_results
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "detection"
 
@@ -119,6 +119,19 @@ def test_real_coco_subset_reads_with_its_crowds_and_grayscale_image():
     assert len(dataset) == 31
     img, target = dataset[0]
     assert img.shape[0] == 3 and target["labels"].max() < 80
+
+
+def test_image_folder_for_predict(tmp_path):
+    for name, size in (("b.jpg", (30, 20)), ("a.png", (10, 40))):
+        Image.new("L", size).save(tmp_path / name)
+    (tmp_path / "notes.txt").write_text("not an image")
+    dataset = ImageFolderDetection(tmp_path, [1, 5], ["cat", "dog"], make_transforms(False, val_size=16, max_size=64))
+    assert len(dataset) == 2 and dataset.image_path(0).name == "a.png"
+    tensor, target = dataset[0]
+    assert tensor.shape == (3, 64, 16) and target["orig_size"].tolist() == [40, 10] and target["image_id"] == 0
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no images"):
+        ImageFolderDetection(tmp_path / "empty", [1], ["cat"], make_transforms(False))
 
 
 # --- VOC reader ----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The set loss's all-reduced box normalisation on two real processes (gloo, CPU, torch.multiprocessing).
+"""Two real processes (gloo, CPU, torch.multiprocessing): the set loss's all-reduced box
+normalisation, and the gathering of detections for COCO evaluation.
 
 Kept apart from test_detr.py so that the spawned processes import only what they need.
 """
@@ -35,8 +36,14 @@ def _worker(rank: int, port: int, folder: str) -> None:
         outputs, targets = problem()
         mine = {k: v[rank : rank + 1] for k, v in outputs.items()}  # one image per process
         losses = SetCriterion(3, HungarianMatcher())(mine, [targets[rank]])
+        from models.coco_eval import gather_detections
+
+        # a DistributedSampler over 3 images gives rank 0 images 1, 3 and rank 1 images 2, 1 (repeated to even out)
+        mine_ids = [1, 3] if rank == 0 else [2, 1]
+        gathered = gather_detections({i: {"scores": torch.tensor([float(i)])} for i in mine_ids})
         with open(f"{folder}/rank{rank}.json", "w") as f:
-            json.dump({k: float(losses[k]) for k in ("loss_bbox", "loss_giou")}, f)
+            json.dump({**{k: float(losses[k]) for k in ("loss_bbox", "loss_giou")},
+                       "gathered": {str(i): float(d["scores"]) for i, d in sorted(gathered.items())}}, f)
     finally:
         dist.destroy_process_group()
 
@@ -49,6 +56,7 @@ def test_all_reduced_normalisation_trains_two_processes_like_one(tmp_path):
     # DDP averages the processes' gradients, i.e. trains on the mean of their losses
     for key in ("loss_bbox", "loss_giou"):
         assert (ranks[0][key] + ranks[1][key]) / 2 == pytest.approx(float(whole[key]), rel=1e-5)
+    assert ranks[0]["gathered"] == ranks[1]["gathered"] == {"1": 1.0, "2": 2.0, "3": 3.0}  # every image once, on every rank
     # each process dividing by its own 1 and 4 boxes instead would train differently
     local = [SetCriterion(3, HungarianMatcher())({k: v[r : r + 1] for k, v in outputs.items()}, [targets[r]]) for r in range(2)]
     assert (float(local[0]["loss_bbox"]) + float(local[1]["loss_bbox"])) / 2 != pytest.approx(float(whole["loss_bbox"]), rel=1e-3)
