@@ -525,7 +525,7 @@ class TextCorpusDataModule(_TokenizedDataModule):
     Args:
         path: the text file (e.g. ../shared/data/tinyshakespeare/input.txt); None: the English side of
             the embedded toy corpus (``cache_dir``/toy_en_de/train.en).
-        tokenizer: "char" (one token per character) or "bpe". vocab_size, min_frequency: BPE only.
+        tokenizer: "char" (one token per character) or "bpe". bpe_vocab_size, min_frequency: BPE only.
         tokenizer_dir: load ``tokenizer.json`` saved by an earlier fit instead of training.
         block_size: tokens of context per sample. val_fraction: the last part of the text, held out.
         prompt, predict_file: what `attnlab predict` completes (one prompt, or a file with one per line).
@@ -537,7 +537,7 @@ class TextCorpusDataModule(_TokenizedDataModule):
         self,
         path: str | None = None,
         tokenizer: Literal["char", "bpe"] = "char",
-        vocab_size: int = 1000,
+        bpe_vocab_size: int = 1000,
         min_frequency: int = 2,
         tokenizer_dir: str | None = None,
         block_size: int = 256,
@@ -562,7 +562,6 @@ class TextCorpusDataModule(_TokenizedDataModule):
         if predict_file not in (None, "-") and not Path(predict_file).is_file():
             raise FileNotFoundError(f"data.predict_file: file {predict_file} does not exist")
         self.path = Path(path) if path is not None else write_toy_corpus(Path(cache_dir) / "toy_en_de") / "train.en"
-        self.max_len = block_size
 
     @cached_property
     def text(self) -> str:
@@ -577,13 +576,13 @@ class TextCorpusDataModule(_TokenizedDataModule):
         if hp.tokenizer_dir is not None:
             return load_tokenizer(Path(hp.tokenizer_dir) / "tokenizer.json", "data.tokenizer_dir")
         train_text = self.text[: int(len(self.text) * (1 - hp.val_fraction))]
-        return build_tokenizer(hp.tokenizer, train_text.splitlines(keepends=True), hp.vocab_size, hp.min_frequency)
+        return build_tokenizer(hp.tokenizer, train_text.splitlines(keepends=True), hp.bpe_vocab_size, hp.min_frequency)
 
     def _tokenizers(self) -> dict[str, Tokenizer]:
         return {"tokenizer": self.tokenizer}
 
     @property
-    def vocab_size(self) -> int:  # the linked fact; the init argument is the requested BPE size
+    def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
     def decode(self, ids: list[list[int]]) -> list[str]:

@@ -94,8 +94,6 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
         logits = model.decode(alive[:, -1:], memory, src_mask, cache=cache, start_pos=t)[:, -1]  # (n·k, V)
         logp = _log_probs(logits, eos_id, t == max_len - 1, (pad_id, bos_id))
         vocab = logp.size(-1)
-        if vocab < 2 * k:
-            raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k} tokens, got {vocab}")
         candidates = (scores.unsqueeze(-1) + logp.view(n, k, vocab)).view(n, k * vocab)
         top_scores, top = candidates.topk(2 * k, dim=1)  # (n, 2k)
         beam, token = top // vocab, top % vocab

@@ -96,7 +96,7 @@ class Seq2SeqTransformer(nn.Module):
         src_vocab_size, tgt_vocab_size: vocabularies. pad_id: the PAD index (masked everywhere).
         d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation,
         norm_first, similarity: as in `models.transformer` (the paper: post-norm, ReLU, scaled dot).
-        positions: "sinusoidal" (the paper) or "learned". max_len: longest sequence the positions cover.
+        positions: "sinusoidal" (the paper) or "learned". max_positions: longest sequence the positions cover.
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
         tie_output: the output projection is the target embedding matrix (Press & Wolf 2017).
     Shapes: src (B, S), tgt (B, T) token ids -> logits (B, T, tgt_vocab_size).
@@ -116,7 +116,7 @@ class Seq2SeqTransformer(nn.Module):
         norm_first: bool = False,
         similarity: Similarity = "scaled_dot",
         positions: Positions = "sinusoidal",
-        max_len: int = 256,
+        max_positions: int = 256,
         share_embeddings: bool = False,
         tie_output: bool = True,
         pad_id: int = 0,
@@ -127,10 +127,10 @@ class Seq2SeqTransformer(nn.Module):
                 f"model.share_embeddings=true needs one vocabulary for both languages, got src_vocab_size={src_vocab_size} "
                 f"and tgt_vocab_size={tgt_vocab_size}; set data.shared_vocab=true"
             )
-        self.pad_id, self.max_len = pad_id, max_len
+        self.pad_id, self.max_positions = pad_id, max_positions
         self.src_embed = TokenEmbedding(src_vocab_size, d_model, pad_id)
         self.tgt_embed = self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, d_model, pad_id)
-        self.pos = positional_encoding(positions, d_model, max_len)
+        self.pos = positional_encoding(positions, d_model, max_positions)
         self.dropout = nn.Dropout(dropout)
         layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity)
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=norm_first, **layer)
@@ -190,7 +190,7 @@ class DecoderOnlyLM(nn.Module):
         vocab_size: tokens. d_model, nhead, num_layers: width, heads, blocks.
         dim_feedforward: MLP width (default 4·d_model). dropout, activation, similarity: as in the core.
         norm_first: pre-norm blocks with a final LayerNorm (GPT-2); post-norm when False.
-        positions: "learned" (GPT) or "sinusoidal". max_len: the context length (block size).
+        positions: "learned" (GPT) or "sinusoidal". max_positions: the longest context (block size).
         tie_embeddings: the output projection is the token embedding matrix.
     Shapes: tokens (B, T) -> logits (B, T, vocab_size).
     """
@@ -207,13 +207,13 @@ class DecoderOnlyLM(nn.Module):
         norm_first: bool = True,
         similarity: Similarity = "scaled_dot",
         positions: Positions = "learned",
-        max_len: int = 256,
+        max_positions: int = 256,
         tie_embeddings: bool = True,
     ):
         super().__init__()
-        self.max_len = max_len
+        self.max_positions = max_positions
         self.tok_embed = TokenEmbedding(vocab_size, d_model, scale=False)
-        self.pos = positional_encoding(positions, d_model, max_len)
+        self.pos = positional_encoding(positions, d_model, max_positions)
         self.dropout = nn.Dropout(dropout)
         self.blocks = TransformerEncoder(num_layers, d_model, nhead, final_norm=norm_first, dim_feedforward=dim_feedforward or 4 * d_model,
                                          dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity)
@@ -250,18 +250,18 @@ class DecoderOnlyLM(nn.Module):
         """Continue ``prompt`` (B, T0) by ``max_new_tokens`` sampled tokens -> (B, T0 + max_new_tokens).
 
         ``temperature`` 0 picks the most likely token (greedy); ``top_k`` samples among the k most
-        likely. Each new token costs one cached step; once the context exceeds ``max_len`` the window
+        likely. Each new token costs one cached step; once the context exceeds ``max_positions`` the window
         slides and is re-encoded, since absolute positions cannot shift inside a cache.
         """
         if prompt.size(1) == 0:
             raise ValueError("generate needs a prompt of at least one token")
         tokens, cache = prompt, None
         for _ in range(max_new_tokens):
-            if use_cache and cache is not None and tokens.size(1) <= self.max_len:
+            if use_cache and cache is not None and tokens.size(1) <= self.max_positions:
                 logits = self(tokens[:, -1:], cache=cache, start_pos=tokens.size(1) - 1)[:, -1]  # (B, V)
             else:
                 cache = self.init_cache() if use_cache else None
-                logits = self(tokens[:, -self.max_len :], cache=cache)[:, -1]
+                logits = self(tokens[:, -self.max_positions :], cache=cache)[:, -1]
             if temperature == 0:
                 next_token = logits.argmax(-1, keepdim=True)  # (B, 1)
             else:

@@ -107,7 +107,7 @@ class TranslationModule(pl.LightningModule):
         norm_first: bool = False,
         similarity: Similarity = "scaled_dot",
         positions: Positions = "sinusoidal",
-        max_len: int = 256,
+        max_positions: int = 256,
         share_embeddings: bool = False,
         tie_output: bool = True,
         label_smoothing: float = 0.1,
@@ -135,7 +135,7 @@ class TranslationModule(pl.LightningModule):
         self.model = Seq2SeqTransformer(
             src_vocab_size, tgt_vocab_size, d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
             num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
-            norm_first=norm_first, similarity=similarity, positions=positions, max_len=max_len,
+            norm_first=norm_first, similarity=similarity, positions=positions, max_positions=max_positions,
             share_embeddings=share_embeddings, tie_output=tie_output, pad_id=pad_id,
         )
         self.val_nll, self.test_nll = MeanMetric(), MeanMetric()
@@ -149,7 +149,7 @@ class TranslationModule(pl.LightningModule):
         """src (B, S) -> token ids (B, L), EOS-terminated, PAD after."""
         hp = self.hparams
         src_len = int(src.ne(hp.pad_id).sum(1).max())
-        max_len = max(1, min(self.model.max_len, int(hp.max_len_a * src_len + hp.max_len_b)))
+        max_len = max(1, min(self.model.max_positions, int(hp.max_len_a * src_len + hp.max_len_b)))
         ids = dict(bos_id=hp.bos_id, eos_id=hp.eos_id, pad_id=hp.pad_id, max_len=max_len)
         if beam_size == 1:
             return greedy_decode(self.model, src, **ids)[0]
@@ -252,7 +252,7 @@ class LanguageModelModule(pl.LightningModule):
         norm_first: bool = True,
         similarity: Similarity = "scaled_dot",
         positions: Positions = "learned",
-        max_len: int = 256,
+        max_positions: int = 256,
         tie_embeddings: bool = True,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.99),
@@ -272,7 +272,7 @@ class LanguageModelModule(pl.LightningModule):
             raise ValueError(f"model.temperature={temperature} must be >= 0 (0: always the most likely token)")
         self.model = DecoderOnlyLM(vocab_size, d_model=d_model, nhead=nhead, num_layers=num_layers, dim_feedforward=dim_feedforward,
                                    dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity,
-                                   positions=positions, max_len=max_len, tie_embeddings=tie_embeddings)
+                                   positions=positions, max_positions=max_positions, tie_embeddings=tie_embeddings)
         self.val_nll = MeanMetric()
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -299,7 +299,8 @@ class LanguageModelModule(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._epoch_end("val")
-        if self.hparams.sample_tokens and not self.trainer.sanity_checking and self.trainer.is_global_zero:
+        trainer = self.trainer
+        if self.hparams.sample_tokens and not (trainer.sanity_checking or trainer.fast_dev_run) and trainer.is_global_zero:
             start = torch.full((1, 1), self._newline_id(), dtype=torch.long, device=self.device)
             text = self._complete(start, self.hparams.sample_tokens)
             log_table(self, "val/samples", ["step", "sample"], [[str(self.global_step), text]])

@@ -1,0 +1,340 @@
+"""Text modality: masks, teacher forcing, label smoothing, tokenizers, decoding, data errors."""
+import itertools
+import math
+
+import pytest
+import sacrebleu
+import torch
+import torch.nn.functional as F
+
+from datamodules.text import (
+    BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, LengthBucketSampler, ParallelTextDataModule, TextCorpusDataModule, build_tokenizer,
+    collate_pairs, read_lines, toy_translation_pairs,
+)
+from models.attention import capture_attention
+from models.decoding import beam_search, greedy_decode
+from models.optim import param_groups
+from models.text import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
+from models.text_module import check_vocabulary
+
+V = 24
+IDS = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
+
+
+def tiny_seq2seq(vocab: int = V, seed: int = 0, **kw) -> Seq2SeqTransformer:
+    torch.manual_seed(seed)
+    args = dict(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.0, max_positions=64)
+    return Seq2SeqTransformer(vocab, vocab, **{**args, **kw}).eval()
+
+
+def padded_batch(lengths: list[int], vocab: int = V, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    out = torch.full((len(lengths), max(lengths)), PAD_ID)
+    for i, n in enumerate(lengths):
+        out[i, :n] = torch.randint(4, vocab, (n,), generator=g)
+    return out
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def test_shapes_and_tied_shared_embeddings():
+    model = tiny_seq2seq(share_embeddings=True)
+    src, tgt = padded_batch([5, 3]), padded_batch([4, 6], seed=2)
+    assert model(src, tgt).shape == (2, 6, V)
+    assert model.encode(src).shape == (2, 5, 32)
+    assert model.src_embed is model.tgt_embed and model.generator.weight is model.tgt_embed.weight
+    with pytest.raises(ValueError, match="share_embeddings=true needs one vocabulary.*src_vocab_size=10 and tgt_vocab_size=12"):
+        Seq2SeqTransformer(10, 12, d_model=8, nhead=2, share_embeddings=True)
+    lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, max_positions=16)
+    assert lm(padded_batch([7, 7])).shape == (2, 7, V) and lm.lm_head.weight is lm.tok_embed.weight
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model():
+    model = tiny_seq2seq()
+    tokens = torch.tensor([[5, 6]])
+    torch.testing.assert_close(model.src_embed(tokens), model.src_embed.weight[tokens] * math.sqrt(32))
+
+
+def test_no_position_attends_to_padding_or_to_the_future():
+    model = tiny_seq2seq()
+    src, tgt = padded_batch([6, 3]), padded_batch([5, 2], seed=2)
+    with capture_attention(model) as maps:
+        model(src, tgt)
+    src_pad, tgt_pad = src.eq(PAD_ID), tgt.eq(PAD_ID)
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    for name, weights in maps.items():
+        w = weights[0]  # (B, H, Lq, Lk)
+        if name.startswith("encoder"):
+            blocked = src_pad[:, None, None, :].expand_as(w)
+        elif "multihead_attn" in name:  # encoder-decoder attention: keys are the encoder memory
+            blocked = src_pad[:, None, None, :].expand_as(w)
+        else:  # masked decoder self-attention
+            blocked = (tgt_pad[:, None, None, :] | future).expand_as(w)
+        assert w[blocked].abs().max() == 0, name
+        torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))  # every query still attends somewhere
+
+
+def test_outputs_ignore_padding_content_and_future_tokens():
+    model = tiny_seq2seq()
+    src, tgt = padded_batch([6, 3]), padded_batch([5, 5], seed=2)
+    logits = model(src, tgt)
+    mask, garbage = src.eq(PAD_ID), src.clone()
+    garbage[1, 3:] = 7  # other tokens where the source is padding: the key padding mask hides them
+    torch.testing.assert_close(model.decode(tgt, model.encode(garbage, mask), mask, tgt.eq(PAD_ID)), logits)
+    tgt2 = tgt.clone()
+    tgt2[:, 3:] = 9  # change the future: earlier positions must not see it
+    torch.testing.assert_close(model(src, tgt2)[:, :3], logits[:, :3])
+
+
+def test_teacher_forcing_feeds_the_target_shifted_right():
+    tgt = torch.tensor([[BOS_ID, 7, 8, 9, EOS_ID], [BOS_ID, 5, EOS_ID, PAD_ID, PAD_ID]])
+    decoder_input, labels = teacher_forcing(tgt)
+    assert decoder_input.tolist() == [[BOS_ID, 7, 8, 9], [BOS_ID, 5, EOS_ID, PAD_ID]]
+    assert labels.tolist() == [[7, 8, 9, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID]]
+
+
+def test_label_smoothing_against_a_hand_computation():
+    logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0], [0.5, 0.5, 3.0, 0.0], [1.0, 2.0, 3.0, 4.0]]])  # (1, 3, V=4)
+    target = torch.tensor([[1, 2, 0]])  # the last position is PAD (= class 0): it counts for nothing
+    eps = 0.1
+    expected = []
+    for row, t in zip(logits[0, :2], (1, 2)):
+        logp = row.log_softmax(-1)
+        q = torch.tensor([0.0, eps / 3, eps / 3, eps / 3])  # uniform over the 3 non-PAD classes, none on PAD
+        q[t] += 1 - eps
+        expected.append(-(q * logp).sum())
+    loss, nll = label_smoothed_nll_loss(logits, target, eps, ignore_index=0)
+    assert loss.item() == pytest.approx(sum(expected).item() / 2, abs=1e-6)
+    assert nll.item() == pytest.approx(F.cross_entropy(logits[0, :2], target[0, :2]).item(), abs=1e-6)
+    assert label_smoothed_nll_loss(logits, target, 0.0, 0)[0].item() == pytest.approx(nll.item(), abs=1e-6)
+
+
+def test_weight_decay_only_on_matrices_not_embeddings():
+    model = tiny_seq2seq(positions="learned")
+    decay, no_decay = param_groups(model, 0.1, model.no_weight_decay())
+    ids = lambda group: {id(p) for p in group["params"]}  # noqa: E731
+    assert id(model.tgt_embed.weight) in ids(no_decay) and id(model.pos.weight) in ids(no_decay)
+    assert id(model.encoder.layers[0].linear1.weight) in ids(decay) and id(model.encoder.layers[0].linear1.bias) in ids(no_decay)
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def test_cached_decoding_equals_uncached_decoding():
+    model = tiny_seq2seq()
+    src = padded_batch([6, 4, 2])
+    memory, mask = model.encode(src), src.eq(PAD_ID)
+    tgt = torch.cat([torch.full((3, 1), BOS_ID), padded_batch([7, 7, 7], seed=3)], dim=1)  # (3, 8)
+    full = model.decode(tgt, memory, mask)
+    cache = model.init_cache()
+    steps = torch.cat([model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start_pos=t) for t in range(8)], dim=1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    cached, cached_scores = greedy_decode(model, src, max_len=12, **IDS)
+    uncached, uncached_scores = greedy_decode(model, src, max_len=12, use_cache=False, **IDS)
+    assert torch.equal(cached, uncached)
+    torch.testing.assert_close(cached_scores, uncached_scores)
+
+
+def test_lm_generation_with_cache_equals_without_even_past_the_context():
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, dropout=0.0, max_positions=8).eval()
+    prompt = padded_batch([3, 3])
+    fast = lm.generate(prompt, 12, temperature=0)  # 15 tokens > 8 positions: the window slides
+    slow = lm.generate(prompt, 12, temperature=0, use_cache=False)
+    assert fast.shape == (2, 15) and torch.equal(fast, slow)
+    assert torch.equal(lm.generate(prompt, 5, temperature=1.0, top_k=1), fast[:, :8])  # top-1 sampling is greedy
+
+
+def test_beam_of_one_is_greedy():
+    model = tiny_seq2seq(seed=3)
+    src = padded_batch([7, 5, 3, 6], seed=4)
+    greedy, _ = greedy_decode(model, src, max_len=10, **IDS)
+    beam, _ = beam_search(model, src, max_len=10, beam_size=1, **IDS)
+    assert torch.equal(beam, greedy)
+
+
+def test_batched_beam_search_equals_one_sentence_at_a_time():
+    model = tiny_seq2seq(seed=5)
+    src = padded_batch([7, 2, 5, 4], seed=6)
+    batched, batched_scores = beam_search(model, src, max_len=9, beam_size=3, alpha=0.6, **IDS)
+    for i in range(len(src)):
+        alone = src[i : i + 1, : int(src[i].ne(PAD_ID).sum())]
+        tokens, score = beam_search(model, alone, max_len=9, beam_size=3, alpha=0.6, **IDS)
+        n = tokens.size(1)
+        assert torch.equal(batched[i, :n], tokens[0]) and batched[i, n:].eq(PAD_ID).all()
+        assert batched_scores[i].item() == pytest.approx(score.item(), abs=1e-4)
+
+
+def test_beam_search_finds_the_exact_best_when_the_beam_holds_every_prefix():
+    vocab, max_len = 8, 3  # next tokens: EOS, UNK and 4..7 (PAD and BOS are never generated)
+    model = tiny_seq2seq(vocab=vocab, seed=7)
+    src = torch.tensor([[4, 5, 6]])
+    memory = model.encode(src)
+    best, best_score = None, -math.inf
+    words = (3, 4, 5, 6, 7)
+    for n in range(max_len):
+        for body in itertools.product(words, repeat=n):
+            seq = list(body) + [EOS_ID]
+            logp = model.decode(torch.tensor([[BOS_ID] + seq[:-1]]), memory, None).log_softmax(-1)[0]
+            score = sum(logp[i, t].item() for i, t in enumerate(seq))
+            if score > best_score:
+                best, best_score = seq, score
+    tokens, score = beam_search(model, src, max_len=max_len, beam_size=25, alpha=0.0, **IDS)
+    assert tokens[0].tolist()[: len(best)] == best and score.item() == pytest.approx(best_score, abs=1e-4)
+
+
+def test_hypotheses_end_with_eos_within_max_len():
+    model = tiny_seq2seq(seed=8)
+    src = padded_batch([5, 3], seed=9)
+    for tokens in (greedy_decode(model, src, max_len=4, **IDS)[0], beam_search(model, src, max_len=4, beam_size=3, **IDS)[0]):
+        assert tokens.size(1) <= 4
+        assert all(EOS_ID in row.tolist() for row in tokens)
+        assert not tokens.eq(BOS_ID).any()
+
+
+def test_tiny_model_overfits_a_few_sentence_pairs_to_bleu_100():
+    pairs = toy_translation_pairs(6, seed=3)
+    tok = build_tokenizer("word", [s for p in pairs for s in p], min_frequency=1)
+    src = collate_pairs([{"index": i, "src": tok.encode(e, add_special_tokens=False).ids + [EOS_ID], "src_text": e,
+                          "tgt": [BOS_ID] + tok.encode(d, add_special_tokens=False).ids + [EOS_ID], "tgt_text": d}
+                         for i, (e, d) in enumerate(pairs)])
+    model = tiny_seq2seq(vocab=tok.get_vocab_size(), share_embeddings=True).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    decoder_input, labels = teacher_forcing(src["tgt"])
+    for _ in range(150):
+        loss, _ = label_smoothed_nll_loss(model(src["src"], decoder_input), labels, 0.1, PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    hyps = tok.decode_batch(greedy_decode(model, src["src"], max_len=20, **IDS)[0].tolist())
+    assert sacrebleu.corpus_bleu(hyps, [src["tgt_text"]]).score == pytest.approx(100.0), hyps
+
+
+# ----------------------------------------------------------------------------- tokenizers and data
+
+
+@pytest.mark.parametrize("kind", ["word", "bpe", "char"])
+def test_tokenizer_round_trip_and_fixed_special_ids(kind):
+    lines = [e for p in toy_translation_pairs(200) for e in p]
+    tok = build_tokenizer(kind, lines, vocab_size=300, min_frequency=1)
+    assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+    unseen = ["Zwei  Hunde, im Park schlafen."] if kind != "word" else []  # a new word, two spaces: subwords and characters cope
+    for s in lines[:50] + unseen:
+        assert tok.decode(tok.encode(s, add_special_tokens=False).ids) == s
+    assert tok.decode([BOS_ID] + tok.encode("Der Hund.", add_special_tokens=False).ids + [EOS_ID, PAD_ID]) == "Der Hund."
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def toy_dir(tmp_path, src="A dog.\nA cat.\n", tgt="Ein Hund.\nEine Katze.\n"):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        write(tmp_path / f"{split}.en", src)
+        write(tmp_path / f"{split}.de", tgt)
+    return tmp_path
+
+
+def test_parallel_data_module_batches_and_links(tmp_path):
+    dm = ParallelTextDataModule(str(toy_dir(tmp_path)), test_split=None, tokenizer="word", min_frequency=1, batch_size=2)
+    dm.setup("fit")
+    assert dm.src_vocab_size == dm.tgt_vocab_size == len(dm.tokenizers[0].get_vocab()) and (dm.pad_id, dm.bos_id, dm.eos_id) == (0, 1, 2)
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["src"].shape == (2, 4) and batch["tgt"][:, 0].eq(BOS_ID).all()  # ▁A ▁dog . EOS
+    assert batch["tgt"].tolist()[0][-1] == EOS_ID and sorted(batch["tgt_text"]) == ["Ein Hund.", "Eine Katze."]
+    assert dm.decode_target(batch["tgt"].tolist()) == batch["tgt_text"]
+    with pytest.raises(ValueError, match="data.test_split is not set"):
+        dm.setup("test")
+
+
+def test_length_buckets_are_a_permutation_of_similar_lengths():
+    lengths = [int(x) for x in torch.randint(1, 50, (500,))]
+    order = list(LengthBucketSampler(lengths, batch_size=10, pool=5))
+    assert sorted(order) == list(range(500))
+    spread = [max(lengths[i] for i in order[s : s + 10]) - min(lengths[i] for i in order[s : s + 10]) for s in range(0, 500, 10)]
+    assert sum(spread) / len(spread) < 10  # random batches would spread over ~40
+
+
+def test_long_sentences_are_truncated_with_a_counting_warning(tmp_path):
+    long = " ".join(["dog"] * 30) + "\n"
+    dm = ParallelTextDataModule(str(toy_dir(tmp_path, src=long + "A cat.\n")), test_split=None, tokenizer="word", min_frequency=1, max_len=8)
+    with pytest.warns(UserWarning, match="1 of 2 val sentences .* longer than data.max_len=8 tokens were truncated"):
+        dm.setup("validate")
+    assert len(dm.val_set.src_ids[0]) == 8 and dm.val_set.src_ids[0][-1] == EOS_ID
+
+
+def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
+    toy_dir(tmp_path)
+    write(tmp_path / "train.de", "Ein Hund.\nEine Katze.\nEin Vogel.\n")
+    dm = ParallelTextDataModule(str(tmp_path), test_split=None)
+    with pytest.raises(ValueError, match=rf"{tmp_path}/train.en has 2 lines but {tmp_path}/train.de has 3"):
+        dm.src_vocab_size
+
+
+def test_empty_line_names_file_and_line(tmp_path):
+    toy_dir(tmp_path)
+    write(tmp_path / "val.de", "Ein Hund.\n \n")
+    with pytest.raises(ValueError, match=rf"{tmp_path}/val.de line 2 is empty"):
+        ParallelTextDataModule(str(tmp_path), test_split=None).src_vocab_size
+
+
+def test_non_utf8_bytes_name_file_and_line(tmp_path):
+    toy_dir(tmp_path)
+    (tmp_path / "train.de").write_bytes("Ein Hund.\nEine M".encode() + b"\xe4dchen.\n")
+    with pytest.raises(ValueError, match=rf"{tmp_path}/train.de line 2: byte 0xe4 at column 7 is not UTF-8"):
+        ParallelTextDataModule(str(tmp_path), test_split=None).src_vocab_size
+
+
+def test_missing_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="data.data_dir: folder .*nowhere does not exist"):
+        ParallelTextDataModule(str(tmp_path / "nowhere"))
+    toy_dir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"data.test_split: file {tmp_path}/test.en does not exist"):
+        ParallelTextDataModule(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="data.predict_file: file missing.txt does not exist"):
+        ParallelTextDataModule(str(tmp_path), test_split=None, predict_file="missing.txt")
+    with pytest.raises(FileNotFoundError, match="data.tokenizer_dir: tokenizer file .*tokenizer.json does not exist"):
+        ParallelTextDataModule(str(tmp_path), test_split=None, tokenizer_dir=str(tmp_path)).src_vocab_size
+    with pytest.raises(FileNotFoundError, match=f"data.x: {tmp_path} is not a file"):
+        read_lines(tmp_path, "data.x")
+
+
+def test_vocabulary_mismatch_with_a_checkpoint_is_a_clear_error():
+    check_vocabulary({"hyper_parameters": {"tgt_vocab_size": 10}}, {"tgt_vocab_size": 10}, ("tgt_vocab_size",))
+    with pytest.raises(ValueError, match="tgt_vocab_size=8000 in the checkpoint but 7990 from the data"):
+        check_vocabulary({"hyper_parameters": {"tgt_vocab_size": 8000}}, {"tgt_vocab_size": 7990}, ("tgt_vocab_size",))
+
+
+def test_checkpoint_tokenizer_must_match_the_data(tmp_path):
+    dm = ParallelTextDataModule(str(toy_dir(tmp_path)), test_split=None, tokenizer="word", min_frequency=1)
+    state = dm.state_dict()
+    dm.load_state_dict(state)  # the same tokenizer: accepted
+    other = ParallelTextDataModule(str(toy_dir(tmp_path / "o", src="A bird.\nA cat.\n")), test_split=None, tokenizer="word", min_frequency=1)
+    with pytest.raises(ValueError, match="the checkpoint's tokenizer .* is not the one this data built"):
+        other.load_state_dict(state)
+
+
+def test_corpus_blocks_are_contiguous_and_split_by_position(tmp_path):
+    text = "".join(f"line {i}: to be or not to be\n" for i in range(40))
+    dm = TextCorpusDataModule(str(write(tmp_path / "c.txt", text)), block_size=16, val_fraction=0.25, batch_size=4)
+    dm.setup("fit")
+    ids = dm.tokenizer.encode(text, add_special_tokens=False).ids
+    n_train = int(len(ids) * 0.75)
+    item = dm.val_set[1]
+    assert torch.equal(item["target"][:-1], item["input"][1:])  # the target is the input shifted by one
+    assert item["input"].tolist() == ids[n_train + 16 : n_train + 32]  # the validation part is the end of the text
+    assert dm.vocab_size == len(set(text)) + 4 and dm.decode([ids[:20]]) == [text[:20]]
+    x = dm.train_set[3]["input"].tolist()
+    assert any(ids[s : s + 16] == x for s in range(n_train - 16))  # a window of the training part
+
+
+def test_corpus_errors(tmp_path):
+    with pytest.raises(ValueError, match="holds no text"):
+        TextCorpusDataModule(str(write(tmp_path / "empty.txt", "\n\n"))).vocab_size
+    short = TextCorpusDataModule(str(write(tmp_path / "short.txt", "abc\n" * 10)), block_size=16)
+    with pytest.raises(ValueError, match="the validation part of .*short.txt has 4 tokens, fewer than data.block_size \\+ 1 = 17"):
+        short.setup("fit")
