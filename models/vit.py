@@ -194,6 +194,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
             state = state[key]
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise ValueError(f"model.init_from: {path} does not hold a state dict of tensors")
+    state = {k.removeprefix("module."): v for k, v in state.items()}  # saved from a DDP-wrapped model
     if any(k.startswith("blocks.") for k in state):
         return timm_to_attnlab(state)
     return {k.removeprefix("model."): v for k, v in state.items()}

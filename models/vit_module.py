@@ -7,8 +7,8 @@ from typing import Literal
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 from timm.optim import param_groups_layer_decay
+from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
 from models.attention import Similarity
@@ -71,9 +71,8 @@ class ImageClassifier(pl.LightningModule):
         if freeze_backbone:
             for name, p in self.model.named_parameters():
                 p.requires_grad = name.startswith("head.")
-        self.train_acc = MulticlassAccuracy(num_classes)
-        self.val_acc = MulticlassAccuracy(num_classes)
-        self.test_acc = MulticlassAccuracy(num_classes)
+        # top-1 over all images, as papers report it (torchmetrics' default is the mean over classes)
+        self.train_acc, self.val_acc, self.test_acc = (MulticlassAccuracy(num_classes, average="micro") for _ in range(3))
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
