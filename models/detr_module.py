@@ -132,8 +132,8 @@ class ObjectDetector(pl.LightningModule):
         results = post_process(outputs, torch.stack([t["orig_size"] for t in targets]))
         for t, r in zip(targets, results):
             self._detections[int(t["image_id"])] = {k: v.cpu() for k, v in r.items()}
-        if batch_idx == 0 and stage == "val":
-            n = self.hparams.num_log_images
+        n = self.hparams.num_log_images
+        if batch_idx == 0 and stage == "val" and n > 0:
             self._log_batch = (batch[0][:n], batch[1][:n], targets[:n])
 
     def validation_step(self, batch, batch_idx):
