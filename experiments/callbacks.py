@@ -325,8 +325,8 @@ class RunSummary(Callback):
         n = batch_size(self._inputs.args)
         was_training = self._model.training
         self._model.eval()
-        try:
-            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        try:  # with autograd on: FlopCounterMode's module tracker fails under no_grad on some models (DETR)
+            with FlopCounterMode(display=False) as counter:
                 self._model(*self._inputs.args, **self._inputs.kwargs)
         except Exception as err:
             rank_zero_warn(f"FLOP counting failed: {err!r}")
@@ -393,6 +393,8 @@ def _read_json(path: Path | None) -> dict[str, Any]:
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in values.items():
+        if key.startswith("_"):  # LightningCLI's bookkeeping (_class_path, _instantiator)
+            continue
         try:
             json.dumps(value)
             out[key] = value

@@ -201,11 +201,3 @@ def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = No
         stats.append(layer)
     return {"modality": kind, "unit": unit(kind), "batch_size": int(args[0].shape[0]) if args and isinstance(args[0], Tensor) else None, "layers": stats}
 
-
-def summarize(stats: dict[str, Any]) -> dict[str, float | None]:
-    """Means over every layer and head: one number per statistic, for tables."""
-    out: dict[str, float | None] = {}
-    for key in ("entropy", "max_weight", "saturated", "logit_var", "distance", "special"):
-        values = [v for layer in stats.get("layers", []) if layer.get(key) is not None for v in layer[key]]
-        out[key] = sum(values) / len(values) if values else None
-    return out

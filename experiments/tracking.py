@@ -125,6 +125,10 @@ class LoggedConfig(SaveConfigCallback):
     """Save ``config.yaml`` in the run folder (as LightningCLI does) and log it to W&B loggers: the
     nested config, with the values linked from the DataModule filled in, plus the file itself."""
 
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._log_dir = trainer.log_dir  # a collective under DDP: asked on every rank, not in save_config (rank 0 only)
+        super().setup(trainer, pl_module, stage)
+
     def save_config(self, trainer, pl_module, stage: str) -> None:
         loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
         if not loggers:
@@ -135,7 +139,7 @@ class LoggedConfig(SaveConfigCallback):
             from experiments.cli import LINKED_ATTRIBUTES
 
             init_args.update({k: pl_module.hparams[k] for k in LINKED_ATTRIBUTES if k in pl_module.hparams})
-        path = Path(trainer.log_dir or trainer.default_root_dir) / self.config_filename
+        path = Path(self._log_dir or trainer.default_root_dir) / self.config_filename
         for logger in loggers:
             logger.log_config(config, files=[str(path)] if path.exists() else [])
 

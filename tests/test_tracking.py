@@ -1,0 +1,108 @@
+"""Tracking without a network: the W&B mode decision, the nested config W&B receives, logger folders."""
+import json
+import math
+import os
+
+import pytest
+import yaml
+from jsonargparse import Namespace
+
+from experiments import tracking
+from experiments.tracking import LoggedConfig, WandbLogger, prepare, wandb_mode
+
+DIGITS = "configs/vision/digits.yaml"
+
+
+def test_wandb_mode_is_offline_unless_the_user_configured_wandb(tmp_path):
+    empty = tmp_path / "none"
+    assert wandb_mode({}, netrc_file=str(empty)) == "offline"
+    assert wandb_mode({"WANDB_API_KEY": "x" * 40}, netrc_file=str(empty)) == "online"
+    assert wandb_mode({"WANDB_MODE": "disabled", "WANDB_API_KEY": "x" * 40}) == "disabled"  # the environment wins
+    assert wandb_mode({"WANDB_MODE": "dryrun"}) == "offline"
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    netrc.chmod(0o600)
+    assert wandb_mode({}, netrc_file=str(netrc)) == "online"
+    netrc.write_text("machine example.com login a password b\n")
+    assert wandb_mode({}, netrc_file=str(netrc)) == "offline"
+
+
+def test_the_logger_never_sets_wandb_mode_for_the_process(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    logger = WandbLogger(mode="offline")
+    assert logger._wandb_init["mode"] == "offline" and not logger._offline
+    assert os.environ["WANDB_MODE"] == "disabled"
+
+
+class _Config(dict):
+    def update(self, values, allow_val_change=False):
+        super().update(values)
+
+
+class _Run:
+    """Stands in for a wandb run: records the config and the saved files, ignores the rest."""
+
+    id, project, entity, dir, url, offline, disabled = "stub", "attnlab", None, None, None, True, False
+
+    def __init__(self):
+        self.config, self.saved = _Config(), []
+
+    def save(self, path, base_path=None, policy="live"):
+        self.saved.append(path)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_the_resolved_config_reaches_wandb_nested_with_linked_values(attnlab, tmp_path, monkeypatch):
+    """LoggedConfig hands W&B the CLI config as one nested dict (no flat copies) and the config file."""
+    run = _Run()
+    monkeypatch.setattr(WandbLogger, "experiment", property(lambda self: run))
+    logger = "--trainer.logger=[{class_path: experiments.tracking.WandbLogger, init_args: {mode: offline}}]"  # the run is the stub above
+    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", logger,
+                           "--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1")
+    assert code == 0, err
+    assert set(run.config) >= {"trainer", "model", "data", "seed_everything"} and "lr" not in run.config
+    init_args = run.config["model"]["init_args"]
+    assert init_args["patch_size"] == 2 and init_args["num_classes"] == 10 and init_args["img_size"] == 8  # linked from the data
+    assert run.config["trainer"]["default_root_dir"] == str(tmp_path)
+    saved = yaml.safe_load(open(run.saved[0]))
+    assert saved["model"]["init_args"]["embed_dim"] == 64
+
+
+def test_prepare_puts_loggers_in_the_experiment_folder():
+    cfg = Namespace(fit=Namespace(ckpt_path=None, trainer=Namespace(default_root_dir="runs/x", logger=[
+        Namespace(class_path="experiments.tracking.CSVLogger", init_args=Namespace(save_dir=None, name="lightning_logs")),
+        Namespace(class_path="experiments.tracking.WandbLogger", init_args=Namespace(save_dir="elsewhere")),
+    ])))
+    prepare(cfg, "fit")
+    assert cfg.fit.trainer.logger[0].init_args.save_dir == "runs/x"
+    assert cfg.fit.trainer.logger[1].init_args.save_dir == "elsewhere"  # an explicit folder stays
+
+
+def test_default_callbacks_are_fresh_objects():
+    first, second = tracking.default_callbacks(), tracking.default_callbacks()
+    assert [type(c).__name__ for c in first] == ["Throughput", "GradientNorm", "RunSummary"]
+    assert all(a is not b for a, b in zip(first, second))
+
+
+def test_summary_of_a_tiny_run(attnlab, tmp_path):
+    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1",
+                           "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1")
+    assert code == 0, err
+    run = tmp_path / "lightning_logs" / "version_0"
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "finished" and s["modality"] == "vision" and s["dataset"] == "DigitsDataModule"
+    assert s["params"]["total"] == s["params"]["trainable"] > 100_000
+    assert s["global_step"] == 4 and s["best"]["monitor"] == "val/acc" and 0 <= s["best"]["value"] <= 1
+    # 4 layers x 4 heads; [CLS] + 16 patches of 2x2 pixels on an 8x8 image
+    final = s["attention"]["final"]
+    assert [layer["name"] for layer in final["layers"]] == [f"encoder.layers.{i}.self_attn" for i in range(4)]
+    assert all(len(layer["entropy"]) == 4 and 0 < min(layer["entropy"]) and max(layer["entropy"]) <= math.log(17) for layer in final["layers"])  # <= log 17
+    assert all(0 < d < 8 * 2**0.5 for layer in final["layers"] for d in layer["distance"])
+    assert s["attention"]["init"]["layers"][0]["name"] == "encoder.layers.0.self_attn"
+    assert s["throughput"]["tokens_per_s"] == pytest.approx(s["throughput"]["samples_per_s"] * 17) and s["throughput"]["tokens_per_s"] > 0
+    assert s["flops_per_sample"] > 0 and s["grad_norm"]["first"] > 0
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"perf/samples_per_s", "perf/tokens_per_s", "train/grad_norm", "train/loss_step", "val/acc"} <= set(header)
+    assert (run / "attention.png").stat().st_size > 0
