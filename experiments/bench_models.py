@@ -1,0 +1,472 @@
+"""The side-by-side cases of `experiments.benchmark`: each of our models against its peer, with the
+same shapes, weights where the layouts allow it, precision, optimiser and loss.
+
+A case builder takes the `Settings` and returns a `Bench`: one callable per side that runs one step
+(forward + backward, or a training step with AdamW, or one beam search), ``"ours"`` first. Where the
+peer can hold our weights (nn.MultiheadAttention, timm's ViT, torch.nn.Transformer), the builder
+loads them and records in ``Bench.check`` how far the two outputs are apart, so a ratio is never
+a comparison of two different computations.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from experiments.bench_harness import Step
+from models.attention import MultiHeadAttention
+from models.backbone import Backbone
+from models.criterion import SetCriterion
+from models.decoding import beam_search, greedy_decode
+from models.detr import DETR
+from models.matcher import HungarianMatcher
+from models.position import sinusoidal_encoding
+from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
+from models.vit import VisionTransformer, load_timm_state_dict
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How every case runs: shapes (``quick``: the smallest, for smoke tests), device, bf16 autocast,
+    torch.compile, channels-last images for the DETR backbones."""
+
+    quick: bool = False
+    device: torch.device = torch.device("cpu")
+    amp: bool = False
+    compile: bool = False
+    channels_last: bool = False
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
+
+    def maybe_compile(self, model: nn.Module) -> nn.Module:
+        return torch.compile(model) if self.compile else model
+
+
+@dataclass
+class Bench:
+    """What a case builder returns. ``steps``: side -> one step, ours first. ``items``: samples or
+    tokens one step processes (for throughput), ``unit`` their name. ``check``: how the sides were
+    verified to compute the same thing. ``repeats``: samples to take, when the case wants fewer
+    than the default (slow steps). ``inference``: the steps keep no state (no gradients or optimiser
+    state to create in warm-up). ``extra``: side -> callable returning further figures (e.g. the
+    share of the step spent in Hungarian matching)."""
+
+    steps: dict[str, Step]
+    items: int = 0
+    unit: str = ""
+    check: str = ""
+    repeats: int | None = None
+    inference: bool = False
+    extra: dict[str, Callable[[], dict[str, str]]] = field(default_factory=dict)
+
+
+def _max_diff(a: Tensor, b: Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], settings: Settings, lr: float = 1e-4) -> Step:
+    """zero_grad, forward and loss under ``settings.autocast()``, backward, AdamW step."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with settings.autocast():
+            loss = loss_fn(model)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+class SDPAAttention(nn.Module):
+    """The least an attention layer must do, as a peer: packed input projection, one
+    `F.scaled_dot_product_attention` on the projected (B, H, L, d) tensors, output projection.
+    Parameter names are nn.MultiheadAttention's, so our weights load unchanged."""
+
+    def __init__(self, embed_dim: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim))
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        b, l, d = x.shape
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias).view(b, l, 3, self.num_heads, d // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, L, d)
+        mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]  # SDPA: True = attend
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out_proj(out.transpose(1, 2).reshape(b, l, d))
+
+
+def padding_mask(batch: int, length: int, generator: torch.Generator, device: torch.device) -> Tensor:
+    """(B, L) True at padding: lengths drawn in [L/2, L], the first row full."""
+    lengths = torch.randint(length // 2, length + 1, (batch,), generator=generator)
+    lengths[0] = length
+    return (torch.arange(length)[None, :] >= lengths[:, None]).to(device)
+
+
+def attention_bench(length: int, masked: bool, s: Settings) -> Bench:
+    """Self-attention forward + backward: our `MultiHeadAttention` vs the minimal SDPA layer and
+    nn.MultiheadAttention (need_weights=False, its fast setting), all with the same weights.
+    Tokens per batch are fixed (B·L = 4096), so growing L grows only the quadratic part."""
+    dim, heads, tokens = (32, 4, 64) if s.quick else (256, 8, 4096)
+    batch = max(1, tokens // length)
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    ours = MultiHeadAttention(dim, heads).to(s.device)
+    sdpa, mha = SDPAAttention(dim, heads).to(s.device), nn.MultiheadAttention(dim, heads, batch_first=True).to(s.device)
+    sdpa.load_state_dict(ours.state_dict())
+    mha.load_state_dict(ours.state_dict())
+    x = torch.randn(batch, length, dim, generator=g).to(s.device).requires_grad_()
+    grad = torch.randn(batch, length, dim, generator=g).to(s.device)
+    kpm = padding_mask(batch, length, g, s.device) if masked else None
+    forwards = {
+        "ours": lambda: ours(x, key_padding_mask=kpm)[0],
+        "sdpa": lambda: sdpa(x, key_padding_mask=kpm),
+        "nn.MHA": lambda: mha(x, x, x, key_padding_mask=kpm, need_weights=False)[0],
+    }
+    with torch.no_grad():
+        ref = forwards["ours"]()
+        check = ", ".join(f"max |Δ| vs {k} {_max_diff(ref, f()):.1e}" for k, f in forwards.items() if k != "ours")
+
+    def step_of(forward: Callable[[], Tensor], module: nn.Module) -> Step:
+        def step() -> None:
+            x.grad = None
+            module.zero_grad(set_to_none=True)
+            with s.autocast():
+                out = forward()
+            out.backward(grad.to(out.dtype))
+
+        return step
+
+    steps = {name: step_of(f, m) for (name, f), m in zip(forwards.items(), (ours, sdpa, mha))}
+    return Bench(steps, items=batch * length, unit="tokens", check=check)
+
+
+# ----------------------------------------------------------------------------- ViT
+
+VIT_SHAPES = {  # timm's vit_tiny/small/base_patch16_224
+    "vit_tiny": dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3),
+    "vit_small": dict(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "vit_base": dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12),
+}
+QUICK_VIT = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+
+
+def vit_pair(shape: dict, device: torch.device, num_classes: int = 1000) -> tuple[VisionTransformer, nn.Module]:
+    """Our ViT and timm's of the same config, ours holding timm's weights."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    torch.manual_seed(0)
+    theirs = TimmViT(num_classes=num_classes, **shape)
+    ours = VisionTransformer(num_classes=num_classes, **shape)
+    load_timm_state_dict(ours, theirs.state_dict())
+    return ours.to(device), theirs.to(device)
+
+
+def vit_bench(name: str, s: Settings, batch: int | None = None) -> Bench:
+    """ViT training step (cross-entropy, AdamW) at timm's ``name`` shape: ours vs timm's VisionTransformer."""
+    shape = QUICK_VIT if s.quick else VIT_SHAPES[name]
+    batch = batch or (2 if s.quick else 8)
+    ours, theirs = vit_pair(shape, s.device)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, shape["img_size"], shape["img_size"], generator=g).to(s.device)
+    labels = torch.randint(0, 1000, (batch,), generator=g).to(s.device)
+    with torch.no_grad():
+        check = f"same weights, eval logits max |Δ| {_max_diff(ours.eval()(images), theirs.eval()(images)):.1e}"
+    ours.train(), theirs.train()
+    steps = {side: train_step(s.maybe_compile(m), lambda m: F.cross_entropy(m(images), labels), s) for side, m in (("ours", ours), ("timm", theirs))}
+    return Bench(steps, items=batch, unit="images", check=check)
+
+
+def training_flops(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor]) -> int:
+    """FLOPs of one forward + backward (torch.utils.flop_counter; matmuls, convolutions, SDPA)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+# ----------------------------------------------------------------------------- text
+
+SEQ2SEQ_SHAPES = {  # (d_model, nhead, layers each side, FFN, vocabulary, sentences per batch)
+    "small": (256, 4, 3, 1024, 8000, 32),
+    "base": (512, 8, 6, 2048, 8000, 16),
+}
+QUICK_SEQ2SEQ = (32, 2, 1, 64, 100, 4)
+
+
+class TorchSeq2Seq(nn.Module):
+    """The peer: the same encoder-decoder on ``torch.nn.Transformer`` (post-norm, no final norms, as
+    ours without ``norm_first``), with the same scaled embeddings, sinusoidal positions and tied
+    output projection. Its state dict is ours with the stacks under ``transformer.``."""
+
+    def __init__(self, vocab: int, d_model: int, nhead: int, layers: int, ffn: int, dropout: float, pad_id: int, max_len: int = 256):
+        super().__init__()
+        self.pad_id, self.scale = pad_id, math.sqrt(d_model)
+        self.embedding = nn.Embedding(vocab, d_model, padding_idx=pad_id)
+        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+        enc = nn.TransformerEncoderLayer(d_model, nhead, ffn, dropout, batch_first=True)
+        dec = nn.TransformerDecoderLayer(d_model, nhead, ffn, dropout, batch_first=True)
+        self.transformer = nn.Transformer(
+            d_model, nhead, batch_first=True,
+            custom_encoder=nn.TransformerEncoder(enc, layers, enable_nested_tensor=False),
+            custom_decoder=nn.TransformerDecoder(dec, layers),
+        )
+        self.generator = nn.Linear(d_model, vocab, bias=False)
+        self.generator.weight = self.embedding.weight
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        return self.dropout(self.embedding(tokens) * self.scale + self.pe[: tokens.size(1)])
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)
+        src_mask = src.eq(self.pad_id)
+        h = self.transformer(self._embed(src), self._embed(tgt), tgt_mask=causal, src_key_padding_mask=src_mask,
+                             tgt_key_padding_mask=tgt.eq(self.pad_id), memory_key_padding_mask=src_mask, tgt_is_causal=True)
+        return self.generator(h)
+
+    def load_ours(self, ours: Seq2SeqTransformer) -> None:
+        state = {}
+        for key, value in ours.state_dict().items():
+            if key.startswith(("encoder.", "decoder.")):
+                state[f"transformer.{key}"] = value
+            elif key == "src_embed.embedding.weight":
+                state["embedding.weight"] = value
+        self.load_state_dict(state, strict=False)
+
+
+def random_sentences(batch: int, low: int, high: int, vocab: int, g: torch.Generator, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2) -> Tensor:
+    """(B, max length) BOS w1 .. wn EOS PAD.., lengths in [low, high], words drawn from 4..vocab-1."""
+    lengths = torch.randint(low, high + 1, (batch,), generator=g)
+    tokens = torch.full((batch, int(lengths.max()) + 2), pad_id, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        tokens[i, 0], tokens[i, n + 1] = bos_id, eos_id
+        tokens[i, 1 : n + 1] = torch.randint(4, vocab, (n,), generator=g)
+    return tokens
+
+
+def seq2seq_models(size: str, s: Settings, dropout: float = 0.1) -> tuple[Seq2SeqTransformer, TorchSeq2Seq, tuple]:
+    d, h, n, ffn, vocab, batch = QUICK_SEQ2SEQ if s.quick else SEQ2SEQ_SHAPES[size]
+    torch.manual_seed(0)
+    ours = Seq2SeqTransformer(vocab, vocab, d, h, n, n, ffn, dropout, share_embeddings=True, tie_output=True, pad_id=0, max_positions=1100)
+    theirs = TorchSeq2Seq(vocab, d, h, n, ffn, dropout, pad_id=0, max_len=1100)
+    theirs.load_ours(ours)
+    return ours.to(s.device), theirs.to(s.device), (d, h, n, ffn, vocab, batch)
+
+
+def seq2seq_bench(size: str, s: Settings, length: tuple[int, int] = (16, 40), batch: int | None = None) -> Bench:
+    """Translation training step (teacher forcing, label-smoothed loss, AdamW), sentences of random
+    length padded per batch: ours vs the same model on torch.nn.Transformer. Items: target tokens."""
+    ours, theirs, (_, _, _, _, vocab, default_batch) = seq2seq_models(size, s)
+    batch = batch or default_batch
+    g = torch.Generator().manual_seed(0)
+    low, high = (3, 8) if s.quick else length
+    src = random_sentences(batch, low, high, vocab, g).to(s.device)
+    tgt = random_sentences(batch, low, high, vocab, g).to(s.device)
+    tgt_in, labels = teacher_forcing(tgt)
+    with torch.no_grad():
+        keep = labels.ne(0)
+        check = f"same weights, eval logits max |Δ| {_max_diff(ours.eval()(src, tgt_in)[keep], theirs.eval()(src, tgt_in)[keep]):.1e}"
+    ours.train(), theirs.train()
+
+    def loss(m: nn.Module) -> Tensor:
+        return label_smoothed_nll_loss(m(src, tgt_in), labels, 0.1, 0)[0]
+
+    steps = {side: train_step(s.maybe_compile(m), loss, s) for side, m in (("ours", ours), ("nn.Transformer", theirs))}
+    return Bench(steps, items=int(labels.ne(0).sum()), unit="tokens", check=check)
+
+
+class WithoutCache(nn.Module):
+    """Our model seen by `beam_search` as one without a key/value cache: each step re-runs the decoder
+    over the whole prefix (kept in the "cache" dict, so the search's reordering moves it along with the
+    beams) and projects the last position only."""
+
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.model = model
+
+    def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
+        return self.model.encode(src, src_key_padding_mask)
+
+    def init_cache(self) -> list[dict]:
+        return [{}]
+
+    def decode(self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None, cache: list[dict], start_pos: int = 0) -> Tensor:
+        prefix = tgt if "prefix" not in cache[0] else torch.cat([cache[0]["prefix"], tgt], dim=1)  # (N, t + 1)
+        cache[0]["prefix"] = prefix
+        m = self.model
+        h = m.decoder(m._embed(m.tgt_embed, prefix), memory, memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=True)
+        return m.generator(h[:, -1:])  # (N, 1, V)
+
+
+BEAM = dict(d_model=256, nhead=4, layers=3, ffn=1024, vocab=8000, batch=64, max_len=32, src=(8, 24))
+QUICK_BEAM = dict(d_model=32, nhead=2, layers=1, ffn=64, vocab=50, batch=4, max_len=6, src=(3, 6))
+
+
+def decoding_bench(search: str, s: Settings) -> Bench:
+    """Beam search (beam 5) or greedy decoding of a batch of sentences with the key/value cache vs
+    without it. Random weights: hypotheses run to ``max_len`` (the last step forces EOS)."""
+    c = QUICK_BEAM if s.quick else BEAM
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(c["vocab"], c["vocab"], c["d_model"], c["nhead"], c["layers"], c["layers"], c["ffn"], 0.0,
+                               share_embeddings=True, pad_id=0).to(s.device).eval()
+    src = random_sentences(c["batch"], *c["src"], c["vocab"], torch.Generator().manual_seed(0)).to(s.device)
+    ids = dict(bos_id=1, eos_id=2, pad_id=0, max_len=c["max_len"])
+    if search == "beam":
+        runs = {"ours": lambda: beam_search(model, src, beam_size=5, **ids), "no cache": lambda: beam_search(WithoutCache(model), src, beam_size=5, **ids)}
+    else:
+        runs = {"ours": lambda: greedy_decode(model, src, **ids), "no cache": lambda: greedy_decode(model, src, use_cache=False, **ids)}
+
+    def step_of(run: Callable[[], tuple[Tensor, Tensor]]) -> Step:
+        def step() -> tuple[Tensor, Tensor]:
+            with s.autocast():
+                return run()
+
+        return step
+
+    steps = {side: step_of(run) for side, run in runs.items()}
+    (a, _), (b, _) = steps["ours"](), steps["no cache"]()
+    same = sum(bool(x.equal(y)) for x, y in zip(a, b)) if a.shape == b.shape else 0
+    return Bench(steps, items=c["batch"], unit="sentences", check=f"same hypotheses for {same}/{c['batch']} sentences, length {a.size(1)}",
+                 repeats=3, inference=True)
+
+
+# ----------------------------------------------------------------------------- DETR
+
+DETR_SHAPES = {  # backbone, d_model, heads, layers each side, FFN, queries, classes, batch, image (H, W)
+    "r50": dict(backbone="resnet50", d_model=256, nhead=8, layers=6, ffn=2048, queries=100, classes=91, batch=2, image=(384, 384)),
+    "small": dict(backbone="resnet18", d_model=128, nhead=4, layers=2, ffn=512, queries=20, classes=20, batch=4, image=(192, 192)),
+}
+QUICK_DETR = dict(backbone="resnet18", d_model=32, nhead=2, layers=1, ffn=64, queries=8, classes=3, batch=2, image=(64, 64))
+
+
+def detection_batch(c: dict, boxes_per_image: int, g: torch.Generator, device: torch.device) -> tuple[Tensor, Tensor, list[dict[str, Tensor]]]:
+    """Random images (B, 3, H, W), the padding mask (B, H, W) (the last image padded on the right and
+    bottom by a quarter, as in a batch of unequal images) and targets with normalised cxcywh boxes."""
+    b, (h, w) = c["batch"], c["image"]
+    images = torch.randn(b, 3, h, w, generator=g)
+    mask = torch.zeros(b, h, w, dtype=torch.bool)
+    mask[-1, 3 * h // 4 :, :] = True
+    mask[-1, :, 3 * w // 4 :] = True
+    targets = []
+    for _ in range(b):
+        centre = torch.rand(boxes_per_image, 2, generator=g) * 0.5 + 0.25
+        size = torch.rand(boxes_per_image, 2, generator=g) * 0.3 + 0.05
+        targets.append({"labels": torch.randint(0, c["classes"], (boxes_per_image,), generator=g).to(device),
+                        "boxes": torch.cat([centre, size], 1).to(device)})
+    return images.to(device), mask.to(device), targets
+
+
+def hf_detr(c: dict, device: torch.device) -> nn.Module:
+    """Hugging Face's DetrForObjectDetection of the same size, random weights, built offline (timm
+    backbone, no pre-trained weights). As in DETR (and ours): dropout 0.1 on attention weights and in
+    the FFN too (transformers defaults those two to 0), stem and layer1 frozen (transformers freezes
+    them only for its own ResNet, not for a timm trunk)."""
+    from transformers import DetrConfig, DetrForObjectDetection
+
+    config = DetrConfig(
+        backbone=c["backbone"], use_timm_backbone=True, use_pretrained_backbone=False, num_labels=c["classes"], num_queries=c["queries"],
+        d_model=c["d_model"], encoder_layers=c["layers"], decoder_layers=c["layers"], encoder_attention_heads=c["nhead"],
+        decoder_attention_heads=c["nhead"], encoder_ffn_dim=c["ffn"], decoder_ffn_dim=c["ffn"], auxiliary_loss=True,
+        dropout=0.1, attention_dropout=0.1, activation_dropout=0.1,  # DETR's 0.1 everywhere, as ours
+    )
+    torch.manual_seed(0)
+    model = DetrForObjectDetection(config)
+    for name, p in model.model.backbone.named_parameters():
+        p.requires_grad_(any(f"layer{i}" in name for i in (2, 3, 4)))
+    return model.to(device)
+
+
+def ours_detr(c: dict, device: torch.device) -> tuple[DETR, SetCriterion]:
+    torch.manual_seed(0)
+    backbone = Backbone(c["backbone"], out_index=4, norm="frozen_bn", trainable_layers=3)
+    model = DETR(backbone, c["classes"], c["queries"], c["d_model"], c["nhead"], c["layers"], c["layers"], c["ffn"], dropout=0.1, aux_loss=True)
+    criterion = SetCriterion(c["classes"], HungarianMatcher(1, 5, 2), eos_coef=0.1, num_aux=c["layers"] - 1)
+    return model.to(device), criterion.to(device)
+
+
+def matcher_share(step: Step, owner: object, clock: Callable[[], float], steps: int) -> dict[str, str]:
+    """The share of ``steps`` training steps spent inside ``owner.forward`` (a Hungarian matcher
+    instance or class), timed by ``clock``; the timer is in place only while measuring."""
+    original, spent = owner.forward, [0.0]
+
+    def timed(*args, **kwargs):
+        start = clock()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[0] += clock() - start
+
+    owner.forward = timed
+    try:
+        start = clock()
+        for _ in range(steps):
+            step()
+        total = clock() - start
+    finally:
+        if isinstance(owner, type):
+            owner.forward = original
+        else:
+            del owner.forward  # back to the class's method
+    return {"matching": f"{100 * spent[0] / total:.1f}% of the step"}
+
+
+def parameter_counts(model: nn.Module) -> str:
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return f"{sum(p.numel() for p in model.parameters()) / 1e6:.3f}M parameters ({trained / 1e6:.3f}M trained)"
+
+
+def detr_bench(size: str, s: Settings, queries: int | None = None, boxes: int | None = None, with_peer: bool = True) -> Bench:
+    """DETR training step (set loss with aux losses, AdamW) on random images: ours vs Hugging Face's
+    DetrForObjectDetection (skipped with a message when transformers is missing)."""
+    from experiments.bench_harness import clock
+
+    c = dict(QUICK_DETR if s.quick else DETR_SHAPES[size])
+    if queries:
+        c["queries"] = queries
+    boxes = boxes or (2 if s.quick else 6)
+    images, mask, targets = detection_batch(c, boxes, torch.Generator().manual_seed(0), s.device)
+    if s.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    model, criterion = ours_detr(c, s.device)
+    if s.channels_last:
+        model.backbone.to(memory_format=torch.channels_last)
+    tick = clock(s.device)
+    compiled = s.maybe_compile(model)
+
+    def ours_loss(m: nn.Module) -> Tensor:
+        return criterion.total(criterion(m(images, mask), targets))
+
+    steps = {"ours": train_step(compiled, ours_loss, s)}
+    extra = {"ours": lambda: matcher_share(steps["ours"], criterion.matcher, tick, 2 if s.quick else 4)}
+    check = f"ours {parameter_counts(model)}"
+    if with_peer:
+        try:
+            theirs = hf_detr(c, s.device)
+        except ImportError:
+            print("detr: transformers is not installed (pip install transformers): the Hugging Face DETR peer is skipped")
+        else:
+            from transformers.loss import loss_for_object_detection as hf_loss
+
+            if s.channels_last:
+                theirs.model.backbone.to(memory_format=torch.channels_last)
+            pixel_mask = (~mask).long()
+            labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
+            steps["HF DETR"] = train_step(s.maybe_compile(theirs), lambda m: m(pixel_values=images, pixel_mask=pixel_mask, labels=labels).loss, s)
+            extra["HF DETR"] = lambda: matcher_share(steps["HF DETR"], hf_loss.HungarianMatcher, tick, 2 if s.quick else 4)
+            check += f", HF {parameter_counts(theirs)}"
+    return Bench(steps, items=c["batch"], unit="images", check=check, extra=extra)

@@ -1,0 +1,285 @@
+"""Scaling, data pipeline and GPU-only figures for `experiments.benchmark`.
+
+Scaling: how our training step's time and memory grow with the sequence length (text), the image
+size (ViT) and the number of queries / targets (DETR), and which share of the step the attention
+kernels take (from the profiler: `F.scaled_dot_product_attention` forward and backward), so the
+point where quadratic attention starts to dominate is visible.
+
+Data pipeline: for each experiment config, samples/s of the DataModule's training loader alone,
+of the training step alone (Lightning fit on batches already in memory), and of the real fit,
+for several ``num_workers``; "model busy" is the step's share of the fit's time per batch.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from experiments.bench_harness import Step
+from experiments.bench_models import QUICK_DETR, QUICK_VIT, VIT_SHAPES, DETR_SHAPES, Bench, Settings, detr_bench, train_step, training_flops, vit_pair
+from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
+
+# ----------------------------------------------------------------------------- attention kernels
+
+# SDPA's implementations as the profiler names them -> short names
+SDPA_KERNELS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "memory-efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "fused (other)",
+}
+
+
+def profile_step(step: Step) -> list[Any]:
+    """One step under the PyTorch profiler -> its key-averaged events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        step()
+    return list(prof.key_averages())
+
+
+def sdpa_kernels(events: list[Any]) -> str:
+    """Which SDPA implementations ran (", "-joined short names), or "none" (e.g. the math fallback
+    written out op by op)."""
+    seen = [name for key, name in SDPA_KERNELS.items() if any(e.key == key for e in events)]
+    return ", ".join(seen) or "none"
+
+
+def attention_share(events: list[Any]) -> float:
+    """Share of the step's CPU time inside SDPA, forward (``aten::scaled_dot_product_attention``) and
+    backward (autograd nodes ``ScaledDotProduct*Backward``). Exact for the fused kernels; the math
+    fallback's backward is spread over generic ops and is not counted."""
+    total = sum(e.self_cpu_time_total for e in events)
+    inside = sum(e.cpu_time_total for e in events
+                 if e.key == "aten::scaled_dot_product_attention" or (e.key.startswith("autograd::engine::evaluate_function: ScaledDotProduct")))
+    return inside / total if total else 0.0
+
+
+def verify_gpu_kernels(step: Step) -> str:
+    """On CUDA: does the step run with only the flash kernel allowed, and with only the memory-efficient
+    one? (`torch.nn.attention.sdpa_kernel` raises when the allowed kernel cannot take the inputs.)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    verdicts = []
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        try:
+            with sdpa_kernel([backend]):
+                step()
+            verdicts.append(f"{name}: runs")
+        except RuntimeError as err:
+            verdicts.append(f"{name}: refused ({str(err).splitlines()[0][:80]})")
+    return "; ".join(verdicts)
+
+
+# ----------------------------------------------------------------------------- scaling cases
+
+TEXT_LENGTHS, QUICK_TEXT_LENGTHS = (64, 128, 256, 512, 1024), (8, 16)
+VIT_IMAGE_SIZES, QUICK_VIT_IMAGE_SIZES = (64, 128, 224, 384), (16, 32)
+DETR_POINTS = ((20, 10), (100, 10), (300, 10), (100, 5), (100, 50))  # (queries, targets per image)
+QUICK_DETR_POINTS = ((8, 2), (16, 4))
+
+
+def text_scaling_bench(length: int, s: Settings) -> Bench:
+    """Seq2seq training step (the "small" shape, dropout 0 so SDPA takes its fused kernel) on
+    sentences of exactly ``length`` tokens, 4096 tokens per batch on each side (32 when quick)."""
+    d, h, n, ffn, vocab = (32, 2, 1, 64, 100) if s.quick else (256, 4, 3, 1024, 8000)
+    batch = max(1, (32 if s.quick else 4096) // length)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(vocab, vocab, d, h, n, n, ffn, 0.0, share_embeddings=True, pad_id=0, max_positions=length + 2).to(s.device)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, vocab, (batch, length), generator=g).to(s.device)
+    tgt = torch.randint(4, vocab, (batch, length + 1), generator=g).to(s.device)
+    tgt_in, labels = teacher_forcing(tgt)
+    step = train_step(s.maybe_compile(model), lambda m: label_smoothed_nll_loss(m(src, tgt_in), labels, 0.1, 0)[0], s)
+    return Bench({"ours": step}, items=batch * length, unit="tokens", check=f"batch {batch}")
+
+
+def vit_scaling_bench(img_size: int, s: Settings) -> Bench:
+    """vit_tiny training step (patch 16; patch 8 when quick) at ``img_size``, batch 8 (2 when quick)."""
+    shape = dict(QUICK_VIT if s.quick else VIT_SHAPES["vit_tiny"], img_size=img_size)
+    batch = 2 if s.quick else 8
+    model, _ = vit_pair(shape, s.device)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, img_size, img_size, generator=g).to(s.device)
+    labels = torch.randint(0, 1000, (batch,), generator=g).to(s.device)
+    tokens = 1 + (img_size // shape["patch_size"]) ** 2
+    return Bench({"ours": train_step(s.maybe_compile(model), lambda m: F.cross_entropy(m(images), labels), s)}, items=batch, unit="images",
+                 check=f"{tokens} tokens")
+
+
+def detr_scaling_bench(queries: int, targets: int, s: Settings) -> Bench:
+    """The small DETR's training step with ``queries`` object queries and ``targets`` boxes per image."""
+    return detr_bench("small", s, queries=queries, boxes=targets, with_peer=False)
+
+
+# ----------------------------------------------------------------------------- GPU: MFU
+
+# Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' data sheets; the first match
+# of the device name wins.
+GPU_BF16_PEAK = (
+    ("H100 PCIe", 756e12), ("H100", 989.4e12), ("H200", 989.4e12), ("GH200", 989.4e12), ("B200", 2250e12),
+    ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12),
+)
+
+
+def gpu_peak(name: str) -> float | None:
+    return next((peak for key, peak in GPU_BF16_PEAK if key in name), None)
+
+
+def vit_b16_mfu(s: Settings, compile_model: bool, batch: int = 64) -> dict[str, str]:
+    """Model FLOPs utilisation of a ViT-B/16 training step (bf16 autocast): FLOPs of forward + backward
+    from torch.utils.flop_counter, divided by the step time and the GPU's dense bf16 peak."""
+    from experiments.bench_harness import interleaved
+
+    model, _ = vit_pair(VIT_SHAPES["vit_base"], s.device)
+    images = torch.randn(batch, 3, 224, 224, device=s.device)
+    labels = torch.randint(0, 1000, (batch,), device=s.device)
+
+    def loss(m: nn.Module) -> Tensor:
+        with torch.autocast(s.device.type, dtype=torch.bfloat16):
+            return F.cross_entropy(m(images), labels)
+
+    flops = training_flops(model, loss)
+    step = train_step(torch.compile(model) if compile_model else model, loss, s)
+    seconds = interleaved({"ours": step}, s.device, repeats=10, warmup=3, min_sample_s=0.5)["ours"].median
+    name = torch.cuda.get_device_name(s.device)
+    peak = gpu_peak(name)
+    return {
+        "GPU": name, "torch.compile": "on" if compile_model else "off", "batch": str(batch),
+        "TFLOP per step": f"{flops / 1e12:.2f}", "step ms": f"{seconds * 1e3:.1f}",
+        "achieved TFLOP/s": f"{flops / seconds / 1e12:.1f}",
+        "MFU": f"{100 * flops / seconds / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s" if peak else "peak of this GPU unknown",
+    }
+
+
+# ----------------------------------------------------------------------------- data pipeline
+
+
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (tuples, lists and dicts searched in order)."""
+    if isinstance(batch, Tensor):
+        return batch.size(0)
+    values = batch.values() if isinstance(batch, dict) else batch
+    for value in values:
+        if isinstance(value, (Tensor, dict, list, tuple)):
+            return batch_size_of(value)
+    raise ValueError("no tensor in the batch")
+
+
+def _instantiate(spec: dict[str, Any], **extra: Any) -> Any:
+    module, _, name = spec["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    return cls(**{**spec.get("init_args", {}), **extra})
+
+
+def from_config(path: str | Path, num_workers: int) -> tuple[Any, Any]:
+    """The DataModule (with ``num_workers``) and the LightningModule of an experiment YAML, the
+    DataModule's facts linked into the model as `attnlab` links them."""
+    import yaml
+
+    from experiments.cli import LINKED_ATTRIBUTES
+
+    config = yaml.safe_load(Path(path).read_text())
+    data = _instantiate(config["data"], num_workers=num_workers)
+    model_cls_args = inspect.signature(getattr(importlib.import_module(config["model"]["class_path"].rpartition(".")[0]),
+                                               config["model"]["class_path"].rpartition(".")[2])).parameters
+    linked = {name: getattr(data, name) for name in LINKED_ATTRIBUTES if name in model_cls_args and hasattr(data, name)}
+    return data, _instantiate(config["model"], **linked)
+
+
+class BatchTimer:
+    """A Lightning callback recording, per training batch, the time from one batch's start to the next
+    (the loop's time per batch, data loading included) and from start to end (the step alone)."""
+
+    def __init__(self):
+        self.starts: list[float] = []
+        self.steps: list[float] = []
+        self.samples: list[int] = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self.starts.append(time.perf_counter())
+        self.samples.append(batch_size_of(batch))
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.steps.append(time.perf_counter() - self.starts[-1])
+
+    def rates(self, skip: int) -> tuple[float, float]:
+        """(samples/s of the loop, samples/s of the step alone), leaving out the first ``skip`` batches."""
+        intervals = [b - a for a, b in zip(self.starts[skip:], self.starts[skip + 1 :])]
+        per_batch = statistics.mean(self.samples[skip:])
+        return per_batch / statistics.median(intervals), per_batch / statistics.median(self.steps[skip:])
+
+
+class InMemory:
+    """Batches held in memory, iterated like a DataLoader (a plain list would be taken by Lightning for
+    a collection of loaders)."""
+
+    def __init__(self, batches: list[Any]):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _fit(model: Any, loader: Any, batches: int, device: torch.device) -> BatchTimer:
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import Callback
+
+    timer = BatchTimer()
+    callback = type("Timer", (Callback,), {"on_train_batch_start": timer.on_train_batch_start, "on_train_batch_end": timer.on_train_batch_end})()
+    trainer = pl.Trainer(accelerator=device.type, devices=1, max_steps=batches, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                         default_root_dir="runs/benchmark")
+    trainer.fit(model, train_dataloaders=loader)
+    return timer
+
+
+def loader_rate(loader: Any, batches: int) -> float:
+    """samples/s of iterating ``loader`` for ``batches`` batches after the first (wall time)."""
+    iterator = iter(loader)
+    next(iterator)  # workers start, first batch
+    start, samples = time.perf_counter(), 0
+    for _ in range(batches):
+        try:
+            samples += batch_size_of(next(iterator))
+        except StopIteration:
+            iterator = iter(loader)
+    return samples / (time.perf_counter() - start)
+
+
+def data_pipeline_rows(config: str, workers: tuple[int, ...], batches: int, device: torch.device) -> list[list[str]]:
+    """Rows: config, num_workers, loader alone, step alone, fit, model busy (all samples/s, wall time)."""
+    import pytorch_lightning as pl
+
+    rows = []
+    for num_workers in workers:
+        pl.seed_everything(0, verbose=False)
+        data, model = from_config(config, num_workers)
+        data.prepare_data()
+        data.setup("fit")
+        alone = loader_rate(data.train_dataloader(), batches)
+        cached = InMemory([b for b, _ in zip(data.train_dataloader(), range(batches + 3))])
+        step_rate = _fit(model, cached, len(cached), device).rates(skip=3)[1]
+        data, model = from_config(config, num_workers)
+        fit_rate, _ = _fit(model, data, batches + 3, device).rates(skip=3)
+        rows.append([config, str(num_workers), f"{alone:,.0f}", f"{step_rate:,.0f}", f"{fit_rate:,.0f}", f"{100 * fit_rate / step_rate:.0f}%"])
+    return rows
+
+
+def describe(fn: Callable) -> str:
+    """The first line of a docstring, for the report."""
+    return (inspect.getdoc(fn) or "").splitlines()[0]

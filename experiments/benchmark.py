@@ -1,0 +1,358 @@
+"""Speed and memory of every attnlab model against its best-known peer, measured side by side.
+
+    python -m experiments.benchmark                       # everything, appended to benchmarks/RESULTS.md
+    python -m experiments.benchmark --only attention,vit  # some sections
+    python -m experiments.benchmark --quick --output -    # smallest shapes, print only (smoke test)
+
+Sections (``--only``):
+    attention  our MultiHeadAttention vs the minimal SDPA layer and nn.MultiheadAttention, L = 64, 256, 1024
+    vit        ViT training step vs timm's VisionTransformer (vit_tiny, vit_small shapes)
+    text       translation training step vs the same model on torch.nn.Transformer (tokens/s)
+    decoding   beam search (beam 5, 64 sentences) and greedy decoding with vs without the key/value cache
+    detr       DETR training step vs Hugging Face's DetrForObjectDetection (R50-sized and small);
+               share of the step spent in Hungarian matching
+    scaling    our step time, memory and attention share as sequence length / image size / queries grow
+    data       each experiment config's DataModule alone vs its training step vs the real fit
+    gpu        ViT-B/16 model FLOPs utilisation (bf16), SDPA kernel checks: only with CUDA
+
+Every comparison uses the same shapes, precision, optimiser (AdamW) and loss on both sides, and the
+same weights where the layouts allow it; see `experiments.bench_harness` for how time and memory
+are measured. The report (a Markdown section with the exact command, the machine and the tables)
+is printed and appended to ``--output``; the file is never overwritten.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from experiments import bench_models as bm
+from experiments import bench_scaling as bs
+from experiments.bench_harness import Ratio, Timing, interleaved, machine, markdown_table, measure_in_subprocess, step_peak_mib
+
+SECTIONS = ("attention", "vit", "text", "decoding", "detr", "scaling", "data", "gpu")
+DATA_CONFIGS = ("configs/vision/digits.yaml", "configs/text/toy_en_de.yaml", "configs/detection/shapes.yaml")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark row group. ``targets``: peer side -> the largest acceptable ratio ours/peer of
+    step time (None: no target, reported only). A case without targets measures ours alone."""
+
+    key: str
+    section: str
+    label: str
+    build: Callable[[bm.Settings], bm.Bench]
+    targets: dict[str, float | None] = field(default_factory=dict)
+
+
+def cases(quick: bool) -> list[Case]:
+    """Every case, in report order; keys are stable so a memory probe in a fresh process finds its case."""
+    out = []
+    for length in (16, 32) if quick else (64, 256, 1024):
+        for masked in (False, True):
+            out.append(Case(f"attention/L={length}/{'padded' if masked else 'full'}", "attention",
+                            f"L={length}" + (", key padding" if masked else ""), partial(bm.attention_bench, length, masked),
+                            {"sdpa": 1.05, "nn.MHA": 1.0}))
+    for name in ("vit_tiny", "vit_small"):
+        out.append(Case(f"vit/{name}", "vit", name, partial(bm.vit_bench, name), {"timm": 1.0}))
+    for size in ("small", "base"):
+        out.append(Case(f"text/{size}", "text", f"seq2seq {size}", partial(bm.seq2seq_bench, size), {"nn.Transformer": 1.0}))
+    out.append(Case("decoding/beam", "decoding", "beam search, beam 5", partial(bm.decoding_bench, "beam"), {"no cache": 0.2}))
+    out.append(Case("decoding/greedy", "decoding", "greedy", partial(bm.decoding_bench, "greedy"), {"no cache": None}))
+    for size in ("small", "r50"):
+        out.append(Case(f"detr/{size}", "detr", f"DETR {size}", partial(bm.detr_bench, size), {"HF DETR": 1.0}))
+    for length in bs.QUICK_TEXT_LENGTHS if quick else bs.TEXT_LENGTHS:
+        out.append(Case(f"scaling/text/L={length}", "scaling", f"text L={length}", partial(bs.text_scaling_bench, length)))
+    for size in bs.QUICK_VIT_IMAGE_SIZES if quick else bs.VIT_IMAGE_SIZES:
+        out.append(Case(f"scaling/vit/img={size}", "scaling", f"ViT {size}px", partial(bs.vit_scaling_bench, size)))
+    for queries, targets in bs.QUICK_DETR_POINTS if quick else bs.DETR_POINTS:
+        out.append(Case(f"scaling/detr/q={queries}/t={targets}", "scaling", f"DETR {queries} queries, {targets} targets",
+                        partial(bs.detr_scaling_bench, queries, targets)))
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.benchmark", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default=",".join(s for s in SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--quick", action="store_true", help="smallest shapes, few repeats: a smoke test, not a measurement")
+    p.add_argument("--repeats", type=int, help="timed samples per side (default 10; 2 with --quick)")
+    p.add_argument("--warmup", type=int, help="untimed steps per side first (default 2; 1 with --quick)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: fairest on a shared machine)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--amp", choices=("auto", "on", "off"), default="auto", help="bf16 autocast (auto: on with CUDA)")
+    p.add_argument("--compile", choices=("auto", "on", "off", "both"), default="auto",
+                   help="torch.compile both sides (auto: both = off and on with CUDA, off on CPU)")
+    p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto", help="DETR backbones and images channels-last (auto: on with CUDA)")
+    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip peak-memory probes (each runs a fresh process)")
+    p.add_argument("--data-configs", default=",".join(DATA_CONFIGS), help="experiment YAMLs for the data section")
+    p.add_argument("--output", default="benchmarks/RESULTS.md", help="Markdown file the report is appended to ('-': print only)")
+    p.add_argument("--memory-probe", nargs=2, metavar=("KEY", "SIDE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(SECTIONS)
+    if unknown:
+        p.error(f"--only: unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    args.repeats = args.repeats or (2 if args.quick else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    return args
+
+
+def settings_of(args: argparse.Namespace) -> bm.Settings:
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    if args.device == "cuda" and not cuda:
+        raise SystemExit("benchmark: --device cuda but torch.cuda.is_available() is False")
+    on = lambda flag: flag == "on" or (flag == "auto" and cuda)  # noqa: E731
+    return bm.Settings(quick=args.quick, device=torch.device("cuda" if cuda else "cpu"), amp=on(args.amp),
+                       compile=args.compile == "on", channels_last=on(args.channels_last))
+
+
+def probe_argv(args: argparse.Namespace, s: bm.Settings) -> list[str]:
+    """The flags a memory probe needs to rebuild the same case."""
+    return (["--quick"] if s.quick else []) + ["--threads", str(args.threads), "--device", s.device.type, "--amp", "on" if s.amp else "off",
+                                               "--channels-last", "on" if s.channels_last else "off", "--compile", "on" if s.compile else "off"]
+
+
+def memory_probe(args: argparse.Namespace) -> None:
+    """Child process: build one case, warm one side up, print the step's peak memory as JSON."""
+    key, side = args.memory_probe
+    s = settings_of(args)
+    case = next(c for c in cases(s.quick) if c.key == key)
+    bench = case.build(s)
+    step = bench.steps[side]
+    for _ in range(1 if bench.inference else 2):
+        step()
+    print(json.dumps({"key": key, "side": side, "peak_mib": step_peak_mib(step, s.device)}))
+
+
+# ----------------------------------------------------------------------------- running the cases
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def verdict(ratio: Ratio, target: float | None) -> str:
+    """yes: the ratio of medians meets the target; no: even the 25th percentile of the per-round ratios
+    misses it; within noise: between the two."""
+    if target is None:
+        return "-"
+    if ratio.median <= target:
+        return "yes"
+    return "no" if ratio.p25 > target else "within noise"
+
+
+def fmt_rate(items: int, seconds: float, unit: str) -> str:
+    return f"{items / seconds:,.0f} {unit}/s" if items else "-"
+
+
+def fmt_mib(value: float | None) -> str:
+    return "-" if value is None else f"{max(value, 0.0):,.0f}"
+
+
+@dataclass
+class Outcome:
+    case: Case
+    bench: bm.Bench
+    timings: dict[str, Timing]
+    memory: dict[str, float | None]
+    kernels: dict[str, str]
+    notes: list[str]
+    share: float | None = None
+
+
+def run_case(case: Case, s: bm.Settings, args: argparse.Namespace, profile_sides: tuple[str, ...] = ("ours",)) -> Outcome:
+    log(f"{case.key}: building")
+    bench = case.build(s)
+    repeats = bench.repeats or args.repeats
+    if not case.targets:
+        repeats = max(2, repeats // 2)  # scaling points: one side, fewer samples suffice
+    log(f"{case.key}: timing {', '.join(bench.steps)} x {repeats}")
+    timings = interleaved(bench.steps, s.device, repeats=repeats, warmup=args.warmup, min_sample_s=0.01 if s.quick else 0.2)
+    notes = [bench.check] if bench.check else []
+    for side, extra in bench.extra.items():
+        notes += [f"{side}: {k} {v}" for k, v in extra().items()]
+    kernels, share = {}, None
+    if case.section != "decoding":
+        for side in [p for p in profile_sides if p in bench.steps]:
+            events = bs.profile_step(bench.steps[side])
+            kernels[side] = bs.sdpa_kernels(events)
+            if side == "ours":
+                share = bs.attention_share(events)
+        if s.device.type == "cuda":
+            notes.append("ours, SDPA kernels allowed one at a time: " + bs.verify_gpu_kernels(bench.steps["ours"]))
+    memory: dict[str, float | None] = {}
+    if args.memory:
+        for side in bench.steps:
+            log(f"{case.key}: peak memory of {side}")
+            memory[side] = measure_in_subprocess(case.key, side, probe_argv(args, s))
+    del bench.steps  # free the models before the next case
+    return Outcome(case, bench, timings, memory, kernels, notes, share)
+
+
+def comparison_table(outcomes: list[Outcome]) -> str:
+    header = ["case", "peer", "ours ms", "peer ms", "time ours/peer [p25-p75]", "wall-clock ratio", "target", "met",
+              "ours throughput", "peer throughput", "ours MiB", "peer MiB", "memory met", "SDPA kernel (ours)"]
+    rows = []
+    for o in outcomes:
+        ours = o.timings["ours"]
+        for peer, target in o.case.targets.items():
+            if peer not in o.timings:
+                continue
+            theirs, ratio = o.timings[peer], Ratio.of(ours, o.timings[peer])
+            mem_ours, mem_peer = o.memory.get("ours"), o.memory.get(peer)
+            mem_met = "-" if mem_ours is None or mem_peer is None else ("yes" if mem_ours <= mem_peer * 1.02 + 1 else "no")
+            rows.append([o.case.label, peer, f"{ours.median * 1e3:,.1f}", f"{theirs.median * 1e3:,.1f}", str(ratio), f"{ratio.wall:.2f}",
+                         "-" if target is None else f"<= {target:g}", verdict(ratio, target),
+                         fmt_rate(o.bench.items, ours.median, o.bench.unit), fmt_rate(o.bench.items, theirs.median, o.bench.unit),
+                         fmt_mib(mem_ours), fmt_mib(mem_peer), mem_met, o.kernels.get("ours", "-")])
+    return markdown_table(header, rows)
+
+
+def scaling_table(outcomes: list[Outcome]) -> str:
+    header = ["point", "shape", "step ms", "throughput", "peak MiB", "attention share", "SDPA kernel", "notes"]
+    rows = []
+    for o in outcomes:
+        t = o.timings["ours"].median
+        rows.append([o.case.label, o.bench.check, f"{t * 1e3:,.1f}", fmt_rate(o.bench.items, t, o.bench.unit), fmt_mib(o.memory.get("ours")),
+                     "-" if o.share is None else f"{100 * o.share:.0f}%", o.kernels.get("ours", "-"), "; ".join(o.notes[1:]) or "-"])
+    return markdown_table(header, rows)
+
+
+def notes_list(outcomes: list[Outcome]) -> str:
+    lines = []
+    for o in outcomes:
+        extra = [n for n in o.notes] + [f"{side} SDPA kernel: {k}" for side, k in o.kernels.items() if side != "ours"]
+        if extra:
+            lines.append(f"- {o.case.label}: " + "; ".join(extra))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the report
+
+SECTION_TITLES = {
+    "attention": "Shared attention core: self-attention forward + backward (D=256, 8 heads, B·L = 4096 tokens)",
+    "vit": "ViT training step (batch 8, 224 px, AdamW) vs timm",
+    "text": "Seq2seq training step (random sentences of 16-40 tokens, label smoothing, AdamW) vs torch.nn.Transformer",
+    "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none",
+    "detr": "DETR training step (set loss with auxiliary losses, AdamW) vs Hugging Face DetrForObjectDetection",
+    "scaling": "Scaling of our training step",
+}
+
+
+def method_text(args: argparse.Namespace, s: bm.Settings) -> str:
+    clock = "process CPU time" if s.device.type == "cpu" else "wall time after torch.cuda.synchronize"
+    return (
+        f"Method: the sides of a row run in one process, interleaved (A B, B A, ...), after {args.warmup} warm-up steps each; "
+        f"{args.repeats} samples per side (3 for decoding, half for scaling points), each sample at least "
+        f"{0.01 if s.quick else 0.2} s of steps; clock: {clock}. 'ours ms' and 'peer ms' are medians; the ratio is the ratio of "
+        "the medians, with the 25th-75th percentiles of the per-round ratios; 'met': yes when the ratio meets the target, "
+        "'within noise' when the 25th percentile does, no otherwise. Peak memory: the extra memory one step needs above what "
+        + ("is resident before it (VmHWM after resetting it, minus VmRSS), in a fresh process per side, after warm-up steps; "
+           if s.device.type == "cpu" else "is allocated before it (torch.cuda.max_memory_allocated); ")
+        + "'memory met': ours <= peer (+2% + 1 MiB). Precision: " + ("bf16 autocast" if s.amp else "fp32")
+        + f"; torch.compile {'on' if s.compile else 'off'}; channels-last DETR backbone {'on' if s.channels_last else 'off'}."
+    )
+
+
+def run(args: argparse.Namespace) -> str:
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    base = settings_of(args)
+    only = args.only.split(",")
+    started, wall_start = datetime.datetime.now(), time.perf_counter()
+    info = machine(base.device)
+    parts: list[str] = []
+    skipped: list[str] = []
+    variants = [base]
+    if args.compile == "both" or (args.compile == "auto" and base.device.type == "cuda"):
+        variants.append(replace(base, compile=True))
+    elif args.compile == "auto":
+        skipped.append("torch.compile: not measured on the CPU (compiling every model on a shared 2-core machine takes minutes; "
+                       "`--compile on` forces it); with CUDA the ViT and text rows run with it off and on")
+    if base.device.type == "cpu":
+        skipped.append("bf16 autocast, flash / memory-efficient SDPA kernels on a GPU, channels-last DETR backbone, ViT-B/16 MFU: "
+                       "no CUDA device here; the same command runs them on a GPU (they are on by default there)")
+    all_cases = cases(base.quick)
+    for section in [x for x in SECTIONS if x in only]:
+        if section == "gpu":
+            if base.device.type != "cuda":
+                print("benchmark: gpu section skipped: no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
+                continue
+            rows = [bs.vit_b16_mfu(base, compile_model=c) for c in (False, True)]
+            parts.append("### ViT-B/16 training step, model FLOPs utilisation (bf16 autocast)\n\n"
+                         + markdown_table(list(rows[0]), [list(r.values()) for r in rows]))
+            continue
+        if section == "data":
+            log("data pipeline")
+            rows = []
+            for config in args.data_configs.split(","):
+                if not Path(config).is_file():
+                    skipped.append(f"data: {config} does not exist")
+                    continue
+                rows += bs.data_pipeline_rows(config, (0,) if base.quick else (0, 2), 3 if base.quick else 30, base.device)
+            parts.append("### Data pipeline: DataModule alone vs training step (samples/s, wall time)\n\n"
+                         + markdown_table(["config", "num_workers", "loader alone", "step alone (batches in memory)", "fit (loader + step)", "model busy"], rows)
+                         + "\n\n'model busy' = fit rate / step rate: below 100% the model waits for data. Loader workers are "
+                           "persistent when num_workers > 0; pinned memory is not configurable in the DataModules (it matters only with CUDA).")
+            continue
+        for settings in variants if section in ("vit", "text") else [base]:
+            chosen = [c for c in all_cases if c.section == section]
+            if section == "detr" and not _has_transformers():
+                skipped.append("detr vs Hugging Face: transformers is not installed (`pip install transformers`); ours is measured alone")
+            outcomes = [run_case(c, settings, args, ("ours", "sdpa", "nn.MHA") if section == "attention" else ("ours",)) for c in chosen]
+            title = SECTION_TITLES[section] + (" (torch.compile on)" if settings.compile and not base.compile else "")
+            table = scaling_table(outcomes) if section == "scaling" else comparison_table(outcomes)
+            notes = "" if section == "scaling" else f"\n\nChecks and notes:\n{notes_list(outcomes)}"
+            parts.append(f"### {title}\n\n{table}{notes}")
+    wall = time.perf_counter() - wall_start
+    info["load average at end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    command = "python -m experiments.benchmark " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if args.argv is None else args.argv))
+    header = [
+        f"## Performance against peers (issue #7), {started:%Y-%m-%d %H:%M}" + (" [--quick: smoke test, not a measurement]" if base.quick else ""),
+        "",
+        f"Command: `{command.strip()}` (wall time {wall / 60:.1f} min)",
+        "",
+        markdown_table(["machine", ""], [[k, v] for k, v in info.items()]),
+        "",
+        method_text(args, base),
+    ]
+    if skipped:
+        header += ["", "Not measured here:"] + [f"- {x}" for x in skipped]
+    return "\n".join(header) + "\n\n" + "\n\n".join(parts) + "\n"
+
+
+def _has_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    args.argv = argv
+    if args.memory_probe:
+        torch.set_num_threads(args.threads)
+        memory_probe(args)
+        return
+    report = run(args)
+    print(report)
+    if args.output != "-":
+        with open(args.output, "a") as f:  # append: other sections of the file belong to others
+            f.write("\n" + report)
+        log(f"appended to {args.output}")
+
+
+if __name__ == "__main__":
+    main()
