@@ -29,13 +29,16 @@ from models.matcher import HungarianMatcher
 from models.optim import param_groups, warmup_cosine
 
 def draw_detections(image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float) -> Image.Image:
-    """The image with the boxes scoring at least ``score_threshold``, labelled "name score"."""
+    """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small
+    images are enlarged (pixels repeated) so that the labels stay readable."""
+    scale = max(1, 256 // min(image.size))
+    image = image.convert("RGB").resize((image.width * scale, image.height * scale), Image.NEAREST)
     keep = det["scores"] >= score_threshold
     if not keep.any():
-        return image.convert("RGB")
-    pixels = torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)  # (3, H, W) uint8
+        return image
+    pixels = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)  # (3, H, W) uint8
     labels = [f"{class_names[l]} {s:.2f}" for l, s in zip(det["labels"][keep].tolist(), det["scores"][keep].tolist())]
-    drawn = draw_bounding_boxes(pixels, det["boxes"][keep].float(), labels=labels, colors="red", width=2)
+    drawn = draw_bounding_boxes(pixels, det["boxes"][keep].float() * scale, labels=labels, colors="yellow", width=2)
     return Image.fromarray(drawn.permute(1, 2, 0).numpy())
 
 
