@@ -235,7 +235,7 @@ def test_tiny_detr_overfits_two_images():
     criterion = SetCriterion(2, HungarianMatcher(), num_aux=2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     first = None
-    for _ in range(150):
+    for _ in range(100):
         loss = criterion.total(criterion(model(images), targets))
         first = float(loss.detach()) if first is None else first
         optimizer.zero_grad()
