@@ -228,9 +228,8 @@ class RunSummary(Callback):
         self._model = getattr(pl_module, "model", None)
         self._inputs = summary_stats.FirstCall(self._model) if isinstance(self._model, torch.nn.Module) else None
         self._start, self._init_stats = time.perf_counter(), None
-        previous = _read_json(self.path)
-        self._summary = {"status": "running", "resumed": bool(trainer.ckpt_path), **({"started": previous["started"]} if previous.get("started") else {})}
-        self._summary["started"] = self._summary.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S")
+        self._summary = {"status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self._previous, self._resumed = _read_json(self.path), None  # a resumed run's folder already has one
         if trainer.is_global_zero:
             self._summary.update(self._describe(trainer, pl_module))
             self._write()
@@ -269,7 +268,13 @@ class RunSummary(Callback):
             return None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._active and trainer.is_global_zero and not trainer.ckpt_path:
+        if not self._active or not trainer.is_global_zero:
+            return
+        self._resumed = self._previous if trainer.ckpt_path else None  # the checkpoint is restored by now
+        if self._resumed is not None:
+            self._summary.update(resumed_from=str(trainer.ckpt_path), started=self._resumed.get("started", self._summary["started"]))
+            self._write()
+        else:
             self._init_stats = self._measure(pl_module)  # the weights are still the initial ones
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
@@ -288,7 +293,8 @@ class RunSummary(Callback):
         if ckpt is not None and getattr(ckpt, "monitor", None):
             score = ckpt.best_model_score
             best = {"monitor": ckpt.monitor, "mode": ckpt.mode, "value": None if score is None else float(score), "checkpoint": ckpt.best_model_path or None}
-        previous_time = _read_json(self.path).get("train_time_s", 0.0) if trainer.ckpt_path else 0.0
+        previous = self._resumed or {}
+        previous_time = previous.get("train_time_s", 0.0)
         self._summary.update(
             status="finished",
             finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -301,10 +307,8 @@ class RunSummary(Callback):
             best=best,
             metrics={k: float(v) for k, v in trainer.callback_metrics.items() if isinstance(v, torch.Tensor) and v.numel() == 1},
         )
-        attention = {"init": self._init_stats, "final": final} if self._init_stats is not None else {"final": final}
-        if trainer.ckpt_path and (old := _read_json(self.path).get("attention", {})).get("init"):
-            attention["init"] = old["init"]  # a resumed run keeps the measurement of its first start
-        self._summary["attention"] = attention
+        init = self._init_stats or (previous.get("attention") or {}).get("init")  # a resumed run keeps its first start's
+        self._summary["attention"] = {"init": init, "final": final}
         self._write()
         if self.attention_figure and final is not None:
             self._log_figure(trainer, pl_module)
