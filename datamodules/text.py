@@ -346,7 +346,8 @@ class ParallelTextDataModule(_TokenizedDataModule):
         data_dir: folder with the split files (e.g. ../shared/data/multi30k); None: the embedded toy
             English-German corpus, written to ``cache_dir``/toy_en_de on first use.
         src_lang, tgt_lang: file suffixes; the direction of translation is src -> tgt.
-        train_split, val_split, test_split: file prefixes; None leaves that split out.
+        train_split, val_split, test_split: file prefixes; None leaves that split out (without a
+            training split, e.g. to translate with a trained model, ``tokenizer_dir`` is needed).
         tokenizer: "word" or "bpe". vocab_size, min_frequency: see `build_tokenizer`.
         shared_vocab: one tokenizer for both languages (needed for shared embeddings).
         tokenizer_dir: load the tokenizer files saved by an earlier fit (its default_root_dir) instead of training.
@@ -362,7 +363,7 @@ class ParallelTextDataModule(_TokenizedDataModule):
         data_dir: str | None = None,
         src_lang: str = "en",
         tgt_lang: str = "de",
-        train_split: str = "train",
+        train_split: str | None = "train",
         val_split: str | None = "val",
         test_split: str | None = "test",
         tokenizer: Literal["word", "bpe"] = "bpe",
@@ -386,6 +387,8 @@ class ParallelTextDataModule(_TokenizedDataModule):
             raise ValueError(f"data.tokenizer={tokenizer!r} is not known for translation; choose word or bpe")
         if src_lang == tgt_lang:
             raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; name two languages")
+        if train_split is None and tokenizer_dir is None:
+            raise ValueError("data.train_split=null needs data.tokenizer_dir: the tokenizer is trained on the training split")
         if data_dir is not None and not Path(data_dir).is_dir():
             raise FileNotFoundError(f"data.data_dir: folder {data_dir} does not exist")
         self.data_dir = Path(data_dir) if data_dir is not None else write_toy_corpus(Path(cache_dir) / "toy_en_de")
@@ -529,7 +532,8 @@ class TextCorpusDataModule(_TokenizedDataModule):
         tokenizer_dir: load ``tokenizer.json`` saved by an earlier fit instead of training.
         block_size: tokens of context per sample. val_fraction: the last part of the text, held out.
         prompt, predict_file: what `attnlab predict` completes (one prompt, or a file with one per line).
-    Linked to the model: ``vocab_size`` (the trained vocabulary's size).
+    Linked to the model: ``vocab_size`` (the trained vocabulary's size). The corpus has no test
+    split: `attnlab test` evaluates the validation part.
     Batches: ``input`` (B, block_size) and ``target`` (B, block_size), the input shifted by one.
     """
 

@@ -10,6 +10,7 @@ EOS, so every hypothesis ends with EOS. Outputs exclude BOS and are padded with 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.text import reorder_cache
@@ -104,7 +105,7 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
         finish = is_eos & first_k & top_scores.isfinite()
         normalised = (top_scores / length_penalty(t + 1, alpha)).masked_fill(~finish, float("-inf"))
         new_tokens = torch.cat([alive[rows][..., 1:], token[..., None]], dim=-1)  # (n, 2k, t + 1)
-        new_tokens = torch.nn.functional.pad(new_tokens, (0, max_len - t - 1), value=pad_id)
+        new_tokens = F.pad(new_tokens, (0, max_len - t - 1), value=pad_id)
         pool_scores = torch.cat([done_scores[active], normalised], dim=1)  # (n, 3k)
         pool_tokens = torch.cat([done_tokens[active], new_tokens], dim=1)  # (n, 3k, max_len)
         best, pick = pool_scores.topk(k, dim=1)

@@ -16,7 +16,6 @@ import math
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention import Similarity
@@ -251,7 +250,8 @@ class DecoderOnlyLM(nn.Module):
 
         ``temperature`` 0 picks the most likely token (greedy); ``top_k`` samples among the k most
         likely. Each new token costs one cached step; once the context exceeds ``max_positions`` the window
-        slides and is re-encoded, since absolute positions cannot shift inside a cache.
+        slides and is re-encoded, since absolute positions cannot shift inside a cache. ``use_cache=False``
+        re-runs the whole window at every step (the reference the cache is tested against).
         """
         if prompt.size(1) == 0:
             raise ValueError("generate needs a prompt of at least one token")

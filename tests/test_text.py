@@ -338,3 +338,15 @@ def test_corpus_errors(tmp_path):
     short = TextCorpusDataModule(str(write(tmp_path / "short.txt", "abc\n" * 10)), block_size=16)
     with pytest.raises(ValueError, match="the validation part of .*short.txt has 4 tokens, fewer than data.block_size \\+ 1 = 17"):
         short.setup("fit")
+
+
+def test_saved_tokenizer_is_reused_without_training_data(tmp_path):
+    dm = ParallelTextDataModule(str(toy_dir(tmp_path / "data")), test_split=None, tokenizer="word", min_frequency=1, shared_vocab=False)
+    for stem, tokenizer in dm._tokenizers().items():
+        tokenizer.save(str(tmp_path / f"{stem}.json"))  # what `attnlab fit` writes beside the checkpoints
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["tokenizer.de.json", "tokenizer.en.json"]
+    reused = ParallelTextDataModule(str(tmp_path / "data"), train_split=None, val_split=None, test_split=None, shared_vocab=False,
+                                    tokenizer_dir=str(tmp_path))
+    assert [t.to_str() for t in reused.tokenizers] == [t.to_str() for t in dm.tokenizers]
+    with pytest.raises(ValueError, match="data.train_split=null needs data.tokenizer_dir"):
+        ParallelTextDataModule(str(tmp_path / "data"), train_split=None)
