@@ -112,7 +112,7 @@ class Throughput(Callback):
             query = args[0] if args else kwargs["query"]
             padding = kwargs.get("key_padding_mask")
             same = padding is not None and padding.shape == query.shape[:2]
-            self._tokens += int(padding.logical_not().sum()) if same else query.shape[0] * query.shape[1]
+            self._tokens = self._tokens + (padding.logical_not().sum() if same else query.shape[0] * query.shape[1])  # no GPU sync here
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._counting, self._tokens = self._active, 0
@@ -125,7 +125,7 @@ class Throughput(Callback):
             torch.cuda.synchronize(pl_module.device)
         now = time.perf_counter()
         if self._last is not None:
-            self._epoch += torch.tensor([batch_size(batch), self._tokens, now - self._last], dtype=torch.float64)
+            self._epoch += torch.tensor([batch_size(batch), float(self._tokens), now - self._last], dtype=torch.float64)
         self._last = now
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -152,10 +152,9 @@ class Throughput(Callback):
         if not self._active:
             return
         self._fit += self._epoch  # an epoch cut short (max_steps, interruption)
-        if self._fit[2] > 0 or trainer.world_size > 1:
-            rates = self._global_rates(trainer, self._fit)
-            if self._fit[2] > 0:
-                self.fit_samples_per_s, self.fit_tokens_per_s = float(rates[0]), float(rates[1])
+        rates = self._global_rates(trainer, self._fit)  # every rank: a collective
+        if self._fit[2] > 0:
+            self.fit_samples_per_s, self.fit_tokens_per_s = float(rates[0]), float(rates[1])
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         for handle in getattr(self, "_handles", []):

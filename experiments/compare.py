@@ -188,6 +188,8 @@ def plot_losses(runs: list[dict[str, Any]], path: Path) -> None:
     """Training loss of every run against the fraction of its training, raw (log scale) and relative to its first value."""
     plt = _pyplot()
     fig, (raw, rel) = plt.subplots(1, 2, figsize=(11, 4))
+    raw.set_prop_cycle(color=[plt.get_cmap("tab20")(i % 20) for i in range(len(runs))])
+    rel.set_prop_cycle(color=[plt.get_cmap("tab20")(i % 20) for i in range(len(runs))])
     for r in runs:
         curve = _train_loss(r["metrics"])
         if not curve:
@@ -217,8 +219,12 @@ def plot_by_layer(runs: list[dict[str, Any]], key: str, ylabel: str, path: Path)
     if not panels:
         return False
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
-    for ax, (r, attention) in zip(axes[0], panels):
+    cols = min(len(panels), 4)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (r, attention) in zip(axes.flat, panels):
         layers = [layer for layer in attention["layers"] if layer.get(key)]
         for kind, marker in (("self", "o"), ("cross", "s")):
             idx = [i for i, layer in enumerate(layers) if layer["kind"] == kind]

@@ -7,8 +7,9 @@ Per attention layer and head:
     logit_var    mean over queries of the variance, over the keys a query may see, of its logits
                  (the similarity after scaling, before softmax): the quantity √d keeps near 1
     distance     attention-weighted mean distance between a query and its keys, in tokens for text
-                 and in pixels for ViT patches and DETR's memory cells (self-attention only; [CLS]
-                 and DETR's object queries have no place, so they are left out)
+                 (|i - j|, also between target and source positions in cross-attention) and in pixels
+                 for ViT patches and DETR's memory cells ([CLS] and DETR's object queries have no
+                 place, so they are left out)
     special      attention mass on special tokens: [CLS] for the ViT, BOS/EOS for text (none in DETR)
 Padded queries and blocked keys (padding, the future) are left out of every average.
 
