@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from experiments.bench_harness import Step
-from models.attention import MultiHeadAttention
+from models.attention import MultiHeadAttention, attention_fast, merge_masks
 from models.backbone import Backbone
 from models.criterion import SetCriterion
 from models.decoding import beam_search, greedy_decode
@@ -151,6 +151,40 @@ def attention_bench(length: int, masked: bool, s: Settings) -> Bench:
 
     steps = {name: step_of(f, m) for (name, f), m in zip(forwards.items(), (ours, sdpa, mha))}
     return Bench(steps, items=batch * length, unit="tokens", check=check)
+
+
+def core_bench(length: int, masked: bool, s: Settings) -> Bench:
+    """The core's attention function alone (`merge_masks` + `attention_fast`, as `MultiHeadAttention`
+    calls them) vs `F.scaled_dot_product_attention` on the same projected (B, H, L, d) tensors with
+    the same key padding mask, forward + backward; shapes as in `attention_bench`."""
+    dim, heads, tokens = (32, 4, 64) if s.quick else (256, 8, 4096)
+    batch, head_dim = max(1, tokens // length), dim // heads
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g).to(s.device).requires_grad_() for _ in range(3))
+    grad = torch.randn(batch, heads, length, head_dim, generator=g).to(s.device)
+    kpm = padding_mask(batch, length, g, s.device) if masked else None
+    scale = head_dim**-0.5
+
+    def ours() -> Tensor:
+        mask = merge_masks(batch, length, length, key_padding_mask=kpm, device=q.device, dtype=q.dtype)
+        return attention_fast(q, k, v, mask, scale)
+
+    def sdpa() -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=None if kpm is None else ~kpm[:, None, None, :], scale=scale)
+
+    with torch.no_grad():
+        check = f"max |Δ| {_max_diff(ours(), sdpa()):.1e}"
+
+    def step_of(forward: Callable[[], Tensor]) -> Step:
+        def step() -> None:
+            q.grad = k.grad = v.grad = None
+            with s.autocast():
+                out = forward()
+            out.backward(grad.to(out.dtype))
+
+        return step
+
+    return Bench({"ours": step_of(ours), "sdpa": step_of(sdpa)}, items=batch * length, unit="tokens", check=check)
 
 
 # ----------------------------------------------------------------------------- ViT

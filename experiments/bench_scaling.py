@@ -16,14 +16,14 @@ import inspect
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from experiments.bench_harness import Step
-from experiments.bench_models import QUICK_DETR, QUICK_VIT, VIT_SHAPES, DETR_SHAPES, Bench, Settings, detr_bench, train_step, training_flops, vit_pair
+from experiments.bench_models import QUICK_VIT, VIT_SHAPES, Bench, Settings, detr_bench, train_step, training_flops, vit_pair
 from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
 # ----------------------------------------------------------------------------- attention kernels
@@ -278,8 +278,3 @@ def data_pipeline_rows(config: str, workers: tuple[int, ...], batches: int, devi
         fit_rate, _ = _fit(model, data, batches + 3, device).rates(skip=3)
         rows.append([config, str(num_workers), f"{alone:,.0f}", f"{step_rate:,.0f}", f"{fit_rate:,.0f}", f"{100 * fit_rate / step_rate:.0f}%"])
     return rows
-
-
-def describe(fn: Callable) -> str:
-    """The first line of a docstring, for the report."""
-    return (inspect.getdoc(fn) or "").splitlines()[0]

@@ -5,6 +5,7 @@
     python -m experiments.benchmark --quick --output -    # smallest shapes, print only (smoke test)
 
 Sections (``--only``):
+    core       the core's attention function vs F.scaled_dot_product_attention on the same projected tensors
     attention  our MultiHeadAttention vs the minimal SDPA layer and nn.MultiheadAttention, L = 64, 256, 1024
     vit        ViT training step vs timm's VisionTransformer (vit_tiny, vit_small shapes)
     text       translation training step vs the same model on torch.nn.Transformer (tokens/s)
@@ -40,7 +41,7 @@ from experiments import bench_models as bm
 from experiments import bench_scaling as bs
 from experiments.bench_harness import Ratio, Timing, interleaved, machine, markdown_table, measure_in_subprocess, step_peak_mib
 
-SECTIONS = ("attention", "vit", "text", "decoding", "detr", "scaling", "data", "gpu")
+SECTIONS = ("core", "attention", "vit", "text", "decoding", "detr", "scaling", "data", "gpu")
 DATA_CONFIGS = ("configs/vision/digits.yaml", "configs/text/toy_en_de.yaml", "configs/detection/shapes.yaml")
 
 
@@ -61,6 +62,8 @@ def cases(quick: bool) -> list[Case]:
     out = []
     for length in (16, 32) if quick else (64, 256, 1024):
         for masked in (False, True):
+            out.append(Case(f"core/L={length}/{'padded' if masked else 'full'}", "core", f"L={length}" + (", key padding" if masked else ""),
+                            partial(bm.core_bench, length, masked), {"sdpa": 1.05}))
             out.append(Case(f"attention/L={length}/{'padded' if masked else 'full'}", "attention",
                             f"L={length}" + (", key padding" if masked else ""), partial(bm.attention_bench, length, masked),
                             {"sdpa": 1.05, "nn.MHA": 1.0}))
@@ -240,6 +243,8 @@ def notes_list(outcomes: list[Outcome]) -> str:
 # ----------------------------------------------------------------------------- the report
 
 SECTION_TITLES = {
+    "core": "Shared attention core, function level: merge_masks + attention_fast vs F.scaled_dot_product_attention on the same "
+            "projected (B, 8, L, 32) tensors, forward + backward (B·L = 4096)",
     "attention": "Shared attention core: self-attention forward + backward (D=256, 8 heads, B·L = 4096 tokens)",
     "vit": "ViT training step (batch 8, 224 px, AdamW) vs timm",
     "text": "Seq2seq training step (random sentences of 16-40 tokens, label smoothing, AdamW) vs torch.nn.Transformer",
