@@ -101,7 +101,6 @@ class VisionTransformer(nn.Module):
             activation="gelu", norm_first=True, similarity=similarity, layer_norm_eps=1e-6,
         )
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "avg" else nn.Identity()
-        self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
@@ -138,7 +137,7 @@ class VisionTransformer(nn.Module):
     def forward_head(self, tokens: Tensor) -> Tensor:
         """Tokens (B, 1 + N, D) -> logits (B, num_classes)."""
         pooled = tokens[:, 0] if self.global_pool == "token" else tokens[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
-        return self.head(self.head_drop(self.fc_norm(pooled)))
+        return self.head(self.fc_norm(pooled))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
