@@ -41,3 +41,15 @@ def test_report_has_a_row_per_run_the_plots_and_the_sqrt_d_section(attnlab, two_
 def test_compare_names_a_folder_without_runs(attnlab, tmp_path):
     code, _, err = attnlab("compare", str(tmp_path))
     assert code == 2 and f"attnlab: error: {tmp_path}: no finished run (summary.json) below it" in err
+
+
+def test_report_goes_to_wandb_as_a_table_and_images(attnlab, two_runs, tmp_path, monkeypatch):
+    import wandb
+    from wandb.sdk.lib.noop_run import NoopRun  # what wandb.init returns under WANDB_MODE=disabled
+
+    logged = {}
+    monkeypatch.setattr(NoopRun, "log", lambda self, data, *a, **k: logged.update(data), raising=False)
+    code, out, err = attnlab("compare", str(two_runs), "--out", str(tmp_path / "report"), "--wandb", "team/attnlab")  # WANDB_MODE=disabled
+    assert code == 0, err
+    assert isinstance(logged["compare/runs"], wandb.Table) and len(logged["compare/runs"].data) == 2
+    assert {"compare/loss", "compare/entropy", "compare/distance", "compare/scaling"} <= set(logged) and "attnlab: W&B:" in out
