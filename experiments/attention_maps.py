@@ -17,6 +17,7 @@ works unedited. Rendering uses matplotlib's object API (no pyplot, no global bac
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
@@ -127,6 +128,11 @@ class AttentionMapLogger(pl.Callback):
             raise ValueError(f"AttentionMapLogger: num_images={num_images} and every_n_epochs={every_n_epochs} must be >= 1")
         self.num_images, self.every_n_epochs, self.layer, self.predict = num_images, every_n_epochs, layer, predict
         self._predicted = 0
+        self._root = Path(".")
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # trainer.log_dir broadcasts from rank 0: resolve it here, on every rank, never in rank-0-only hooks
+        self._root = Path(trainer.log_dir or trainer.default_root_dir) / "attention_maps"
 
     @torch.no_grad()
     def render(self, trainer: pl.Trainer, pl_module: pl.LightningModule, images: Tensor, labels: Tensor | None, folder: str, first: int = 0) -> list[str]:
@@ -139,7 +145,7 @@ class AttentionMapLogger(pl.Callback):
         rollout, heads = attention_rollout(maps, token=token), cls_attention(maps, self.layer)
         names = getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
         name = (lambda k: names[k]) if names else str
-        out = Path(trainer.log_dir or trainer.default_root_dir) / "attention_maps" / folder
+        out = self._root / folder
         out.mkdir(parents=True, exist_ok=True)
         paths = []
         for i, pred in enumerate(logits.argmax(-1).tolist()):
@@ -175,4 +181,4 @@ class AttentionMapLogger(pl.Callback):
 
     def on_predict_end(self, trainer, pl_module) -> None:
         if self.predict and self._predicted:
-            print(f"attnlab: attention maps of {self._predicted} images written to {Path(trainer.log_dir or trainer.default_root_dir) / 'attention_maps' / 'predict'}")
+            print(f"attnlab: attention maps of {self._predicted} images written to {self._root / 'predict'}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -54,7 +55,7 @@ class PredictionWriter(BasePredictionWriter):
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         path = self._path(trainer)
         self._file.close()
-        print(f"attnlab: predictions written to {path}")
+        print(f"attnlab: predictions written to {path}", file=sys.stderr)  # stdout carries the predictions
 
 
 def _first_tensor(batch: Any) -> torch.Tensor | None:

@@ -107,6 +107,15 @@ class AttnlabCLI(LightningCLI):
         if self.subcommand in ("validate", "test", "predict"):
             self._resolve_saved_checkpoint()
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        # setup() and checkpoint loading also meet user input (files, a vocabulary that does not match)
+        try:
+            super()._run_subcommand(subcommand)
+        except (ValueError, FileNotFoundError) as err:
+            if os.environ.get("ATTNLAB_DEBUG"):
+                raise
+            _fail(f"{condense_error(str(err))} (ATTNLAB_DEBUG=1 shows the traceback)")
+
     def _resolve_saved_checkpoint(self) -> None:
         """`--ckpt_path best|last` in a fresh process: the newest such checkpoint of this experiment."""
         cfg = self.config_init[self.subcommand]

@@ -161,6 +161,10 @@ class ObjectDetector(pl.LightningModule):
         for key in ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large", "AR100"):
             self.log(f"{stage}/{key}", stats[key], sync_dist=False)
 
+    def setup(self, stage: str) -> None:
+        # trainer.log_dir broadcasts from rank 0: resolve it on every rank, not in the rank-0-only image logging
+        self._image_dir = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "val_images"
+
     def on_validation_epoch_end(self) -> None:
         dataset = self.trainer.val_dataloaders.dataset
         if self.trainer.sanity_checking or getattr(dataset, "coco", None) is None:
@@ -189,7 +193,7 @@ class ObjectDetector(pl.LightningModule):
         weights = maps[""][0].mean(1)  # (B, N, h·w)
         feat_mask = torch.nn.functional.interpolate(mask[None].float(), size=self.model.backbone(images).shape[-2:]).bool()[0]  # (B, h, w)
         results = post_process(outputs, torch.stack([t["orig_size"] for t in targets]))
-        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "val_images"
+        folder = self._image_dir
         folder.mkdir(parents=True, exist_ok=True)
         paths = []
         for b, (t, r) in enumerate(zip(targets, results)):

@@ -136,7 +136,8 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder = TransformerDecoder(num_decoder_layers, d_model, nhead, final_norm=norm_first, **layer)
         self.generator = nn.Linear(d_model, tgt_vocab_size, bias=False)  # the pre-softmax projection
         for name, p in self.named_parameters():  # Xavier for the stacks, as in the Annotated Transformer
-            if p.dim() > 1 and name.startswith(("encoder.", "decoder.", "generator.")):
+            # the core's `general` map keeps its identity start (it begins equal to `dot`)
+            if p.dim() > 1 and name.startswith(("encoder.", "decoder.", "generator.")) and not name.endswith("general_weight"):
                 nn.init.xavier_uniform_(p)
         if tie_output:
             self.generator.weight = self.tgt_embed.weight
@@ -224,7 +225,7 @@ class DecoderOnlyLM(nn.Module):
     def _init_weights(self, num_layers: int) -> None:
         """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/√(2·layers)."""
         for name, p in self.blocks.named_parameters():
-            if p.dim() > 1:
+            if p.dim() > 1 and not name.endswith("general_weight"):  # `general` starts at the identity
                 std = 0.02 / math.sqrt(2 * num_layers) if name.endswith(("linear2.weight", "out_proj.weight")) else 0.02
                 nn.init.normal_(p, std=std)
             elif name.endswith("bias"):

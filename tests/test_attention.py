@@ -171,3 +171,20 @@ def test_bad_arguments_name_the_value():
         MultiHeadAttention(D, H, similarity="cosine")
     with pytest.raises(ValueError, match="embed_dim=16 is not divisible by num_heads=3"):
         MultiHeadAttention(D, 3)
+
+
+def test_every_model_starts_general_at_the_identity():
+    """The docstring's promise: `general` begins equal to `dot` in every modality's model."""
+    from models.detr import DETRTransformer
+    from models.text import DecoderOnlyLM, Seq2SeqTransformer
+    from models.vit import VisionTransformer
+
+    models = [
+        Seq2SeqTransformer(20, 20, d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, similarity="general"),
+        DecoderOnlyLM(20, d_model=16, nhead=4, num_layers=1, similarity="general"),
+        VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=2, embed_dim=16, depth=1, num_heads=4, similarity="general"),
+        DETRTransformer(d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, similarity="general"),
+    ]
+    for model in models:
+        weights = [m.general_weight for m in model.modules() if isinstance(m, MultiHeadAttention)]
+        assert weights and all(torch.equal(w, torch.eye(4).repeat(4, 1, 1)) for w in weights), type(model).__name__

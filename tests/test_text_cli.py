@@ -2,9 +2,9 @@
 import csv
 import io
 import json
+import re
 import sys
 
-import pytest
 import torch
 from tokenizers import Tokenizer
 
@@ -46,8 +46,9 @@ def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
     assert json.loads((tmp_path / "predictions.jsonl").read_text())["source"] == "A cat sits."
 
     other_vocab = ("--data.init_args.tokenizer=bpe", "--data.init_args.vocab_size=90")
-    with pytest.raises(ValueError, match=r"vocabulary does not match the data's tokenizer \(src_vocab_size=\d+ in the checkpoint but 90"):
-        attnlab("test", "--config", TOY, root, cache, "--ckpt_path", "best", *other_vocab)
+    code, _, err = attnlab("test", "--config", TOY, root, cache, "--ckpt_path", "best", *other_vocab)
+    assert code == 2
+    assert re.search(r"attnlab: error: .*vocabulary does not match the data's tokenizer \(src_vocab_size=\d+ in the checkpoint but 90", err)
 
 
 def test_language_model_fit_and_complete_a_prompt(attnlab, tmp_path):

@@ -93,5 +93,5 @@ def test_predict_writes_maps_on_request_through_the_cli(attnlab, tmp_path):
     code, out, err = attnlab("predict", *cfg, "--ckpt_path", "last",
                              "--trainer.callbacks+=experiments.attention_maps.AttentionMapLogger", "--trainer.callbacks.num_images=5")
     assert code == 0, err
-    assert "attention maps of 5 images written to" in out
+    assert "attention maps of 5 images written to" in err
     assert len(list(tmp_path.glob("**/attention_maps/predict/image_*.png"))) == 5
