@@ -54,7 +54,8 @@ class Bench:
     tokens one step processes (for throughput), ``unit`` their name. ``check``: how the sides were
     verified to compute the same thing. ``repeats``: samples to take, when the case wants fewer
     than the default (slow steps). ``inference``: the steps keep no state (no gradients or optimiser
-    state to create in warm-up). ``extra``: side -> callable returning further figures (e.g. the
+    state to create in warm-up). ``side_info``: side -> its shape, where sides differ in shape
+    (scaling). ``extra``: side -> callable returning further figures (e.g. the
     share of the step spent in Hungarian matching)."""
 
     steps: dict[str, Step]
@@ -63,6 +64,7 @@ class Bench:
     check: str = ""
     repeats: int | None = None
     inference: bool = False
+    side_info: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Callable[[], dict[str, str]]] = field(default_factory=dict)
 
 

@@ -90,37 +90,50 @@ DETR_POINTS = ((20, 10), (100, 10), (300, 10), (100, 5), (100, 50))  # (queries,
 QUICK_DETR_POINTS = ((8, 2), (16, 4))
 
 
-def text_scaling_bench(length: int, s: Settings) -> Bench:
+def text_scaling_bench(s: Settings) -> Bench:
     """Seq2seq training step (the "small" shape, dropout 0 so SDPA takes its fused kernel) on
-    sentences of exactly ``length`` tokens, 4096 tokens per batch on each side (32 when quick)."""
+    sentences of exactly L tokens, 4096 tokens per batch on each side (32 when quick): one side per L."""
     d, h, n, ffn, vocab = (32, 2, 1, 64, 100) if s.quick else (256, 4, 3, 1024, 8000)
-    batch = max(1, (32 if s.quick else 4096) // length)
-    torch.manual_seed(0)
-    model = Seq2SeqTransformer(vocab, vocab, d, h, n, n, ffn, 0.0, share_embeddings=True, pad_id=0, max_positions=length + 2).to(s.device)
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, vocab, (batch, length), generator=g).to(s.device)
-    tgt = torch.randint(4, vocab, (batch, length + 1), generator=g).to(s.device)
-    tgt_in, labels = teacher_forcing(tgt)
-    step = train_step(s.maybe_compile(model), lambda m: label_smoothed_nll_loss(m(src, tgt_in), labels, 0.1, 0)[0], s)
-    return Bench({"ours": step}, items=batch * length, unit="tokens", check=f"batch {batch}")
+    tokens = 32 if s.quick else 4096
+    steps, info = {}, {}
+    for length in QUICK_TEXT_LENGTHS if s.quick else TEXT_LENGTHS:
+        batch = max(1, tokens // length)
+        torch.manual_seed(0)
+        model = Seq2SeqTransformer(vocab, vocab, d, h, n, n, ffn, 0.0, share_embeddings=True, pad_id=0, max_positions=length + 2).to(s.device)
+        g = torch.Generator().manual_seed(0)
+        src = torch.randint(4, vocab, (batch, length), generator=g).to(s.device)
+        tgt_in, labels = teacher_forcing(torch.randint(4, vocab, (batch, length + 1), generator=g).to(s.device))
+        loss = lambda m, src=src, tgt_in=tgt_in, labels=labels: label_smoothed_nll_loss(m(src, tgt_in), labels, 0.1, 0)[0]  # noqa: E731
+        steps[f"L={length}"] = train_step(s.maybe_compile(model), loss, s)
+        info[f"L={length}"] = f"batch {batch} x {length} tokens"
+    return Bench(steps, items=tokens, unit="tokens", side_info=info)
 
 
-def vit_scaling_bench(img_size: int, s: Settings) -> Bench:
-    """vit_tiny training step (patch 16; patch 8 when quick) at ``img_size``, batch 8 (2 when quick)."""
-    shape = dict(QUICK_VIT if s.quick else VIT_SHAPES["vit_tiny"], img_size=img_size)
+def vit_scaling_bench(s: Settings) -> Bench:
+    """vit_tiny training step (patch 16; patch 8 when quick), batch 8 (2 when quick): one side per image size."""
     batch = 2 if s.quick else 8
-    model, _ = vit_pair(shape, s.device)
-    g = torch.Generator().manual_seed(0)
-    images = torch.randn(batch, 3, img_size, img_size, generator=g).to(s.device)
-    labels = torch.randint(0, 1000, (batch,), generator=g).to(s.device)
-    tokens = 1 + (img_size // shape["patch_size"]) ** 2
-    return Bench({"ours": train_step(s.maybe_compile(model), lambda m: F.cross_entropy(m(images), labels), s)}, items=batch, unit="images",
-                 check=f"{tokens} tokens")
+    steps, info = {}, {}
+    for size in QUICK_VIT_IMAGE_SIZES if s.quick else VIT_IMAGE_SIZES:
+        shape = dict(QUICK_VIT if s.quick else VIT_SHAPES["vit_tiny"], img_size=size)
+        model, _ = vit_pair(shape, s.device)
+        g = torch.Generator().manual_seed(0)
+        images = torch.randn(batch, 3, size, size, generator=g).to(s.device)
+        labels = torch.randint(0, 1000, (batch,), generator=g).to(s.device)
+        loss = lambda m, images=images, labels=labels: F.cross_entropy(m(images), labels)  # noqa: E731
+        steps[f"{size}px"] = train_step(s.maybe_compile(model), loss, s)
+        info[f"{size}px"] = f"{1 + (size // shape['patch_size']) ** 2} tokens"
+    return Bench(steps, items=batch, unit="images", side_info=info)
 
 
-def detr_scaling_bench(queries: int, targets: int, s: Settings) -> Bench:
-    """The small DETR's training step with ``queries`` object queries and ``targets`` boxes per image."""
-    return detr_bench("small", s, queries=queries, boxes=targets, with_peer=False)
+def detr_scaling_bench(s: Settings) -> Bench:
+    """The small DETR's training step: one side per (object queries, target boxes per image)."""
+    steps, info, extra = {}, {}, {}
+    for queries, targets in QUICK_DETR_POINTS if s.quick else DETR_POINTS:
+        point = detr_bench("small", s, queries=queries, boxes=targets, with_peer=False)
+        name = f"{queries} queries, {targets} targets"
+        steps[name], info[name], extra[name] = point.steps["ours"], point.check.removeprefix("ours "), point.extra["ours"]
+        items = point.items
+    return Bench(steps, items=items, unit="images", side_info=info, extra=extra)
 
 
 # ----------------------------------------------------------------------------- GPU: MFU

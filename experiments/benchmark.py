@@ -75,13 +75,9 @@ def cases(quick: bool) -> list[Case]:
     out.append(Case("decoding/greedy", "decoding", "greedy", partial(bm.decoding_bench, "greedy"), {"no cache": None}))
     for size in ("small", "r50"):
         out.append(Case(f"detr/{size}", "detr", f"DETR {size}", partial(bm.detr_bench, size), {"HF DETR": 1.0}))
-    for length in bs.QUICK_TEXT_LENGTHS if quick else bs.TEXT_LENGTHS:
-        out.append(Case(f"scaling/text/L={length}", "scaling", f"text L={length}", partial(bs.text_scaling_bench, length)))
-    for size in bs.QUICK_VIT_IMAGE_SIZES if quick else bs.VIT_IMAGE_SIZES:
-        out.append(Case(f"scaling/vit/img={size}", "scaling", f"ViT {size}px", partial(bs.vit_scaling_bench, size)))
-    for queries, targets in bs.QUICK_DETR_POINTS if quick else bs.DETR_POINTS:
-        out.append(Case(f"scaling/detr/q={queries}/t={targets}", "scaling", f"DETR {queries} queries, {targets} targets",
-                        partial(bs.detr_scaling_bench, queries, targets)))
+    out.append(Case("scaling/text", "scaling", "text", bs.text_scaling_bench))
+    out.append(Case("scaling/vit", "scaling", "ViT tiny", bs.vit_scaling_bench))
+    out.append(Case("scaling/detr", "scaling", "DETR small", bs.detr_scaling_bench))
     return out
 
 
@@ -170,7 +166,8 @@ class Outcome:
     memory: dict[str, float | None]
     kernels: dict[str, str]
     notes: list[str]
-    share: float | None = None
+    shares: dict[str, float] = field(default_factory=dict)
+    extra_figures: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def run_case(case: Case, s: bm.Settings, args: argparse.Namespace, profile_sides: tuple[str, ...] = ("ours",)) -> Outcome:
@@ -178,28 +175,28 @@ def run_case(case: Case, s: bm.Settings, args: argparse.Namespace, profile_sides
     bench = case.build(s)
     repeats = bench.repeats or args.repeats
     if not case.targets:
-        repeats = max(2, repeats // 2)  # scaling points: one side, fewer samples suffice
+        repeats = max(2, repeats // 2)  # scaling: many sides (points), fewer rounds suffice
     log(f"{case.key}: timing {', '.join(bench.steps)} x {repeats}")
     timings = interleaved(bench.steps, s.device, repeats=repeats, warmup=args.warmup, min_sample_s=0.01 if s.quick else 0.2)
     notes = [bench.check] if bench.check else []
-    for side, extra in bench.extra.items():
-        notes += [f"{side}: {k} {v}" for k, v in extra().items()]
-    kernels, share = {}, None
+    extra_figures = {side: extra() for side, extra in bench.extra.items()}
+    for side, figures in extra_figures.items():
+        notes += [f"{side}: {k} {v}" for k, v in figures.items()]
+    kernels, shares = {}, {}
     if case.section != "decoding":
-        for side in [p for p in profile_sides if p in bench.steps]:
+        for side in [p for p in profile_sides if p in bench.steps] if case.targets else bench.steps:
             events = bs.profile_step(bench.steps[side])
             kernels[side] = bs.sdpa_kernels(events)
-            if side == "ours":
-                share = bs.attention_share(events)
-        if s.device.type == "cuda":
+            shares[side] = bs.attention_share(events)
+        if s.device.type == "cuda" and "ours" in bench.steps:
             notes.append("ours, SDPA kernels allowed one at a time: " + bs.verify_gpu_kernels(bench.steps["ours"]))
     memory: dict[str, float | None] = {}
     if args.memory:
         for side in bench.steps:
             log(f"{case.key}: peak memory of {side}")
             memory[side] = measure_in_subprocess(case.key, side, probe_argv(args, s))
-    del bench.steps  # free the models before the next case
-    return Outcome(case, bench, timings, memory, kernels, notes, share)
+    bench.steps, bench.extra = {}, {}  # free the models before the next case
+    return Outcome(case, bench, timings, memory, kernels, notes, shares, extra_figures)
 
 
 def comparison_table(outcomes: list[Outcome]) -> str:
@@ -222,12 +219,15 @@ def comparison_table(outcomes: list[Outcome]) -> str:
 
 
 def scaling_table(outcomes: list[Outcome]) -> str:
-    header = ["point", "shape", "step ms", "throughput", "peak MiB", "attention share", "SDPA kernel", "notes"]
+    header = ["model", "point", "shape", "step ms", "throughput", "peak MiB", "attention share", "SDPA kernel", "notes"]
     rows = []
     for o in outcomes:
-        t = o.timings["ours"].median
-        rows.append([o.case.label, o.bench.check, f"{t * 1e3:,.1f}", fmt_rate(o.bench.items, t, o.bench.unit), fmt_mib(o.memory.get("ours")),
-                     "-" if o.share is None else f"{100 * o.share:.0f}%", o.kernels.get("ours", "-"), "; ".join(o.notes[1:]) or "-"])
+        for side, timing in o.timings.items():
+            t = timing.median
+            extra = [f"{k} {v}" for k, v in o.extra_figures.get(side, {}).items()]
+            rows.append([o.case.label, side, o.bench.side_info.get(side, "-"), f"{t * 1e3:,.1f}", fmt_rate(o.bench.items, t, o.bench.unit),
+                         fmt_mib(o.memory.get(side)), f"{100 * o.shares[side]:.0f}%" if side in o.shares else "-",
+                         o.kernels.get(side, "-"), "; ".join(extra) or "-"])
     return markdown_table(header, rows)
 
 
