@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.detection_transforms import make_transforms
+from datamodules.loading import loader_settings
 
 REQUIRED_KEYS = ("images", "annotations", "categories")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
@@ -235,6 +236,7 @@ class DetectionDataModule(pl.LightningDataModule):
     choices), ``max_size`` (longer side cap), ``crop`` (the random-crop branch), ``crop_resize_scales``,
     ``crop_size`` (min, max side of the crop), ``val_size``, ``hflip``.
     ``predict_images``: a folder of images for `attnlab predict` (default: the test split).
+    ``num_workers``, ``pin_memory``, ``persistent_workers``: loader settings (see `datamodules.loading`).
     Batches: images (B, 3, H, W), mask (B, H, W) True at padding, list of B target dicts.
     """
 
@@ -253,6 +255,8 @@ class DetectionDataModule(pl.LightningDataModule):
         val_size: int = 800,
         hflip: bool = True,
         predict_images: str | None = None,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
     ):
         super().__init__()
         if batch_size < 1:
@@ -261,7 +265,8 @@ class DetectionDataModule(pl.LightningDataModule):
             raise ValueError(f"data.train_scales={list(train_scales)} and data.val_size={val_size} must be positive sizes")
         if crop and crop_size[0] > crop_size[1]:
             raise ValueError(f"data.crop_size={list(crop_size)} must be (min, max)")
-        self.batch_size, self.num_workers, self.predict_images = batch_size, num_workers, predict_images
+        self.batch_size, self.predict_images = batch_size, predict_images
+        self.loader_kwargs = loader_settings(num_workers, pin_memory, persistent_workers)
         self.train_transforms = make_transforms(True, train_scales, max_size, crop, crop_resize_scales, tuple(crop_size), val_size, hflip)
         self.eval_transforms = make_transforms(False, val_size=val_size, max_size=max_size)
         self.datasets: dict[str, Dataset] = {}
@@ -292,7 +297,7 @@ class DetectionDataModule(pl.LightningDataModule):
     def _loader(self, stage: str) -> DataLoader:
         return DataLoader(
             self.dataset(stage), batch_size=self.batch_size, shuffle=stage == "train", drop_last=False,
-            num_workers=self.num_workers, collate_fn=collate_detection, persistent_workers=self.num_workers > 0,
+            collate_fn=collate_detection, **self.loader_kwargs,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -328,6 +333,8 @@ class CocoDataModule(DetectionDataModule):
         seed: int = 0,
         batch_size: int = 2,
         num_workers: int = 2,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
         train_scales: Sequence[int] = tuple(range(480, 801, 32)),
         max_size: int = 1333,
         crop: bool = True,
@@ -337,7 +344,8 @@ class CocoDataModule(DetectionDataModule):
         hflip: bool = True,
         predict_images: str | None = None,
     ):
-        super().__init__(batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, hflip, predict_images)
+        super().__init__(batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, hflip, predict_images,
+                         pin_memory, persistent_workers)
         for key, folder in (("images", images), ("val_images", val_images), ("test_images", test_images)):
             if folder is not None and not Path(folder).is_dir():
                 raise FileNotFoundError(f"data.{key}: {folder} is not a folder")

@@ -132,6 +132,8 @@ class ShapesDataModule(DetectionDataModule):
         seed: int = 0,
         batch_size: int = 16,
         num_workers: int = 0,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
         train_scales: Sequence[int] = (64,),
         max_size: int = 64,
         crop: bool = False,
@@ -141,7 +143,8 @@ class ShapesDataModule(DetectionDataModule):
         hflip: bool = True,
         predict_images: str | None = None,
     ):
-        super().__init__(batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, hflip, predict_images)
+        super().__init__(batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, hflip, predict_images,
+                         pin_memory, persistent_workers)
         if min(num_train, num_val, num_test) < 1:
             raise ValueError(f"data: num_train={num_train}, num_val={num_val}, num_test={num_test} must all be >= 1")
         if not 8 <= min_side <= max_side <= image_size:

@@ -30,6 +30,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from datamodules.loading import loader_settings
+
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 TokenizerKind = Literal["word", "bpe", "char"]
@@ -336,7 +338,7 @@ class _TokenizedDataModule(pl.LightningDataModule):
     def _loader(self, dataset: Dataset, collate, sampler=None, shuffle: bool = False) -> DataLoader:
         hp = self.hparams
         return DataLoader(dataset, batch_size=hp.batch_size, sampler=sampler, shuffle=shuffle, collate_fn=collate,
-                          num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0)
+                          **loader_settings(hp.num_workers, hp.pin_memory, hp.persistent_workers))
 
 
 class ParallelTextDataModule(_TokenizedDataModule):
@@ -377,9 +379,12 @@ class ParallelTextDataModule(_TokenizedDataModule):
         predict_file: str | None = None,
         cache_dir: str = "runs/data",
         num_workers: int = 0,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
     ):
         super().__init__()
         self.save_hyperparameters()
+        loader_settings(num_workers, pin_memory, persistent_workers)  # refuses a bad num_workers now, not at the first batch
         for key, value, low in (("batch_size", batch_size, 1), ("max_len", max_len, 3), ("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 1)):
             if value < low:
                 raise ValueError(f"data.{key}={value} must be >= {low}")
@@ -551,9 +556,12 @@ class TextCorpusDataModule(_TokenizedDataModule):
         predict_file: str | None = None,
         cache_dir: str = "runs/data",
         num_workers: int = 0,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
     ):
         super().__init__()
         self.save_hyperparameters()
+        loader_settings(num_workers, pin_memory, persistent_workers)  # refuses a bad num_workers now, not at the first batch
         if tokenizer not in ("char", "bpe"):
             raise ValueError(f"data.tokenizer={tokenizer!r} is not known for language modelling; choose char or bpe")
         for key, value, low in (("batch_size", batch_size, 1), ("block_size", block_size, 1)):

@@ -35,6 +35,8 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.datasets.mnist import read_image_file, read_label_file
 
+from datamodules.loading import loader_settings
+
 
 def split_lengths(n: int, val_fraction: float, test_fraction: float = 0.0) -> list[int]:
     """Sizes of (train, val[, test]) for ``n`` samples; fractions must leave a non-empty train split."""
@@ -74,6 +76,8 @@ class DigitsDataModule(pl.LightningDataModule):
         test_fraction: float = 0.15,
         seed: int = 0,
         num_workers: int = 0,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
         img_size: int = 8,
         train_subset: int | None = None,
     ):
@@ -84,6 +88,7 @@ class DigitsDataModule(pl.LightningDataModule):
             raise ValueError(f"data.img_size={img_size} must be >= 8 (the digits are 8x8)")
         self.save_hyperparameters()
         self.img_size = img_size
+        self.loader_kwargs = loader_settings(num_workers, pin_memory, persistent_workers)
         split_lengths(1797, val_fraction, test_fraction)  # refuse bad fractions before training
 
     def setup(self, stage: str | None = None) -> None:
@@ -107,7 +112,7 @@ class DigitsDataModule(pl.LightningDataModule):
 
     def _loader(self, dataset, shuffle: bool) -> DataLoader:
         hp = self.hparams
-        return DataLoader(dataset, batch_size=hp.batch_size, shuffle=shuffle, num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0)
+        return DataLoader(dataset, batch_size=hp.batch_size, shuffle=shuffle, **self.loader_kwargs)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)
@@ -184,7 +189,7 @@ class ImageDataModule(pl.LightningDataModule):
     ``__init__`` (before calling this one) and implement `_sources`.
 
     Args:
-        batch_size, num_workers: loader settings.
+        batch_size, num_workers, pin_memory, persistent_workers: loader settings (see `datamodules.loading`).
         val_fraction, seed: the validation split taken off the training data where the dataset
             has none (fixed seed); the seed also fixes ``train_subset``.
         train_subset: keep only this many training images (fixed seed), for low-data fine-tuning.
@@ -215,6 +220,8 @@ class ImageDataModule(pl.LightningDataModule):
         mean: Sequence[float],
         std: Sequence[float],
         native_size: int | None = None,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
     ):
         super().__init__()
         if batch_size < 1:
@@ -224,7 +231,8 @@ class ImageDataModule(pl.LightningDataModule):
         for key, stat in (("mean", mean), ("std", std)):
             if len(stat) != self.in_chans:
                 raise ValueError(f"data.{key}={list(stat)} has {len(stat)} values; the images have {self.in_chans} channels")
-        self.batch_size, self.num_workers, self.val_fraction, self.seed = batch_size, num_workers, val_fraction, seed
+        self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
+        self.loader_kwargs = loader_settings(num_workers, pin_memory, persistent_workers)
         self.train_subset = train_subset
         self.mean, self.std = tuple(mean), tuple(std)
         size = (self.in_chans, self.img_size, self.img_size)
@@ -265,7 +273,7 @@ class ImageDataModule(pl.LightningDataModule):
     def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
         mixup = train and self.mixup is not None
         return DataLoader(
-            dataset, batch_size=self.batch_size, shuffle=train, num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+            dataset, batch_size=self.batch_size, shuffle=train, **self.loader_kwargs,
             collate_fn=MixupCollate(self.mixup) if mixup else None, drop_last=mixup,  # timm's Mixup pairs a batch with its reverse
         )
 
@@ -350,6 +358,8 @@ class TorchvisionDataModule(ImageDataModule):
         img_size: int | None = None,
         batch_size: int = 128,
         num_workers: int = 0,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
         val_fraction: float = 0.1,
         seed: int = 0,
         train_subset: int | None = None,
@@ -372,7 +382,8 @@ class TorchvisionDataModule(ImageDataModule):
         self.img_size = img_size or self.layout.img_size
         self.class_names = list(self.layout.class_names) or [str(i) for i in range(self.num_classes)]
         super().__init__(batch_size, num_workers, val_fraction, seed, train_subset, augment, mixup,
-                         mean or self.layout.mean, std or self.layout.std, native_size=self.layout.img_size)
+                         mean or self.layout.mean, std or self.layout.std, native_size=self.layout.img_size,
+                         pin_memory=pin_memory, persistent_workers=persistent_workers)
 
     def _read(self, files: Sequence[str]) -> ArraySource:
         return read_cifar(self.folder, files) if self.name.startswith("CIFAR") else read_idx(self.folder, *files)
@@ -406,6 +417,8 @@ class ImageFolderDataModule(ImageDataModule):
         in_chans: Literal[1, 3] = 3,
         batch_size: int = 64,
         num_workers: int = 0,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
         val_fraction: float = 0.1,
         seed: int = 0,
         train_subset: int | None = None,
@@ -425,7 +438,8 @@ class ImageFolderDataModule(ImageDataModule):
         rgb = in_chans == 3
         default_mean = IMAGENET_DEFAULT_MEAN if rgb else (sum(IMAGENET_DEFAULT_MEAN) / 3,)
         default_std = IMAGENET_DEFAULT_STD if rgb else (sum(IMAGENET_DEFAULT_STD) / 3,)
-        super().__init__(batch_size, num_workers, val_fraction, seed, train_subset, augment, mixup, mean or default_mean, std or default_std)
+        super().__init__(batch_size, num_workers, val_fraction, seed, train_subset, augment, mixup, mean or default_mean, std or default_std,
+                         pin_memory=pin_memory, persistent_workers=persistent_workers)
 
     @staticmethod
     def _classes(folder: Path) -> list[str]:

@@ -95,6 +95,8 @@ class VocDataModule(DetectionDataModule):
         class_names: list[str] | None = None,
         batch_size: int = 2,
         num_workers: int = 2,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
         train_scales: Sequence[int] = tuple(range(480, 801, 32)),
         max_size: int = 1333,
         crop: bool = True,
@@ -104,7 +106,8 @@ class VocDataModule(DetectionDataModule):
         hflip: bool = True,
         predict_images: str | None = None,
     ):
-        super().__init__(batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, hflip, predict_images)
+        super().__init__(batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, hflip, predict_images,
+                         pin_memory, persistent_workers)
         self.save_hyperparameters()
         self.root = Path(root)
         if not (self.root / "JPEGImages").is_dir():

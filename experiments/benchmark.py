@@ -307,8 +307,8 @@ def run(args: argparse.Namespace) -> str:
                 rows += bs.data_pipeline_rows(config, (0,) if base.quick else (0, 2), 3 if base.quick else 30, base.device)
             parts.append("### Data pipeline: DataModule alone vs training step (samples/s, wall time)\n\n"
                          + markdown_table(["config", "num_workers", "loader alone", "step alone (batches in memory)", "fit (loader + step)", "model busy"], rows)
-                         + "\n\n'model busy' = fit rate / step rate: below 100% the model waits for data. Loader workers are "
-                           "persistent when num_workers > 0; pinned memory is not configurable in the DataModules (it matters only with CUDA).")
+                         + "\n\n'model busy' = fit rate / step rate: below 100% the model waits for data. Every DataModule takes "
+                           "`num_workers`, `persistent_workers` (default on) and `pin_memory` (default: on with CUDA).")
             continue
         for settings in variants if section in ("vit", "text") else [base]:
             chosen = [c for c in all_cases if c.section == section]
