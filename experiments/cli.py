@@ -3,6 +3,8 @@
     attnlab fit --config configs/vision/digits.yaml
     attnlab test --config configs/vision/digits.yaml --ckpt_path best
     attnlab fit --config configs/vision/digits.yaml --print_config
+    attnlab compare runs/vision runs/text      # the cross-run report (experiments.compare)
+    attnlab benchmark --only vit               # speed and memory against the peers (experiments.benchmark)
 
 Configs name the classes (``model.class_path``, ``data.class_path``). Facts about the data that
 a model needs (number of classes, channels, image size, vocabulary sizes, special token ids) are
@@ -147,6 +149,10 @@ def main(args: list[str] | None = None) -> None:
         from experiments.compare import main as compare
 
         return compare(argv[1:])
+    if argv[:1] == ["benchmark"]:  # speed and memory against the peers
+        from experiments.benchmark import main as benchmark
+
+        return benchmark(argv[1:])
     AttnlabCLI(
         model_class=pl.LightningModule,
         datamodule_class=pl.LightningDataModule,

@@ -10,6 +10,7 @@ from experiments import bench_models as bm
 from experiments.bench_harness import Ratio, Timing, interleaved, quantile, step_peak_mib
 from experiments.bench_scaling import attention_share, batch_size_of, profile_step, sdpa_kernels
 from experiments.benchmark import cases, main, verdict
+from experiments.cli import main as attnlab_main
 from models.attention import MultiHeadAttention
 from models.decoding import beam_search
 from models.text import Seq2SeqTransformer
@@ -113,7 +114,7 @@ def test_memory_probe_prints_json(capsys):
 def test_quick_run_prints_the_tables_and_appends_only_to_its_output(tmp_path, capsys):
     output = tmp_path / "results.md"
     output.write_text("# someone else's section\n")
-    main(["--quick", "--only", "attention", "--no-memory", "--output", str(output)])
+    attnlab_main(["benchmark", "--quick", "--only", "attention", "--no-memory", "--output", str(output)])  # `attnlab benchmark`
     printed = capsys.readouterr().out
     written = output.read_text()
     assert written.startswith("# someone else's section\n") and printed.strip() in written
