@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from models import attention
 from models.attention import SIMILARITIES, MultiHeadAttention, capture_attention, subsequent_mask
 
 B, LQ, LK, D, H = 3, 5, 7, 16, 4
@@ -102,8 +103,11 @@ def test_general_with_identity_equals_dot_and_dot_is_scaled_dot_times_sqrt_d():
     torch.testing.assert_close(log_ratio_dot, log_ratio_scaled * math.sqrt(d), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("native_safe_softmax", [True, False], ids=["sdpa-zeroes-rows", "own-fix"])
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_fully_masked_row_is_finite_forward_and_backward(need_weights):
+def test_fully_masked_row_is_finite_forward_and_backward(need_weights, native_safe_softmax, monkeypatch):
+    # the fast path trusts CPU SDPA's safe softmax when this torch has it, else fixes the rows itself (as on GPU)
+    monkeypatch.setattr(attention, "_CPU_SDPA_SAFE", native_safe_softmax and attention._CPU_SDPA_SAFE)
     _, ours = _pair()
     x = torch.randn(B, LQ, D, requires_grad=True)
     mask = torch.zeros(LQ, LQ, dtype=torch.bool)
