@@ -18,7 +18,6 @@ error. ``tokenizer_dir`` loads saved tokenizer files instead of training new one
 from __future__ import annotations
 
 import random
-import sys
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Literal
@@ -30,6 +29,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from datamodules.checks import check_train_batches, read_lines
 from datamodules.loading import loader_settings
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -40,33 +40,6 @@ TokenizerKind = Literal["word", "bpe", "char"]
 # ----------------------------------------------------------------------------- reading files
 
 
-def read_lines(path: str | Path, key: str) -> list[str]:
-    """Lines of a UTF-8 file without line endings; ``key`` names the setting the path came from.
-
-    ``path`` "-" reads standard input. Errors name the file (and the line, for bad bytes).
-    """
-    if str(path) == "-":
-        raw, name = sys.stdin.buffer.read(), "<stdin>"
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"{key}: file {p} does not exist" if not p.exists() else f"{key}: {p} is not a file")
-        try:
-            raw = p.read_bytes()
-        except OSError as err:
-            raise ValueError(f"{key}: cannot read {p}: {err.strerror}") from err
-        name = str(p)
-    lines = []
-    for number, line in enumerate(raw.splitlines(), start=1):
-        try:
-            lines.append(line.decode("utf-8"))
-        except UnicodeDecodeError as err:
-            raise ValueError(
-                f"{name} line {number}: byte 0x{line[err.start]:02x} at column {err.start + 1} is not UTF-8; convert the file to UTF-8"
-            ) from err
-    return lines
-
-
 def read_parallel(src_path: Path, tgt_path: Path, key: str) -> tuple[list[str], list[str]]:
     """Aligned source/target sentences; both files must have the same number of non-empty lines."""
     src, tgt = read_lines(src_path, key), read_lines(tgt_path, key)
@@ -74,11 +47,24 @@ def read_parallel(src_path: Path, tgt_path: Path, key: str) -> tuple[list[str], 
         raise ValueError(
             f"{key}: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; line i of one must translate line i of the other"
         )
+    if not src:
+        raise ValueError(f"{key}: {src_path} and {tgt_path} hold no sentences")
     for path, lines in ((src_path, src), (tgt_path, tgt)):
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 raise ValueError(f"{path} line {number} is empty; remove the pair from both {src_path.name} and {tgt_path.name}")
     return src, tgt
+
+
+def read_inputs(path: str, key: str) -> list[str]:
+    """What `attnlab predict` works on: one non-empty input per line ("-": standard input)."""
+    lines, name = read_lines(path, key), "<stdin>" if path == "-" else path
+    if not lines:
+        raise ValueError(f"{key}: {name} holds no lines; write one input per line")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise ValueError(f"{key}: {name} line {number} is empty; write one input per line")
+    return lines
 
 
 # ----------------------------------------------------------------------------- tokenizers
@@ -461,7 +447,7 @@ class ParallelTextDataModule(_TokenizedDataModule):
         if stage == "predict":
             if self.hparams.predict_file is None:
                 raise ValueError("attnlab predict needs data.predict_file: a file with one sentence per line, or - for standard input")
-            lines = read_lines(self.hparams.predict_file, "data.predict_file")
+            lines = read_inputs(self.hparams.predict_file, "data.predict_file")
             self.predict_set = ParallelDataset(encode(self.tokenizers[0], lines, self.max_len, False, "input sentences"), lines)
             return
         needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, tuple(self.splits))
@@ -477,6 +463,7 @@ class ParallelTextDataModule(_TokenizedDataModule):
         return self._loader(dataset, collate_pairs, sampler=order)
 
     def train_dataloader(self) -> DataLoader:
+        check_train_batches(len(self.train_set), self.hparams.batch_size, False, f"{self.data_dir}/{self.splits['train']}.*")
         if self.hparams.bucket:
             lengths = [max(len(s), len(t)) for s, t in zip(self.train_set.src_ids, self.train_set.tgt_ids)]
             return self._loader(self.train_set, collate_pairs, sampler=LengthBucketSampler(lengths, self.hparams.batch_size))
@@ -569,6 +556,8 @@ class TextCorpusDataModule(_TokenizedDataModule):
                 raise ValueError(f"data.{key}={value} must be >= {low}")
         if not 0 < val_fraction < 1:
             raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 1)")
+        if prompt is not None and not prompt:
+            raise ValueError("data.prompt is empty; give at least one character to continue, or leave it unset")
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"data.path: file {path} does not exist")
         if predict_file not in (None, "-") and not Path(predict_file).is_file():
@@ -607,7 +596,7 @@ class TextCorpusDataModule(_TokenizedDataModule):
         if stage == "predict":
             if hp.prompt is None and hp.predict_file is None:
                 raise ValueError("attnlab predict needs data.prompt (a string to complete) or data.predict_file (one prompt per line, - for standard input)")
-            prompts = [hp.prompt] if hp.prompt is not None else read_lines(hp.predict_file, "data.predict_file")
+            prompts = [hp.prompt] if hp.prompt is not None else read_inputs(hp.predict_file, "data.predict_file")
             self.predict_set = _Prompts(prompts, self.tokenizer)
             return
         if hasattr(self, "val_set"):
@@ -622,6 +611,7 @@ class TextCorpusDataModule(_TokenizedDataModule):
         rank_zero_info(f"{self.path}: {len(ids)} tokens, vocabulary {self.vocab_size}, {len(self.train_set)} training blocks of {hp.block_size}")
 
     def train_dataloader(self) -> DataLoader:
+        check_train_batches(len(self.train_set), self.hparams.batch_size, False, f"{self.path} (blocks of {self.hparams.block_size} tokens)")
         return self._loader(self.train_set, None, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:

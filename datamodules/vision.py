@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import struct
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,14 +28,15 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from pytorch_lightning.utilities import rank_zero_warn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, Mixup, create_transform
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate, random_split
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
-from torchvision.datasets.mnist import read_image_file, read_label_file
 
+from datamodules.checks import check_train_batches, open_image
 from datamodules.loading import loader_settings
 
 
@@ -46,6 +48,9 @@ def split_lengths(n: int, val_fraction: float, test_fraction: float = 0.0) -> li
     n_val, n_test = round(n * val_fraction), round(n * test_fraction)
     if n - n_val - n_test < 1:
         raise ValueError(f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave no training samples out of {n}")
+    for key, f, size in (("val_fraction", val_fraction, n_val), ("test_fraction", test_fraction, n_test)):
+        if f > 0 and size == 0:  # an empty split would silently skip its loop (and the checkpoint's metric)
+            raise ValueError(f"data.{key}={f} of {n} samples is an empty split; raise it to at least {1 / n:.2g}")
     return [n - n_val - n_test, n_val] + ([n_test] if test_fraction else [])
 
 
@@ -115,6 +120,7 @@ class DigitsDataModule(pl.LightningDataModule):
         return DataLoader(dataset, batch_size=hp.batch_size, shuffle=shuffle, **self.loader_kwargs)
 
     def train_dataloader(self) -> DataLoader:
+        check_train_batches(len(self.train_set), self.hparams.batch_size, False, "scikit-learn's digits")
         return self._loader(self.train_set, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
@@ -247,6 +253,8 @@ class ImageDataModule(pl.LightningDataModule):
             self.train_transform = create_transform(size, is_training=True, mean=self.mean, std=self.std, **options)
         self.mixup = None
         if mixup is not None:
+            if batch_size % 2:
+                raise ValueError(f"data.batch_size={batch_size} must be even with data.mixup (timm's Mixup pairs each image with another)")
             options = _check_options("mixup", mixup, Mixup.__init__, _MIXUP_FIXED)
             self.mixup = Mixup(**options, label_smoothing=0.0, num_classes=self.num_classes)
 
@@ -278,6 +286,7 @@ class ImageDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
+        check_train_batches(len(self.train_set), self.batch_size, self.mixup is not None, self._describe())
         return self._loader(self.train_set, train=True)
 
     def val_dataloader(self) -> DataLoader:
@@ -293,6 +302,10 @@ class ImageDataModule(pl.LightningDataModule):
         return self._loader(self.val_set if self.test_set is None else self.test_set)
 
     def _test_hint(self) -> str:
+        raise NotImplementedError
+
+    def _describe(self) -> str:
+        """The data's place on disk, for messages."""
         raise NotImplementedError
 
 
@@ -324,20 +337,61 @@ LAYOUTS = {
 }
 
 
-def read_idx(folder: Path, images_file: str, labels_file: str) -> ArraySource:
-    """MNIST-style idx files (uncompressed) -> images (N, H, W) uint8, labels (N,)."""
-    return ArraySource(read_image_file(str(folder / images_file)).numpy(), read_label_file(str(folder / labels_file)).numpy())
+def read_idx_file(path: Path, shape: tuple[int | None, ...]) -> np.ndarray:
+    """An uncompressed idx file of unsigned bytes (MNIST's format) whose shape matches ``shape``
+    (None: any size). A truncated, compressed or foreign file is an error naming it."""
+    raw = path.read_bytes()
+    ndim, header = len(shape), 4 + 4 * len(shape)
+    if raw[:2] == b"\x1f\x8b":
+        raise ValueError(f"{path} is gzip-compressed; decompress it (gunzip -k) to the name without .gz")
+    if raw[:4] != bytes((0, 0, 8, ndim)) or len(raw) < header:
+        raise ValueError(f"{path}: not an idx file of {ndim}-d unsigned bytes (starts with {raw[:4].hex(' ') or 'nothing'}, expected 00 00 08 {ndim:02x})")
+    sizes = struct.unpack(f">{ndim}I", raw[4:header])
+    if any(want is not None and got != want for got, want in zip(sizes, shape)):
+        raise ValueError(f"{path}: holds {'x'.join(map(str, sizes))} values; expected {'x'.join('N' if w is None else str(w) for w in shape)}")
+    if len(raw) != header + int(np.prod(sizes)):
+        raise ValueError(f"{path}: {len(raw)} bytes, but its header ({'x'.join(map(str, sizes))}) needs {header + int(np.prod(sizes))}; the file is truncated or corrupted")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(sizes)
 
 
-def read_cifar(folder: Path, files: Sequence[str]) -> ArraySource:
+def _checked_labels(path: Path, labels: np.ndarray, num_images: int, num_classes: int) -> np.ndarray:
+    """``labels`` (N,) as int64 after checking there is one per image and each is a class index."""
+    if labels.ndim != 1 or len(labels) != num_images or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{path}: {labels.shape} labels of type {labels.dtype} for {num_images} images; expected one integer label per image")
+    bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
+    if len(bad):
+        raise ValueError(f"{path}: record {bad[0]} has label {labels[bad[0]]}, outside 0..{num_classes - 1} ({len(bad)} such records)")
+    return labels.astype(np.int64)
+
+
+def read_idx(folder: Path, images_file: str, labels_file: str, img_size: int, num_classes: int) -> ArraySource:
+    """MNIST-style idx files (uncompressed) -> images (N, img_size, img_size) uint8, labels (N,)."""
+    images = read_idx_file(folder / images_file, (None, img_size, img_size))
+    if len(images) == 0:
+        raise ValueError(f"{folder / images_file}: holds no images")
+    labels = read_idx_file(folder / labels_file, (None,))
+    return ArraySource(images, _checked_labels(folder / labels_file, labels, len(images), num_classes))
+
+
+def read_cifar(folder: Path, files: Sequence[str], num_classes: int) -> ArraySource:
     """CIFAR python pickles (``data`` (N, 3072) uint8, ``labels`` or ``fine_labels``) -> (N, 32, 32, 3)."""
     images, labels = [], []
     for name in files:
-        with open(folder / name, "rb") as f:
-            batch = pickle.load(f, encoding="latin1")
-        images.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-        labels.extend(batch["labels"] if "labels" in batch else batch["fine_labels"])
-    return ArraySource(np.ascontiguousarray(np.concatenate(images)), np.asarray(labels))
+        path = folder / name
+        try:
+            with open(path, "rb") as f:
+                batch = pickle.load(f, encoding="latin1")
+        except Exception as err:  # unpickling bad bytes raises anything from EOFError to ImportError
+            raise ValueError(f"{path}: not a CIFAR python batch ({type(err).__name__}: {err})") from err
+        if not isinstance(batch, dict) or "data" not in batch or not {"labels", "fine_labels"} & set(batch):
+            found = sorted(map(str, batch)) if isinstance(batch, dict) else type(batch).__name__
+            raise ValueError(f"{path}: not a CIFAR python batch; expected a dict with 'data' and 'labels' (or 'fine_labels'), found {found}")
+        data = np.asarray(batch["data"])
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) == 0:
+            raise ValueError(f"{path}: 'data' is {data.dtype} of shape {data.shape}; expected uint8 (N, 3072) with N >= 1 (32x32 RGB images)")
+        images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        labels.append(_checked_labels(path, np.asarray(batch["labels"] if "labels" in batch else batch["fine_labels"]), len(data), num_classes))
+    return ArraySource(np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels))
 
 
 class TorchvisionDataModule(ImageDataModule):
@@ -386,7 +440,9 @@ class TorchvisionDataModule(ImageDataModule):
                          pin_memory=pin_memory, persistent_workers=persistent_workers)
 
     def _read(self, files: Sequence[str]) -> ArraySource:
-        return read_cifar(self.folder, files) if self.name.startswith("CIFAR") else read_idx(self.folder, *files)
+        if self.name.startswith("CIFAR"):
+            return read_cifar(self.folder, files, self.num_classes)
+        return read_idx(self.folder, *files, self.layout.img_size, self.num_classes)
 
     def _sources(self) -> tuple[Dataset, None, Dataset | None]:
         has_test = all((self.folder / f).is_file() for f in self.layout.test)
@@ -395,10 +451,8 @@ class TorchvisionDataModule(ImageDataModule):
     def _test_hint(self) -> str:
         return f"expected {', '.join(self.layout.test)} in {self.folder}/"
 
-
-def _open_image(path: str, mode: str) -> Image.Image:
-    with Image.open(path) as image:
-        return image.convert(mode)
+    def _describe(self) -> str:
+        return f"{self.name} in {self.folder}/"
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -452,11 +506,32 @@ class ImageFolderDataModule(ImageDataModule):
         return classes
 
     def _folder(self, split: str) -> ImageFolder | None:
+        """The ImageFolder of ``split`` (None if absent); files that are not images by name are skipped and counted."""
         folder = self.root / split
-        return ImageFolder(str(folder), loader=partial(_open_image, mode="RGB" if self.in_chans == 3 else "L")) if folder.is_dir() else None
+        if not folder.is_dir():
+            return None
+        skipped = []
+
+        def is_image(path: str) -> bool:
+            if path.lower().endswith(IMG_EXTENSIONS):
+                return True
+            if not Path(path).name.startswith("."):  # .DS_Store and the like are not worth a warning
+                skipped.append(path)
+            return False
+
+        try:
+            dataset = ImageFolder(str(folder), loader=partial(open_image, mode="RGB" if self.in_chans == 3 else "L"), is_valid_file=is_image)
+        except FileNotFoundError as err:  # a class folder without images
+            raise FileNotFoundError(f"data.root: {folder}/: {err}(image files end in {' '.join(IMG_EXTENSIONS)})") from err
+        if skipped:
+            rank_zero_warn(f"{folder}/: skipped {len(skipped)} files that are not images ({' '.join(IMG_EXTENSIONS)}), e.g. {skipped[0]}")
+        return dataset
 
     def _sources(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
         return self._folder("train"), self._folder("val"), self._folder("test")
 
     def _test_hint(self) -> str:
         return f"expected {self.root}/test/<class>/<image>"
+
+    def _describe(self) -> str:
+        return f"{self.root}/"
