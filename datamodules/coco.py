@@ -4,9 +4,11 @@ Layout: an images folder plus an instances JSON (``images``, ``annotations``, ``
 Category ids (COCO's run 1..90 with gaps) map to contiguous labels 0..K-1 in id order and back
 (``category_ids[label]``). Targets follow DETR: crowd boxes are left out of training (they stay in
 the ground truth, where COCOeval ignores detections on them), boxes are clipped to the image and
-those left without area are dropped; images without boxes are kept. What was changed is counted in
-one warning. Records that cannot be used (missing image files, annotations of unknown images or
-categories, malformed boxes, a file that is not COCO) are refused with an error naming the record.
+those left without area are dropped (from the evaluation ground truth too, where nothing could
+match them); images without boxes are kept. What was changed is counted in one warning per file.
+Records that cannot be used (missing or unreadable image files, an image whose size differs from
+its record, annotations of unknown images or categories, malformed or non-finite numbers, a file
+that is not COCO) are refused with an error naming the file and the record.
 """
 from __future__ import annotations
 
@@ -20,12 +22,12 @@ from typing import Any, Callable, Sequence
 
 import pytorch_lightning as pl
 import torch
-from PIL import Image
 from pycocotools.coco import COCO
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.checks import check_train_batches, open_image
 from datamodules.detection_transforms import make_transforms
 from datamodules.loading import loader_settings
 
@@ -38,42 +40,99 @@ def _quiet(fn: Callable, *args):
         return fn(*args)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int or float: not JSON's NaN or Infinity, a boolean, or an integer too large for a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def clip_box(bbox: Sequence[float], width: float, height: float) -> list[float]:
+    """COCO [x, y, w, h] -> [x0, y0, x1, y1] clipped to a width x height image; no area left means
+    x1 <= x0 or y1 <= y0."""
+    x, y, w, h = bbox
+    return [min(max(x, 0), width), min(max(y, 0), height), min(max(x + w, 0), width), min(max(y + h, 0), height)]
+
+
+def _records(data: dict, key: str, source: str, required: Sequence[str]) -> list[dict]:
+    """``data[key]``, a list of dicts that each hold the ``required`` keys, with integer ids."""
+    if not isinstance(data[key], list):
+        raise ValueError(f"{source}: '{key}' must be a list, found {type(data[key]).__name__}")
+    for i, record in enumerate(data[key]):
+        if not isinstance(record, dict) or any(k not in record for k in required):
+            raise ValueError(f"{source}: {key}[{i}] = {str(record)[:120]} lacks one of {', '.join(map(repr, required))}")
+        if not _is_int(record["id"]):
+            raise ValueError(f"{source}: {key}[{i}] has id {record['id']!r}; ids must be integers")
+    return data[key]
+
+
 def coco_from_dict(data: dict[str, Any], source: str) -> COCO:
     """Check a COCO instances dict and index it with pycocotools; ``source`` names it in errors.
 
-    Missing ``area`` (w·h) and ``iscrowd`` (0) are filled in, as COCOeval needs them.
+    A record that cannot be used is an error naming it (missing keys, wrong types, non-finite or
+    non-positive sizes, references to unknown images or categories, repeated ids). Annotations
+    without area inside their image (zero or negative width or height, or outside the image) are
+    left out of training and of the evaluation ground truth, where no detection could match them;
+    one warning counts them. Missing ``area`` (w·h) and ``iscrowd`` (0) are filled in, as COCOeval
+    needs them.
     """
     if not isinstance(data, dict) or any(k not in data for k in REQUIRED_KEYS):
         found = sorted(data) if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{source}: not a COCO instances file; it needs the keys {list(REQUIRED_KEYS)}, found {found}")
     images, categories = {}, {}
-    for i, img in enumerate(data["images"]):
-        if not isinstance(img, dict) or any(k not in img for k in ("id", "file_name", "width", "height")):
-            raise ValueError(f"{source}: images[{i}] = {str(img)[:120]} lacks one of 'id', 'file_name', 'width', 'height'")
+    for i, img in enumerate(_records(data, "images", source, ("id", "file_name", "width", "height"))):
+        ref = f"{source}: images[{i}] (id {img['id']})"
         if img["id"] in images:
-            raise ValueError(f"{source}: images[{i}] repeats image id {img['id']}")
+            raise ValueError(f"{ref} repeats an image id")
+        if not isinstance(img["file_name"], str) or not img["file_name"]:
+            raise ValueError(f"{ref} has file_name {img['file_name']!r}; expected a file name")
+        if not all(_is_number(img[k]) and img[k] > 0 for k in ("width", "height")):
+            raise ValueError(f"{ref} has width {img['width']!r} and height {img['height']!r}; expected positive numbers of pixels")
         images[img["id"]] = img
-    for i, cat in enumerate(data["categories"]):
-        if not isinstance(cat, dict) or "id" not in cat or "name" not in cat:
-            raise ValueError(f"{source}: categories[{i}] = {str(cat)[:120]} lacks 'id' or 'name'")
+    if not images:
+        raise ValueError(f"{source}: the file lists no images")
+    for i, cat in enumerate(_records(data, "categories", source, ("id", "name"))):
+        if cat["id"] in categories:
+            raise ValueError(f"{source}: categories[{i}] repeats category id {cat['id']}")
         categories[cat["id"]] = cat
     if not categories:
         raise ValueError(f"{source}: the file has no categories")
-    for i, ann in enumerate(data["annotations"]):
-        ref = f"{source}: annotations[{i}] (id {ann.get('id') if isinstance(ann, dict) else '?'})"
-        if not isinstance(ann, dict) or any(k not in ann for k in ("id", "image_id", "category_id", "bbox")):
-            raise ValueError(f"{ref} lacks one of 'id', 'image_id', 'category_id', 'bbox'")
-        if ann["image_id"] not in images:
-            raise ValueError(f"{ref} refers to image id {ann['image_id']}, which is not in 'images'")
-        if ann["category_id"] not in categories:
-            raise ValueError(f"{ref} refers to category id {ann['category_id']}, which is not in 'categories' {sorted(categories)}")
+    first_index, kept, without_area = {}, [], []
+    for i, ann in enumerate(_records(data, "annotations", source, ("id", "image_id", "category_id", "bbox"))):
+        ref = f"{source}: annotations[{i}] (id {ann['id']})"
+        if ann["id"] in first_index:
+            raise ValueError(f"{ref} repeats the id of annotations[{first_index[ann['id']]}]")
+        first_index[ann["id"]] = i
+        if not _is_int(ann["image_id"]) or ann["image_id"] not in images:
+            raise ValueError(f"{ref} refers to image id {ann['image_id']!r}, which is not in 'images'")
+        if not _is_int(ann["category_id"]) or ann["category_id"] not in categories:
+            raise ValueError(f"{ref} refers to category id {ann['category_id']!r}, which is not in 'categories' {sorted(categories)}")
         box = ann["bbox"]
-        if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, (int, float)) and math.isfinite(v) for v in box)):
+        if not (isinstance(box, list) and len(box) == 4 and all(map(_is_number, box))):
             raise ValueError(f"{ref} has bbox {box!r}; expected [x, y, width, height] (4 finite numbers)")
+        if "area" in ann and not (_is_number(ann["area"]) and ann["area"] >= 0):
+            raise ValueError(f"{ref} has area {ann['area']!r}; expected a finite number >= 0")
+        if ann.get("iscrowd", 0) not in (0, 1):
+            raise ValueError(f"{ref} has iscrowd {ann['iscrowd']!r}; expected 0 or 1")
         ann.setdefault("area", float(box[2] * box[3]))
         ann.setdefault("iscrowd", 0)
+        x0, y0, x1, y1 = clip_box(box, images[ann["image_id"]]["width"], images[ann["image_id"]]["height"])
+        if x1 > x0 and y1 > y0:
+            kept.append(ann)
+        else:
+            without_area.append(ann["id"])
+    if without_area:
+        rank_zero_warn(f"{source}: left out {len(without_area)} annotations without area inside their image (zero or negative "
+                       f"width or height, or outside the image; e.g. annotation id {without_area[0]}): no detection could match them")
     coco = COCO()
-    coco.dataset = data
+    coco.dataset = dict(data, annotations=kept)
     _quiet(coco.createIndex)
     return coco
 
@@ -110,7 +169,7 @@ class CocoDetection(Dataset):
         self.image_ids = sorted(coco.imgs) if image_ids is None else list(image_ids)
         self.category_ids = sorted(coco.cats)
         self.class_names = [coco.cats[c]["name"] for c in self.category_ids]
-        missing = [i for i in self.image_ids if not self.image_path(i).is_file()]
+        missing = [i for i in self.image_ids if not self.image_path(i).is_file()]  # found now; unreadable files only when read
         if missing:
             first = coco.imgs[missing[0]]
             raise FileNotFoundError(
@@ -123,23 +182,20 @@ class CocoDetection(Dataset):
         return self.images_dir / self.coco.imgs[image_id]["file_name"]
 
     def _build_targets(self) -> dict[int, tuple[Tensor, Tensor]]:
-        """Per image: (boxes (N, 4) absolute xyxy, labels (N,)), cleaned as the reference does."""
+        """Per image: (boxes (N, 4) absolute xyxy, labels (N,)), cleaned as the reference does
+        (`coco_from_dict` has left out the boxes without area inside their image)."""
         label_of = {c: i for i, c in enumerate(self.category_ids)}
-        counts = {"crowd": 0, "clipped": 0, "dropped": 0, "empty": 0}
+        counts = {"crowd": 0, "clipped": 0, "empty": 0}
         targets = {}
         for image_id in self.image_ids:
             img = self.coco.imgs[image_id]
-            w, h = img["width"], img["height"]
             boxes, labels = [], []
             for ann in self.coco.imgToAnns.get(image_id, []):
                 if ann.get("iscrowd", 0):
                     counts["crowd"] += 1
                     continue
                 x, y, bw, bh = ann["bbox"]
-                box = [min(max(x, 0), w), min(max(y, 0), h), min(max(x + bw, 0), w), min(max(y + bh, 0), h)]
-                if box[2] <= box[0] or box[3] <= box[1]:
-                    counts["dropped"] += 1
-                    continue
+                box = clip_box(ann["bbox"], img["width"], img["height"])
                 counts["clipped"] += box != [x, y, x + bw, y + bh]
                 boxes.append(box)
                 labels.append(label_of[ann["category_id"]])
@@ -148,7 +204,6 @@ class CocoDetection(Dataset):
         notes = {
             "crowd": "crowd boxes left out of training (kept as ignore regions for evaluation)",
             "clipped": "boxes clipped to their image",
-            "dropped": "boxes dropped for zero size (after clipping)",
             "empty": "images without boxes (kept, all queries learn 'no object')",
         }
         if any(counts.values()):
@@ -160,8 +215,11 @@ class CocoDetection(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Tensor]]:
         image_id = self.image_ids[index]
-        with Image.open(self.image_path(image_id)) as raw:
-            image = raw.convert("RGB")  # grayscale and palette images become 3-channel
+        record, path = self.coco.imgs[image_id], self.image_path(image_id)
+        image = open_image(path, "RGB")  # grayscale and palette images become 3-channel
+        if image.size != (record["width"], record["height"]):  # the boxes are in the record's pixels
+            raise ValueError(f"{path}: the image is {image.width}x{image.height} pixels but {self.source} records "
+                             f"{record['width']}x{record['height']} for image id {image_id}; fix the record or the file")
         boxes, labels = self._targets[image_id]
         size = torch.tensor([image.height, image.width])
         target = {"boxes": boxes.clone(), "labels": labels.clone(), "area": (boxes[:, 2:] - boxes[:, :2]).prod(-1),
@@ -191,8 +249,7 @@ class ImageFolderDetection(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int):
-        with Image.open(self.paths[index]) as raw:
-            image = raw.convert("RGB")
+        image = open_image(self.paths[index], "RGB")
         size = torch.tensor([image.height, image.width])
         empty = {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64), "area": torch.zeros(0),
                  "image_id": torch.tensor(index), "orig_size": size, "size": size}
@@ -301,6 +358,8 @@ class DetectionDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
+        dataset = self.dataset("train")
+        check_train_batches(len(dataset), self.batch_size, False, dataset.source)
         return self._loader("train")
 
     def val_dataloader(self) -> DataLoader:

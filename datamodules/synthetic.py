@@ -73,10 +73,11 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size: i
     ann_path = root / "annotations" / f"instances_{split}.json"
     if ann_path.is_file():
         try:
-            if json.loads(ann_path.read_text()).get("info", {}).get("params") == params:
-                return ann_path
-        except json.JSONDecodeError:
-            pass
+            recorded = json.loads(ann_path.read_text())
+        except ValueError:  # not JSON or not UTF-8: a damaged cache, written anew below
+            recorded = None
+        if isinstance(recorded, dict) and isinstance(recorded.get("info"), dict) and recorded["info"].get("params") == params:
+            return ann_path
     if not 8 <= min_side <= max_side <= image_size:
         raise ValueError(f"data: shape sides min_side={min_side}, max_side={max_side} must satisfy 8 <= min <= max <= image_size={image_size}")
     if palette not in ("random", "by_class"):

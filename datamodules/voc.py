@@ -3,12 +3,15 @@
 Each split is converted in memory to a COCO instances dict and read by the same `CocoDetection` as
 COCO data, so training, COCOeval and prediction are identical. VOC corners are 1-based and
 inclusive: a box (xmin, ymin, xmax, ymax) becomes COCO [xmin - 1, ymin - 1, xmax - xmin + 1,
-ymax - ymin + 1] (as detectron2 converts VOC). Zero-size boxes (xmax <= xmin or ymax <= ymin in
-the file) are dropped and counted; ``difficult`` objects become crowd regions (ignored in training
-and evaluation, as VOC's own metric ignores them).
+ymax - ymin + 1] (as detectron2 converts VOC). Boxes without area inside the image (xmax < xmin,
+ymax < ymin, or outside it) are left out and counted by `coco_from_dict`; ``difficult`` objects
+become crowd regions (ignored in training and evaluation, as VOC's own metric ignores them).
+A file that cannot be read (not UTF-8, not XML, a missing tag, a value that is not a finite
+number) is an error naming the file, the object and the tag.
 """
 from __future__ import annotations
 
+import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Sequence
@@ -16,14 +19,26 @@ from typing import Sequence
 from pycocotools.coco import COCO
 from pytorch_lightning.utilities import rank_zero_warn
 
+from datamodules.checks import read_lines
 from datamodules.coco import DetectionDataModule, coco_from_dict
 
 
-def _text(node: ET.Element, path: str, source: Path) -> str:
+def _text(node: ET.Element, path: str, source: str) -> str:
     found = node.find(path)
     if found is None or found.text is None:
         raise ValueError(f"{source}: <{path}> is missing")
     return found.text.strip()
+
+
+def _number(node: ET.Element, path: str, source: str) -> float:
+    text = _text(node, path, source)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{source}: <{path}> is {text!r}; expected a finite number")
+    return value
 
 
 def read_voc_split(root: Path, split: str, class_names: Sequence[str] | None = None) -> tuple[dict, list[str]]:
@@ -35,7 +50,9 @@ def read_voc_split(root: Path, split: str, class_names: Sequence[str] | None = N
     split_file = root / "ImageSets" / "Main" / f"{split}.txt"
     if not split_file.is_file():
         raise FileNotFoundError(f"data.root: {split_file} does not exist (expected the VOC layout JPEGImages/, Annotations/, ImageSets/Main/)")
-    names = [line.split()[0] for line in split_file.read_text().splitlines() if line.strip()]
+    names = [line.split()[0] for line in read_lines(split_file, "data.root") if line.strip()]
+    if not names:
+        raise ValueError(f"{split_file}: lists no images; expected one image name (without extension) per line")
     records = []
     for name in names:
         xml_path = root / "Annotations" / f"{name}.xml"
@@ -47,31 +64,26 @@ def read_voc_split(root: Path, split: str, class_names: Sequence[str] | None = N
             raise ValueError(f"{xml_path}: not valid XML ({err})") from err
         objects = []
         for i, obj in enumerate(tree.findall("object")):
-            try:
-                corners = [float(_text(obj, f"bndbox/{k}", xml_path)) for k in ("xmin", "ymin", "xmax", "ymax")]
-            except ValueError as err:
-                raise ValueError(f"{xml_path}: object {i}: {err}") from err
+            where = f"{xml_path}: object {i}"
+            corners = [_number(obj, f"bndbox/{k}", where) for k in ("xmin", "ymin", "xmax", "ymax")]
             difficult = obj.find("difficult")
-            objects.append((_text(obj, "name", xml_path), corners, difficult is not None and (difficult.text or "0").strip() == "1"))
-        size = (int(_text(tree, "size/width", xml_path)), int(_text(tree, "size/height", xml_path)))
+            objects.append((_text(obj, "name", where), corners, difficult is not None and (difficult.text or "0").strip() == "1"))
+        size = tuple(_number(tree, f"size/{k}", str(xml_path)) for k in ("width", "height"))
+        if min(size) <= 0:
+            raise ValueError(f"{xml_path}: <size> is {size[0]:g}x{size[1]:g}; expected a positive width and height in pixels")
         records.append((name, tree.findtext("filename", f"{name}.jpg").strip(), size, objects))
     if class_names is None:
         class_names = sorted({obj[0] for _, _, _, objects in records for obj in objects})
     category_of = {c: i + 1 for i, c in enumerate(class_names)}
-    images, annotations, dropped = [], [], 0
+    images, annotations = [], []
     for image_id, (name, file_name, (width, height), objects) in enumerate(records, start=1):
-        images.append({"id": image_id, "file_name": file_name, "width": width, "height": height})
+        images.append({"id": image_id, "file_name": file_name, "width": int(width), "height": int(height)})
         for obj_name, (x0, y0, x1, y1), difficult in objects:
             if obj_name not in category_of:
                 raise ValueError(f"{root / 'Annotations' / name}.xml: class {obj_name!r} is not one of data.class_names {list(class_names)}")
-            if x1 <= x0 or y1 <= y0:
-                dropped += 1
-                continue
             w, h = x1 - x0 + 1, y1 - y0 + 1
             annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": category_of[obj_name],
-                                "bbox": [x0 - 1, y0 - 1, w, h], "area": w * h, "iscrowd": int(difficult)})
-    if dropped:
-        rank_zero_warn(f"{split_file}: dropped {dropped} zero-size boxes (xmax <= xmin or ymax <= ymin)")
+                                "bbox": [x0 - 1, y0 - 1, w, h], "area": max(w, 0) * max(h, 0), "iscrowd": int(difficult)})
     categories = [{"id": i + 1, "name": c} for i, c in enumerate(class_names)]
     return {"images": images, "annotations": annotations, "categories": categories}, list(class_names)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection, collate_detection, load_coco
+from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection, coco_from_dict, collate_detection, load_coco
 from datamodules.detection_transforms import Normalize, crop, hflip, make_transforms, resize
 from datamodules.synthetic import ShapesDataModule, generate_shapes
 from datamodules.voc import VocDataModule, read_voc_split
@@ -44,19 +44,21 @@ def test_coco_reader_maps_categories_and_cleans_boxes_as_detr_does(tmp_path):
     annotations = [
         ann(1, 1, 90, [10, 5, 10, 10]),
         ann(2, 1, 5, [30, 20, 20, 20]),  # crosses the right and bottom edges: clipped to 40x30
-        ann(3, 1, 1, [5, 5, 0, 4]),  # zero width: dropped
+        ann(3, 1, 1, [5, 5, 0, 4]),  # zero width: left out of training and evaluation
         ann(4, 1, 1, [0, 0, 40, 30], iscrowd=1),  # crowd: not a training target
     ]
     path = write_coco(tmp_path, [image(1), image(2)], annotations, CATS, modes={2: "L"})
-    with pytest.warns(UserWarning, match="1 crowd boxes.*1 boxes clipped.*1 boxes dropped.*1 images without boxes"):
-        dataset = CocoDetection(tmp_path / "images", load_coco(path))
+    with pytest.warns(UserWarning, match="left out 1 annotations without area inside their image .*annotation id 3"):
+        coco = load_coco(path)
+    with pytest.warns(UserWarning, match="1 crowd boxes.*1 boxes clipped.*1 images without boxes"):
+        dataset = CocoDetection(tmp_path / "images", coco)
     assert dataset.category_ids == [1, 5, 90] and dataset.class_names == ["cat", "dog", "toothbrush"]
     img, target = dataset[0]
     assert isinstance(img, Image.Image) and target["labels"].tolist() == [2, 1]  # contiguous labels, back via category_ids
     torch.testing.assert_close(target["boxes"], torch.tensor([[10.0, 5.0, 20.0, 15.0], [30.0, 20.0, 40.0, 30.0]]))
     gray, empty = dataset[1]
     assert gray.mode == "RGB" and empty["boxes"].shape == (0, 4)  # grayscale converted; image without boxes kept
-    assert dataset.coco.anns[4]["iscrowd"] == 1  # the ground truth for COCOeval keeps the crowd region
+    assert dataset.coco.anns[4]["iscrowd"] == 1 and 3 not in dataset.coco.anns  # COCOeval keeps the crowd region, not the empty box
 
 
 @pytest.mark.parametrize(
@@ -152,13 +154,16 @@ def write_voc(root: Path, objects: dict[str, list[tuple]], split: str = "train")
 
 
 def test_voc_reader_converts_corners_and_drops_degenerate_boxes(tmp_path):
-    write_voc(tmp_path, {"a": [("WBC", (1, 1, 10, 20), 0), ("RBC", (5, 5, 5, 5), 0)], "b": [("RBC", (11, 11, 30, 40), 1)]})
-    with pytest.warns(UserWarning, match="dropped 1 zero-size"):
-        data, names = read_voc_split(tmp_path, "train")
+    objects = {"a": [("WBC", (1, 1, 10, 20), 0), ("RBC", (5, 5, 5, 5), 0), ("RBC", (6, 5, 4, 9), 0)], "b": [("RBC", (11, 11, 30, 40), 1)]}
+    write_voc(tmp_path, objects)
+    data, names = read_voc_split(tmp_path, "train")
     assert names == ["RBC", "WBC"]
-    first, second = data["annotations"]
+    first, one_pixel, inverted, difficult = data["annotations"]
     assert first["bbox"] == [0, 0, 10, 20] and first["category_id"] == 2  # 1-based inclusive -> 0-based xywh
-    assert second["iscrowd"] == 1  # difficult objects are ignore regions
+    assert one_pixel["bbox"] == [4, 4, 1, 1]  # inclusive corners: xmin == xmax is one pixel wide
+    assert difficult["iscrowd"] == 1  # difficult objects are ignore regions
+    with pytest.warns(UserWarning, match="left out 1 annotations without area .*annotation id 3"):
+        assert inverted["id"] not in coco_from_dict(data, "train.txt").anns  # xmax < xmin
     with pytest.raises(ValueError, match="class 'WBC' is not one of"):
         read_voc_split(tmp_path, "train", ["RBC"])
     with pytest.raises(FileNotFoundError, match="val.txt"):
