@@ -56,13 +56,14 @@ def read_parallel(src_path: Path, tgt_path: Path, key: str) -> tuple[list[str], 
     return src, tgt
 
 
-def read_inputs(path: str, key: str) -> list[str]:
-    """What `attnlab predict` works on: one non-empty input per line ("-": standard input)."""
+def read_inputs(path: str, key: str, blank_lines: bool) -> list[str]:
+    """What `attnlab predict` works on, one input per line ("-": standard input). ``blank_lines``:
+    whether an empty line is an input (a translation keeps it, so output line i answers input line i)."""
     lines, name = read_lines(path, key), "<stdin>" if path == "-" else path
     if not lines:
         raise ValueError(f"{key}: {name} holds no lines; write one input per line")
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if not blank_lines and not line.strip():
             raise ValueError(f"{key}: {name} line {number} is empty; write one input per line")
     return lines
 
@@ -447,7 +448,7 @@ class ParallelTextDataModule(_TokenizedDataModule):
         if stage == "predict":
             if self.hparams.predict_file is None:
                 raise ValueError("attnlab predict needs data.predict_file: a file with one sentence per line, or - for standard input")
-            lines = read_inputs(self.hparams.predict_file, "data.predict_file")
+            lines = read_inputs(self.hparams.predict_file, "data.predict_file", blank_lines=True)
             self.predict_set = ParallelDataset(encode(self.tokenizers[0], lines, self.max_len, False, "input sentences"), lines)
             return
         needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, tuple(self.splits))
@@ -596,7 +597,7 @@ class TextCorpusDataModule(_TokenizedDataModule):
         if stage == "predict":
             if hp.prompt is None and hp.predict_file is None:
                 raise ValueError("attnlab predict needs data.prompt (a string to complete) or data.predict_file (one prompt per line, - for standard input)")
-            prompts = [hp.prompt] if hp.prompt is not None else read_inputs(hp.predict_file, "data.predict_file")
+            prompts = [hp.prompt] if hp.prompt is not None else read_inputs(hp.predict_file, "data.predict_file", blank_lines=False)
             self.predict_set = _Prompts(prompts, self.tokenizer)
             return
         if hasattr(self, "val_set"):

@@ -344,8 +344,10 @@ def read_idx_file(path: Path, shape: tuple[int | None, ...]) -> np.ndarray:
     ndim, header = len(shape), 4 + 4 * len(shape)
     if raw[:2] == b"\x1f\x8b":
         raise ValueError(f"{path} is gzip-compressed; decompress it (gunzip -k) to the name without .gz")
-    if raw[:4] != bytes((0, 0, 8, ndim)) or len(raw) < header:
+    if raw[:4] != bytes((0, 0, 8, ndim)):
         raise ValueError(f"{path}: not an idx file of {ndim}-d unsigned bytes (starts with {raw[:4].hex(' ') or 'nothing'}, expected 00 00 08 {ndim:02x})")
+    if len(raw) < header:
+        raise ValueError(f"{path}: {len(raw)} bytes, fewer than its header's {header}; the file is truncated")
     sizes = struct.unpack(f">{ndim}I", raw[4:header])
     if any(want is not None and got != want for got, want in zip(sizes, shape)):
         raise ValueError(f"{path}: holds {'x'.join(map(str, sizes))} values; expected {'x'.join('N' if w is None else str(w) for w in shape)}")
