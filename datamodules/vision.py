@@ -12,6 +12,11 @@ Training augmentation is timm's ``create_transform`` (RandAugment, random erasin
 Mixup/CutMix timm's ``Mixup``, both configured in YAML (``data.augment``, ``data.mixup``);
 normalisation uses each dataset's channel statistics. Every DataModule knows ``num_classes``,
 ``in_chans`` and ``img_size`` (linked to the model) right after ``__init__``.
+
+Bad input is an error naming the file and the record: idx and CIFAR files are checked when read
+(setup: header, size, truncation, one label per image, labels in range); an image file that
+cannot be decoded is found when it is loaded and named then. Files of an ImageFolder that are not
+images by name are skipped and counted, as torchvision skips them (silently).
 """
 from __future__ import annotations
 
