@@ -94,7 +94,10 @@ def build_tokenizer(kind: TokenizerKind, texts: list[str], vocab_size: int = 800
 def load_tokenizer(path: Path, key: str) -> Tokenizer:
     if not path.is_file():
         raise FileNotFoundError(f"{key}: tokenizer file {path} does not exist; it is written beside the checkpoints by `attnlab fit`")
-    tokenizer = Tokenizer.from_file(str(path))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:  # the Rust library raises a bare Exception for a damaged file
+        raise ValueError(f"{key}: tokenizer {path} cannot be read ({err}); copy it again from the run that wrote it") from err
     for i, token in enumerate(SPECIAL_TOKENS):
         if tokenizer.token_to_id(token) != i:
             raise ValueError(f"{key}: tokenizer {path} does not map {token} to id {i}; it was not made by attnlab")

@@ -441,6 +441,13 @@ def test_inputs_to_predict_are_lines_and_prompts_are_not_empty(tmp_path):
         TextCorpusDataModule(str(corpus), prompt="")
 
 
+@pytest.mark.parametrize("content", [b'{"version": "1.0", "trunc', b"\xff\xfe", b""], ids=["truncated", "not UTF-8", "empty"])
+def test_a_damaged_saved_tokenizer_names_the_file(tmp_path, content):
+    (tmp_path / "tokenizer.json").write_bytes(content)
+    with pytest.raises(ValueError, match=rf"data.tokenizer_dir: tokenizer {re.escape(str(tmp_path / 'tokenizer.json'))} cannot be read"):
+        TextCorpusDataModule(str(text_dir(tmp_path / "t") / "train.en"), tokenizer_dir=str(tmp_path)).vocab_size
+
+
 def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
     path = tmp_path / "bom.txt"
     path.write_bytes(b"\xef\xbb\xbfA dog.\r\nA cat.\r\n")
