@@ -13,6 +13,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, Callback
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from experiments import stats as summary_stats
 
@@ -318,7 +319,8 @@ class RunSummary(Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if getattr(self, "_active", False) and trainer.is_global_zero:
-            self._summary.update(status="interrupted" if isinstance(exception, KeyboardInterrupt) else "failed", error=repr(exception)[:500])
+            stopped = isinstance(exception, (KeyboardInterrupt, SIGTERMException))  # Ctrl-C, or a scheduler's SIGTERM
+            self._summary.update(status="interrupted" if stopped else "failed", error=repr(exception)[:500])
             self._write()
 
     def _flops_per_sample(self) -> float | None:

@@ -1,0 +1,308 @@
+"""Interrupt and resume: a run stopped by SIGKILL (a crash, the OOM killer, a lost node) or by SIGTERM
+(a scheduler's preemption, ``scancel``, the end of a time slot) continues with
+``attnlab fit ... --ckpt_path last`` as if it had never stopped: the same steps, the same samples in the
+same order, the same dropout.
+
+What Lightning does by itself: ``--ckpt_path`` restores the weights, optimizer, schedulers and the loops'
+progress, so the step count comes out exact even from a checkpoint taken mid-epoch. But a plain
+DataLoader starts a fresh shuffle, of which Lightning takes only as many batches as the epoch had left,
+so the rest of that epoch repeats some samples and skips others; and the random streams (dropout,
+augmentation, later shuffles) restart from the seed. On SIGTERM its loops raise ``SIGTERMException``
+(a ``SystemExit`` with status 0) after the current batch, and nothing is saved.
+
+`ExactResume` closes the first gap: the training sampler's order depends only on (seed, epoch) and can
+start an epoch part-way (`ResumableSampler`), and the random states go into every checkpoint.
+`LastCheckpoint` keeps the run's ``last.ckpt`` fresh (every N steps and/or M minutes) and writes it on
+SIGTERM before exiting with status 143 and a one-line message. Add to a config, e.g.::
+
+    - class_path: experiments.interrupts.LastCheckpoint
+      init_args: {every_n_minutes: 30}
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import shlex
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.utilities.warnings import PossibleUserWarning
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from pytorch_lightning.trainer.states import RunningStage
+from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities.data import _update_dataloader
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from pytorch_lightning.utilities.model_helpers import is_overridden
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from experiments.callbacks import _shadowed
+
+SIGTERM_STATUS = 128 + signal.SIGTERM  # the shell's status for a process stopped by SIGTERM
+
+
+class ResumableSampler(DistributedSampler):
+    """The order of one process's training samples: a function of (seed, epoch) only, able to start an
+    epoch part-way.
+
+    Wraps the loader's own sampler. A ``RandomSampler`` becomes ``DistributedSampler``'s permutation seeded
+    with ``seed + epoch`` (the order Lightning gives multi-process runs); another sampler (length bucketing,
+    say) is run under a torch RNG seeded with ``seed + epoch``. The order is split between ``num_replicas``
+    processes as ``DistributedSampler`` splits it, and Lightning, seeing a ``DistributedSampler``, leaves it
+    in place. `resume` makes the next pass over an epoch leave out the samples already trained on.
+    ``generator`` is for the DataLoader: its worker seeds follow the epoch instead of the global RNG.
+    """
+
+    def __init__(self, sampler: Sampler, num_replicas: int = 1, rank: int = 0, seed: int = 0):
+        shuffles = isinstance(sampler, RandomSampler) and not sampler.replacement and sampler.num_samples == len(sampler.data_source)
+        super().__init__(range(len(sampler)), num_replicas=num_replicas, rank=rank, shuffle=shuffles, seed=seed)
+        self.inner = None if shuffles or isinstance(sampler, SequentialSampler) else sampler
+        self.generator = torch.Generator()
+        self._resume_epoch, self._skip = None, 0
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.generator.manual_seed(self.seed + epoch)
+
+    def resume(self, epoch: int, skip: int) -> None:
+        """Start the next pass at ``epoch``, leaving out its first ``skip`` samples (of this process)."""
+        self.set_epoch(epoch)
+        self._resume_epoch, self._skip = epoch, skip
+
+    def __iter__(self):
+        positions = list(super().__iter__())  # this process's share of range(len(sampler)), shuffled by (seed, epoch)
+        if self._resume_epoch == self.epoch:
+            positions = positions[self._skip :]
+        self._resume_epoch = None
+        if self.inner is None:
+            return iter(positions)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + self.epoch)
+            order = list(self.inner)
+        return iter([order[p] for p in positions])
+
+
+def rng_states() -> dict[str, Any]:
+    """The global random states of this process, torch (CPU and every CUDA device), numpy and Python, as
+    tensors and plain values (checkpoints are read with ``weights_only``)."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(),
+              "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    numpy = states["numpy"]
+    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"], numpy["gauss"]))
+    cuda = states.get("cuda")
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+class ExactResume(Callback):
+    """Make a resumed fit continue exactly where the checkpoint left it.
+
+    The training loader is rebuilt around a `ResumableSampler` (order from (seed, epoch), where the seed
+    is ``seed_everything``'s); each checkpoint records how far into which epoch training got and the random
+    states of every process, and a resumed fit skips the samples already seen and restores those states
+    before its first batch. Exact for everything drawn in the training processes (dropout, drop-path,
+    augmentation with ``num_workers: 0``); augmentation drawn in DataLoader workers is re-seeded per epoch,
+    not per batch. Loaders that are not a map-style DataLoader with a plain ``BatchSampler`` are left alone
+    (with a warning): their epoch restarts its order on resume. The number of processes must not change
+    between the interrupted run and the resumed one.
+    """
+
+    def __init__(self):
+        self._resume: dict[str, Any] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._active = stage == "fit"  # Lightning refuses a second instance (its state would clash)
+        if not self._active:
+            return
+        self._trainer = trainer
+        dm = trainer.datamodule
+        self._source = dm if dm is not None and is_overridden("train_dataloader", dm) else pl_module
+        self._make_loader = self._source.train_dataloader
+        # Lightning asks this attribute for the loader (inside the context that lets it rebuild loaders)
+        self._source.train_dataloader = self._train_dataloader
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if getattr(self, "_active", False) and "train_dataloader" in vars(self._source):
+            del self._source.train_dataloader
+
+    def _train_dataloader(self) -> Any:
+        loader = self._make_loader()
+        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset) or type(loader.batch_sampler) is not BatchSampler:
+            rank_zero_warn(f"ExactResume: the training loader ({type(loader).__name__}) is not a DataLoader with a plain batch size; "
+                           "an epoch interrupted mid-way restarts its sample order on resume")
+            return loader
+        kwargs = self._trainer.distributed_sampler_kwargs or {}
+        sampler = ResumableSampler(loader.sampler, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)), **kwargs)
+        if self._resume is not None:
+            sampler.resume(self._resume["epoch"], self._resume["batches"] * loader.batch_size)
+        loader = _update_dataloader(loader, sampler, mode=RunningStage.TRAINING)
+        loader.generator = sampler.generator
+        # Lightning warns that a mid-epoch resume with a loader lacking state_dict is unreliable; this one resumes exactly
+        warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended", PossibleUserWarning)
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        if not getattr(self, "_active", False):
+            return {}
+        trainer = self._trainer
+        batches = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches of this epoch trained on
+        epoch = max(trainer.fit_loop.epoch_progress.current.started - 1, 0)  # the epoch under way (or just finished)
+        if batches >= trainer.num_training_batches:  # finished: a resumed run starts the next one
+            epoch, batches = epoch + 1, 0
+        states = [rng_states()]
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            states = [None] * trainer.world_size  # every process saves its checkpoint together: gather onto the one that writes
+            torch.distributed.all_gather_object(states, rng_states())
+        return {"epoch": epoch, "batches": batches, "world_size": trainer.world_size, "rng": states}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = state or None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after the loader started its epoch and before the first batch is fetched: from here on both runs draw alike
+        if not self._active or self._resume is None:
+            return
+        if self._resume["world_size"] != trainer.world_size:
+            rank_zero_warn(f"ExactResume: the checkpoint was written by {self._resume['world_size']} processes, this run has "
+                           f"{trainer.world_size}: the sample order and random streams after resuming differ from an uninterrupted run")
+        states = self._resume["rng"]
+        set_rng_states(states[trainer.global_rank] if trainer.global_rank < len(states) else states[0])
+
+
+class LastCheckpoint(Callback):
+    """Keep the run's ``last.ckpt`` fresh, so that ``attnlab fit ... --ckpt_path last`` loses little work.
+
+    Written after every validation of the fit (Lightning's ModelCheckpoint writes ``last`` only when it also
+    writes a best checkpoint, so it can lag epochs behind), and besides:
+
+    Args:
+        every_n_train_steps: every this many optimizer steps (None: not by steps).
+        every_n_minutes: when this many minutes have passed since it was last written (None: not by time).
+        on_sigterm: on SIGTERM, finish the current batch (and a validation under way), write it, print
+            ``attnlab: SIGTERM at step N: saved <path>; resume with `...``` and exit with status 143.
+    The file is the first ModelCheckpoint's ``last.ckpt`` (``<run>/checkpoints/last.ckpt``), which that
+    callback goes on overwriting at its own saves. A periodic save that falls on a batch after which
+    validation runs is left to the save after that validation: Lightning, resuming from a checkpoint taken
+    just before a validation, skips that validation (and at an epoch's end the epoch-end hooks). Under DDP
+    the processes agree on SIGTERM and on the time once per batch (one small all-reduce), so they stop at
+    the same batch.
+    """
+
+    def __init__(self, every_n_train_steps: int | None = None, every_n_minutes: float | None = None, on_sigterm: bool = True):
+        if every_n_train_steps is not None and every_n_train_steps < 1:
+            raise ValueError(f"LastCheckpoint: every_n_train_steps={every_n_train_steps} must be >= 1 (or null)")
+        if every_n_minutes is not None and not every_n_minutes > 0:
+            raise ValueError(f"LastCheckpoint: every_n_minutes={every_n_minutes} must be > 0 (or null)")
+        self.every_n_train_steps, self.every_n_minutes, self.on_sigterm = every_n_train_steps, every_n_minutes, on_sigterm
+        self._sigterm = False
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._active = stage == "fit" and not trainer.fast_dev_run and not _shadowed(trainer, self)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._active:
+            return
+        self._saved_step, self._saved_time = trainer.global_step, time.monotonic()
+        if self.on_sigterm:
+            # Replaces Lightning's handler (installed just before): that one raises on whichever process got the
+            # signal, also in the middle of a validation, and runs a collective inside the handler. Lightning
+            # restores the previous handler when fit ends.
+            self._sigterm = False
+            signal.signal(signal.SIGTERM, self._note_sigterm)
+
+    def _note_sigterm(self, signum: int, frame: Any) -> None:
+        self._sigterm = True
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not self._active or _validation_follows(trainer, batch_idx):
+            return  # on_validation_end agrees on SIGTERM and saves
+        sigterm, time_due = self._agree(trainer)
+        if sigterm:
+            trainer._signal_connector.received_sigterm = True  # Lightning stops after this batch, on every process
+        elif time_due or self._steps_due(trainer):
+            self.save(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._active or trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        if self._agree(trainer)[0]:
+            trainer._signal_connector.received_sigterm = True  # Lightning stops after the validation; on_exception saves
+        else:
+            self.save(trainer)
+
+    def _agree(self, trainer: pl.Trainer) -> tuple[bool, bool]:
+        """(SIGTERM received, time to save) on any process: the same answer on all of them."""
+        minutes = time.monotonic() - self._saved_time >= 60 * self.every_n_minutes if self.every_n_minutes else False
+        flags = torch.tensor([self._sigterm, minutes], dtype=torch.float32, device=trainer.strategy.root_device)
+        flags = trainer.strategy.reduce(flags, reduce_op="max")
+        return bool(flags[0]), bool(flags[1])
+
+    def _steps_due(self, trainer: pl.Trainer) -> bool:
+        n = self.every_n_train_steps
+        return n is not None and trainer.global_step // n > self._saved_step // n
+
+    def save(self, trainer: pl.Trainer) -> Path:
+        """Write the run's last checkpoint now (every process calls this together)."""
+        ckpt = trainer.checkpoint_callback
+        if isinstance(ckpt, ModelCheckpoint) and ckpt.dirpath:
+            path = Path(ckpt.last_model_path or Path(ckpt.dirpath) / f"{ckpt.CHECKPOINT_NAME_LAST}{ckpt.FILE_EXTENSION}")
+            if ckpt.save_last:
+                ckpt.last_model_path = str(path)  # its own `last` saves overwrite this file instead of adding last-v1.ckpt
+        else:
+            path = Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+        trainer.save_checkpoint(path)
+        self._saved_step, self._saved_time = trainer.global_step, time.monotonic()
+        return path
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not (getattr(self, "_active", False) and self.on_sigterm and isinstance(exception, SIGTERMException)):
+            return
+        path = self.save(trainer)
+        if trainer.is_global_zero:
+            print(f"attnlab: SIGTERM at step {trainer.global_step}: saved {path}; resume with `{resume_command()}`", file=sys.stderr, flush=True)
+        exception.code = SIGTERM_STATUS  # Lightning re-raises this SystemExit: the process exits with it
+
+
+def _validation_follows(trainer: pl.Trainer, batch_idx: int) -> bool:
+    """Whether Lightning validates (or ends the epoch) right after this training batch."""
+    if batch_idx + 1 >= trainer.num_training_batches:
+        return True
+    every = trainer.val_check_batch
+    if not isinstance(every, (int, float)) or not math.isfinite(every):
+        return False
+    index = trainer.fit_loop.total_batch_idx if trainer.check_val_every_n_epoch is None else batch_idx
+    return (index + 1) % int(every) == 0
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    """This process's ``attnlab fit`` command with ``--ckpt_path last`` in place of any checkpoint it named."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] != ["fit"]:
+        return "attnlab fit <the same arguments> --ckpt_path last"
+    args, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith("--ckpt_path="):
+            skip = False
+            continue
+        skip = arg == "--ckpt_path"
+        if not skip:
+            args.append(arg)
+    return shlex.join(["attnlab", *args, "--ckpt_path", "last"])
