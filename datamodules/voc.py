@@ -3,8 +3,9 @@
 Each split is converted in memory to a COCO instances dict and read by the same `CocoDetection` as
 COCO data, so training, COCOeval and prediction are identical. VOC corners are 1-based and
 inclusive: a box (xmin, ymin, xmax, ymax) becomes COCO [xmin - 1, ymin - 1, xmax - xmin + 1,
-ymax - ymin + 1] (as detectron2 converts VOC). Boxes without area inside the image (xmax < xmin,
-ymax < ymin, or outside it) are left out and counted by `coco_from_dict`; ``difficult`` objects
+ymax - ymin + 1] (as detectron2 converts VOC). Boxes whose corners span nothing (xmax <= xmin or
+ymax <= ymin: BCCD marks two cells by a point) or that lie outside the image are left out and
+counted by `coco_from_dict`; ``difficult`` objects
 become crowd regions (ignored in training and evaluation, as VOC's own metric ignores them).
 A file that cannot be read (not UTF-8, not XML, a missing tag, a value that is not a finite
 number) is an error naming the file, the object and the tag.
@@ -81,9 +82,9 @@ def read_voc_split(root: Path, split: str, class_names: Sequence[str] | None = N
         for obj_name, (x0, y0, x1, y1), difficult in objects:
             if obj_name not in category_of:
                 raise ValueError(f"{root / 'Annotations' / name}.xml: class {obj_name!r} is not one of data.class_names {list(class_names)}")
-            w, h = x1 - x0 + 1, y1 - y0 + 1
+            w, h = (x1 - x0 + 1 if x1 > x0 else 0), (y1 - y0 + 1 if y1 > y0 else 0)  # a point is no object
             annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": category_of[obj_name],
-                                "bbox": [x0 - 1, y0 - 1, w, h], "area": max(w, 0) * max(h, 0), "iscrowd": int(difficult)})
+                                "bbox": [x0 - 1, y0 - 1, w, h], "area": w * h, "iscrowd": int(difficult)})
     categories = [{"id": i + 1, "name": c} for i, c in enumerate(class_names)]
     return {"images": images, "annotations": annotations, "categories": categories}, list(class_names)
 
