@@ -121,7 +121,7 @@ def coco_from_dict(data: dict[str, Any], source: str) -> COCO:
             raise ValueError(f"{ref} has area {ann['area']!r}; expected a finite number >= 0")
         if ann.get("iscrowd", 0) not in (0, 1):
             raise ValueError(f"{ref} has iscrowd {ann['iscrowd']!r}; expected 0 or 1")
-        ann.setdefault("area", float(box[2] * box[3]))
+        ann.setdefault("area", float(box[2]) * float(box[3]))
         ann.setdefault("iscrowd", 0)
         x0, y0, x1, y1 = clip_box(box, images[ann["image_id"]]["width"], images[ann["image_id"]]["height"])
         if x1 > x0 and y1 > y0:
