@@ -223,7 +223,8 @@ class MultiHeadAttention(nn.Module):
 
         ``cache`` enables incremental decoding: a dict the module fills with this layer's projected
         keys and values (B, H, Lk, d). For self-attention (``static_kv=False``) new keys are appended
-        each call; for cross-attention (``static_kv=True``) they are computed once from the memory.
+        each call; for cross-attention (``static_kv=True``) they are computed once from the memory, and
+        the dict is marked ``static`` (see `models.text.reorder_cache`).
 
         Returns (output (B, Lq, D), weights (B, H, Lq, Lk) or None).
         """
@@ -237,7 +238,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 if not static_kv and "k" in cache:
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                cache["k"], cache["v"], cache["static"] = k, v, static_kv
         if self.similarity == "general":
             q = torch.einsum("bhld,hde->bhle", q, self.general_weight)  # qᵀW, then ·k below
         bsz, _, lq, _ = q.shape

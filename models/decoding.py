@@ -122,11 +122,14 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
         open_ = ~done_scores[active].isfinite().all(1)  # (n,) fewer than k finished
         if not open_.any():
             break
+        if open_.all():  # follow the chosen prefixes; cross-attention keys are shared by a sentence's beams
+            cache = reorder_cache(cache, next_rows, static_index=None)
+            continue
         still = open_.nonzero().squeeze(1)
         rows_kept = (still[:, None] * k + torch.arange(k, device=device)).view(-1)  # rows of open sentences
         alive, scores, active = alive[rows_kept], scores[still], active[still]
         memory, src_mask = memory[rows_kept], src_mask[rows_kept]
-        cache = reorder_cache(cache, next_rows[rows_kept])  # follow the chosen prefixes, drop done sentences
+        cache = reorder_cache(cache, next_rows[rows_kept], static_index=rows_kept)  # and drop done sentences
 
     tokens = done_tokens[:, 0]  # (B, max_len), best first
     length = int(tokens.ne(pad_id).sum(1).max())
