@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import timm
-import torch
 from timm.layers import freeze_batch_norm_2d
 from torch import Tensor, nn
+
+from models.weights import load_weights_file
 
 BackboneNorm = Literal["frozen_bn", "bn"]
 # ResNet stages from the top; ``trainable_layers=k`` trains the first k of them (torchvision's convention)
@@ -25,7 +26,7 @@ def load_backbone_weights(body: nn.Module, path: str | Path) -> None:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"model.backbone_weights: {path} does not exist (weights are never downloaded; give a local .pth file)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_weights_file(path, "model.backbone_weights")  # tensors only: a file holding pickled code is refused
     for key in ("model", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from models.attention import Similarity
 from models.transformer import TransformerEncoder
+from models.weights import load_weights_file
 
 log = logging.getLogger(__name__)
 
@@ -176,18 +177,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
 
     Accepts an `attnlab fit` checkpoint (``.ckpt``: Lightning's ``state_dict`` with the module's
     ``model.`` prefix), a state dict of our `VisionTransformer`, or a timm ``VisionTransformer``
-    state dict (``.pth``/``.bin`` via ``torch.load(weights_only=True)``, or ``.safetensors``),
-    optionally under a "model"/"state_dict" key. Nothing is downloaded.
+    state dict (``.pth``/``.bin``/``.safetensors``), optionally under a "model"/"state_dict" key.
+    Nothing is downloaded, and a file holding pickled code is refused before any of it runs (`models.weights`).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"model.init_from: {path} does not exist (weights are never downloaded; give a local .ckpt, .pth or .safetensors file)")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_weights_file(path, "model.init_from")
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
