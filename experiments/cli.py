@@ -14,9 +14,11 @@ are never typed twice; a link applies only where both sides have the name.
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib
 import inspect
 import os
+import pickle
 import re
 import sys
 from pathlib import Path
@@ -24,7 +26,8 @@ from pathlib import Path
 import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from experiments import tracking
+from experiments import guards, tracking
+from models.weights import unreadable
 
 # DataModule attribute -> model init argument of the same name.
 LINKED_ATTRIBUTES = (
@@ -98,6 +101,20 @@ class AttnlabCLI(LightningCLI):
         for name in LINKED_ATTRIBUTES:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
 
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        parser.set_defaults(weights_only=True)  # --ckpt_path files are read as tensors and plain data, never as code
+        return parser
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the --ckpt_path file's hyper-parameters here (weights_only): a file it refuses is one line
+        try:
+            super()._parse_ckpt_path()
+        except (pickle.UnpicklingError, EOFError, RuntimeError) as err:
+            if os.environ.get("ATTNLAB_DEBUG"):
+                raise
+            _fail(unreadable(self.config[self.config.subcommand].ckpt_path, "ckpt_path", err))
+
     def before_instantiate_classes(self) -> None:
         tracking.prepare(self.config, self.subcommand)  # logger folders; `fit --ckpt_path last` resumes the run
 
@@ -106,6 +123,7 @@ class AttnlabCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, FileNotFoundError) as err:  # a user's bad value, raised where it entered
             _fail(condense_error(str(err)))
+        guards.install_safe_checkpoint_io(self.trainer)  # whole checkpoint files, read without unpickling code
         if self.subcommand in ("validate", "test", "predict"):
             self._resolve_saved_checkpoint()
 
@@ -117,6 +135,18 @@ class AttnlabCLI(LightningCLI):
             if os.environ.get("ATTNLAB_DEBUG"):
                 raise
             _fail(f"{condense_error(str(err))} (ATTNLAB_DEBUG=1 shows the traceback)")
+        except guards.RunError as err:  # a guard stopped the run and says why
+            if os.environ.get("ATTNLAB_DEBUG"):
+                raise
+            _fail(err)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or os.environ.get("ATTNLAB_DEBUG"):
+                raise
+            _fail(guards.disk_full_message(err, self.trainer))
+
+    def before_fit(self) -> None:
+        # an unwritable folder or a full disk is found now, not at the first checkpoint an epoch later
+        guards.check_output_folders(self.trainer, self.model, resuming=bool(self.config_init["fit"].get("ckpt_path")))
 
     def _resolve_saved_checkpoint(self) -> None:
         """`--ckpt_path best|last` in a fresh process: the newest such checkpoint of this experiment."""

@@ -207,7 +207,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def default_callbacks() -> list:
-    """The callbacks every experiment gets without listing them: throughput, gradient norm, run summary."""
+    """The callbacks every experiment gets without listing them: throughput, gradient norm, run summary, and
+    the guard that stops at a non-finite loss before it reaches the weights."""
     from experiments.callbacks import GradientNorm, RunSummary, Throughput
+    from experiments.guards import NonFiniteLoss
 
-    return [Throughput(), GradientNorm(), RunSummary()]
+    return [Throughput(), GradientNorm(), RunSummary(), NonFiniteLoss()]

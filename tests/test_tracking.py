@@ -82,7 +82,7 @@ def test_prepare_puts_loggers_in_the_experiment_folder():
 
 def test_default_callbacks_are_fresh_objects():
     first, second = tracking.default_callbacks(), tracking.default_callbacks()
-    assert [type(c).__name__ for c in first] == ["Throughput", "GradientNorm", "RunSummary"]
+    assert [type(c).__name__ for c in first] == ["Throughput", "GradientNorm", "RunSummary", "NonFiniteLoss"]
     assert all(a is not b for a, b in zip(first, second))
 
 

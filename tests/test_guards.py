@@ -1,0 +1,254 @@
+"""Faults a run must survive: checkpoints holding pickled code, damaged files, a NaN loss, an unwritable
+output folder and a full disk. Each ends in one `attnlab: error:` line and leaves earlier checkpoints whole."""
+import collections
+import errno
+import json
+import os
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from experiments import guards
+from experiments.guards import NonFiniteLoss, RunError, SafeCheckpointIO
+from models.backbone import load_backbone_weights
+from models.vit import read_checkpoint
+from models.vit_module import ImageClassifier
+
+DIGITS = "configs/vision/digits.yaml"
+THREE_BATCHES = ("--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1", "--trainer.enable_model_summary=false")
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates ``marker``: what a malicious checkpoint does."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture
+def malicious(tmp_path):
+    """(a checkpoint whose unpickling would create the marker, the marker)."""
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {"model.head.weight": torch.zeros(10, 64)}, "hyper_parameters": {"lr": _Payload(marker)}}, path)
+    return path, marker
+
+
+def test_a_checkpoint_holding_code_is_refused_by_ckpt_path(attnlab, tmp_path, malicious):
+    path, marker = malicious
+    code, _, err = attnlab("test", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", str(path))
+    assert code == 2 and not marker.exists()
+    assert err.strip().splitlines()[-1] == (
+        f"attnlab: error: ckpt_path: {path} was refused: it holds pickled code or objects other than tensors (posix.system); "
+        "attnlab never unpickles arbitrary objects: give a state dict of tensors, a .safetensors file or a checkpoint written by `attnlab fit`")
+
+
+def test_a_saved_checkpoint_holding_code_is_refused_on_resume(attnlab, tmp_path, malicious):
+    """`--ckpt_path last` finds the file after parsing: Lightning's restore reads it through SafeCheckpointIO."""
+    path, marker = malicious
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    last.parent.mkdir(parents=True)
+    path.rename(last)
+    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", "last", *THREE_BATCHES)
+    assert code == 2 and not marker.exists()
+    assert err.strip().splitlines()[-1].startswith(f"attnlab: error: ckpt_path: {last} was refused: it holds pickled code")
+
+
+@pytest.mark.parametrize("protocol", ["torch.save", "pickle"])
+def test_weights_files_holding_code_are_refused_by_the_model_loaders(tmp_path, protocol):
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "weights.pth"
+    payload = {"conv1.weight": torch.zeros(1), "evil": _Payload(marker)}
+    if protocol == "torch.save":
+        torch.save(payload, path)
+    else:  # a bare pickle (protocol 2), as torch.save wrote before its zip format
+        path.write_bytes(pickle.dumps(payload, protocol=2))
+    with pytest.raises(ValueError, match=f"model.init_from: {path} (was refused|cannot be read)"):
+        read_checkpoint(path)
+    with pytest.raises(ValueError, match=f"model.backbone_weights: {path} (was refused|cannot be read)"):
+        load_backbone_weights(torch.nn.Conv2d(1, 1, 1), path)
+    assert not marker.exists()
+
+
+def test_damaged_files_are_named_in_one_line(attnlab, tmp_path):
+    whole = tmp_path / "whole.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}}, whole)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(whole.read_bytes()[:1500])
+    code, _, err = attnlab("validate", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", str(truncated))
+    assert code == 2
+    assert re.fullmatch(rf"attnlab: error: ckpt_path: {truncated} cannot be read as weights \(.+\): it is truncated, corrupt or not a weights file",
+                        err.strip().splitlines()[-1])
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    with pytest.raises(ValueError, match=f"model.init_from: {broken} cannot be read as weights \\(Error while deserializing header"):
+        read_checkpoint(broken)
+    empty = tmp_path / "empty.pth"
+    empty.touch()
+    with pytest.raises(ValueError, match=r"cannot be read as weights \(it ends early\)"):
+        read_checkpoint(empty)
+
+
+def test_checkpoints_are_read_as_tensors_by_default(attnlab):
+    code, out, _ = attnlab("fit", "--config", DIGITS, "--print_config")
+    assert code == 0 and "\nweights_only: true\n" in out
+
+
+def test_our_own_checkpoint_reads_safely_and_initialises_a_vit(attnlab, tmp_path):
+    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1", *THREE_BATCHES)
+    assert code == 0, err
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)  # Lightning's loops, optimizer and callback states are plain data
+    assert saved["global_step"] == 3 and not list(last.parent.glob(".*.tmp"))
+    hp = saved["hyper_parameters"]
+    tuned = ImageClassifier(**{k: hp[k] for k in ("num_classes", "in_chans", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")},
+                            init_from=str(last))
+    torch.testing.assert_close(tuned.model.pos_embed, saved["state_dict"]["model.pos_embed"])
+
+
+# --- non-finite loss ---------------------------------------------------------------------------------
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(attnlab, tmp_path, monkeypatch):
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    at_failure = {}
+    forward = ImageClassifier.forward
+
+    def diverging(self, images):
+        logits = forward(self, images)
+        if self.training and self.global_step >= 3:  # the first step of epoch 1, after epoch 0's checkpoints
+            at_failure.setdefault("last", (last.read_bytes(), last.stat().st_mtime_ns))
+            return logits * float("nan")
+        return logits
+
+    monkeypatch.setattr(ImageClassifier, "forward", diverging)
+    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=3", *THREE_BATCHES)
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("attnlab: error: training stopped at global step 3 (epoch 1): non-finite loss (train/loss=nan); "
+                           "the weights were not updated with it; the last good checkpoint "), line
+    assert re.search(rf"checkpoint {last.parent}/(last|best)\.ckpt was kept", line)
+    assert (last.read_bytes(), last.stat().st_mtime_ns) == at_failure["last"]  # nothing wrote it after the failure
+    assert torch.load(last, weights_only=True)["global_step"] == 3
+    assert json.loads((last.parent.parent / "summary.json").read_text())["status"] == "failed"
+
+
+class _TwoTerms(pl.LightningModule):
+    """Logs two loss terms as DETR does; from global step ``diverge_at`` on, one of them is infinite."""
+
+    def __init__(self, diverge_at: int = 10**9):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.diverge_at = diverge_at
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        loss_ce, loss_giou = self.layer(x).pow(2).mean(), self.layer(x).abs().mean()
+        if self.global_step >= self.diverge_at:
+            loss_giou = loss_giou * float("inf")
+        self.log_dict({"train/loss_ce": loss_ce, "train/loss_giou": loss_giou})
+        return loss_ce + loss_giou
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)  # 2 steps per epoch
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(module: pl.LightningModule, folder: Path) -> None:
+    # save_on_exception would write the failed state over last.ckpt: the guard must keep it from doing so
+    checkpoints = ModelCheckpoint(dirpath=folder, save_last=True, save_on_exception=True)
+    trainer = pl.Trainer(max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[NonFiniteLoss(), checkpoints], default_root_dir=folder)
+    trainer.fit(module)
+
+
+def test_the_guard_names_the_non_finite_terms_and_nothing_saves_after_it(tmp_path):
+    with pytest.raises(RunError, match=r"global step 3 \(epoch 1\): non-finite loss \(train/loss_giou=inf\)") as stopped:
+        _fit(_TwoTerms(diverge_at=3), tmp_path)
+    assert "train/loss_ce" not in str(stopped.value) and f"{tmp_path}/last.ckpt was kept" in str(stopped.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+class _Overflowing(_TwoTerms):
+    """At the end of epoch 1 a weight turns NaN while every loss was finite (an overflowing gradient)."""
+
+    def on_train_epoch_end(self):
+        if self.current_epoch == 1:
+            with torch.no_grad():
+                self.layer.weight[0, 0] = float("nan")
+
+
+def test_a_checkpoint_of_non_finite_weights_is_never_written(tmp_path):
+    with pytest.raises(RunError, match=r"the weights became non-finite \(layer.weight\).*that checkpoint was not written"):
+        _fit(_Overflowing(), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+# --- output folders and disk space -----------------------------------------------------------------------
+
+
+def test_an_unwritable_output_folder_is_refused_before_training(attnlab, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code, out, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={blocker}/runs", *THREE_BATCHES)
+    assert code == 2 and "Epoch" not in out + err
+    assert err.strip().splitlines()[-1] == (f"attnlab: error: trainer.default_root_dir: cannot write to {blocker}/runs "
+                                            f"(Not a directory: {blocker}/runs); choose a folder you can write to")
+
+
+def test_a_disk_without_room_for_the_checkpoints_is_refused_before_training(attnlab, tmp_path, monkeypatch):
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(guards.shutil, "disk_usage", lambda path: usage(2**30, 2**30 - 5 * 2**20, 5 * 2**20))
+    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", *THREE_BATCHES)
+    assert code == 2 and not (tmp_path / "lightning_logs").exists()
+    line = err.strip().splitlines()[-1]
+    # digits' ViT: 1.7 MB checkpoints; best + last + one being rewritten, and the room for logs
+    assert re.fullmatch(rf"attnlab: error: {tmp_path} has 5.0 MiB free, but this fit needs about 6\d\.\d MiB: 3 checkpoints of "
+                        r"1\.\d MiB \(weights and AdamW's two moments\) and 64\.0 MiB for logs; free space or choose another "
+                        r"trainer.default_root_dir", line), line
+
+
+def test_a_disk_that_fills_during_training_keeps_the_previous_checkpoint(attnlab, tmp_path, monkeypatch):
+    """The disk fills while last.ckpt is rewritten at the end of epoch 1: the epoch-0 file stays whole."""
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    save, at_failure = torch.save, {}
+
+    def filling(obj, f, *args, **kwargs):
+        if Path(f).name != ".last.ckpt.tmp" or not last.exists():
+            return save(obj, f, *args, **kwargs)
+        at_failure.setdefault("last", last.read_bytes())
+        Path(f).write_bytes(b"the first megabytes of a checkpoint")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", filling)
+    every_epoch = "--trainer.callbacks=[{class_path: pytorch_lightning.callbacks.ModelCheckpoint, init_args: {save_last: true}}]"
+    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", every_epoch, "--trainer.max_epochs=3", *THREE_BATCHES)
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        f"attnlab: error: no space left on the disk while writing {last}; the previous checkpoint {last.parent}/epoch=1-step=6.ckpt is intact "
+        "(checkpoints are renamed into place only once complete); free space, then resume with --ckpt_path last")
+    assert last.read_bytes() == at_failure["last"] and torch.load(last, weights_only=True)["global_step"] == 3
+    assert sorted(p.name for p in last.parent.iterdir()) == ["epoch=1-step=6.ckpt", "last.ckpt"]  # no partial file left
+
+
+def test_safe_checkpoint_io_round_trip_and_explicit_trust(tmp_path):
+    io = SafeCheckpointIO()
+    io.save_checkpoint({"state_dict": {"w": torch.ones(2)}, "epoch": 1}, tmp_path / "sub" / "a.ckpt")
+    assert io.load_checkpoint(tmp_path / "sub" / "a.ckpt")["epoch"] == 1
+    torch.save({"where": Path("/data")}, tmp_path / "b.ckpt")  # a Path object: not plain data
+    with pytest.raises(ValueError, match="was refused"):
+        io.load_checkpoint(tmp_path / "b.ckpt")
+    assert io.load_checkpoint(tmp_path / "b.ckpt", weights_only=False)["where"] == Path("/data")  # the user's explicit choice
