@@ -8,6 +8,8 @@ The run folder of an experiment is ``<trainer.default_root_dir>/lightning_logs/v
 W&B mode (`wandb_mode`): ``WANDB_MODE`` when set (online, offline, disabled); otherwise online when
 W&B credentials exist (``WANDB_API_KEY`` or an api.wandb.ai entry in ~/.netrc), else offline. So a
 machine without an account never waits on the network; upload later with ``wandb sync <run dir>``.
+An online run that cannot start (no network, a bad API key, entity or project) gives up after
+``init_timeout`` seconds and the run logs offline instead, saying so once on stderr.
 
 `prepare` runs on the parsed config before LightningCLI instantiates anything: loggers of this
 module without ``save_dir`` get ``trainer.default_root_dir``, and ``fit --ckpt_path last`` resumes the
@@ -59,6 +61,8 @@ class WandbLogger(_WandbLogger):
         mode: "online", "offline" or "disabled"; default from the environment (`wandb_mode`).
         id: the run to continue (filled in on ``fit --ckpt_path last``).
         log_model: upload checkpoints as artifacts (online only).
+        init_timeout: seconds an online start may take before the run falls back to offline (wandb
+            may add up to 10 s of grace; its own default, 90 s, would hold a machine without network that long).
     The run config is the resolved LightningCLI config, nested (logged by `LoggedConfig`);
     Lightning's flat hyper-parameter dump is not logged a second time.
     """
@@ -74,6 +78,7 @@ class WandbLogger(_WandbLogger):
         mode: Mode | None = None,
         id: str | None = None,
         log_model: bool = False,
+        init_timeout: float = 5.0,
     ):
         self.mode = mode or wandb_mode()
         if self.mode not in ("online", "offline", "disabled"):
@@ -82,7 +87,24 @@ class WandbLogger(_WandbLogger):
             log_model = False  # artifacts need the server; an offline run keeps its checkpoints locally
         # mode goes straight to wandb.init: Lightning's offline=True would set WANDB_MODE for the whole process
         super().__init__(name=name, save_dir=save_dir or ".", project=project, id=id, log_model=log_model,
-                         entity=entity, group=group, tags=tags, mode=self.mode)
+                         entity=entity, group=group, tags=tags, mode=self.mode, settings={"init_timeout": init_timeout})
+
+    @property
+    def experiment(self):
+        """The W&B run, started on first use; offline when an online start fails (told once, on stderr)."""
+        try:
+            return super().experiment
+        except Exception as err:  # wandb.errors.CommError/AuthenticationError/UsageError and whatever else the start raises
+            if self.mode != "online":
+                raise
+            cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        self.mode = self._wandb_init["mode"] = "offline"  # for this logger only: WANDB_MODE stays as the user set it
+        self._log_model = False  # artifacts need the server
+        run = super().experiment
+        folder = Path(run.dir).parent
+        print(f"attnlab: W&B online run could not start ({cause}); logging offline to {folder}; upload it later with `wandb sync {folder}`",
+              file=sys.stderr)
+        return run
 
     def log_hyperparams(self, params: Any) -> None:
         """Skipped: the nested CLI config (`log_config`) already holds every hyper-parameter."""

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import socket
 
 import pytest
 import yaml
@@ -68,6 +69,35 @@ def test_the_resolved_config_reaches_wandb_nested_with_linked_values(attnlab, tm
     assert run.config["trainer"]["default_root_dir"] == str(tmp_path)
     saved = yaml.safe_load(open(run.saved[0]))
     assert saved["model"]["init_args"]["embed_dim"] == 64
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once the socket is closed
+
+
+def test_an_unreachable_wandb_server_falls_back_to_offline_and_says_so_once(attnlab, tmp_path, monkeypatch):
+    """WANDB_MODE=online with a key, but the server refuses connections: the run trains and logs offline."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    logger = "--trainer.logger=[{class_path: experiments.tracking.WandbLogger, init_args: {init_timeout: 1}}]"
+    wandb.teardown()  # wandb reads the environment once per process: from here on, this test's
+    try:
+        code, out, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", logger,
+                                 "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
+    finally:
+        wandb.finish()  # Lightning leaves the run open: later tests would reuse it
+        wandb.teardown()  # and read their own environment
+    assert code == 0, err
+    (offline,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert err.count("attnlab: W&B online run could not start (") == 1
+    assert f"logging offline to {offline}; upload it later with `wandb sync {offline}`" in err
+    assert os.environ["WANDB_MODE"] == "online"  # the fallback is this logger's, not the process's
+    assert json.loads(next(tmp_path.glob("**/summary.json")).read_text())["wandb"][0]["mode"] == "offline"
 
 
 def test_prepare_puts_loggers_in_the_experiment_folder():
