@@ -12,8 +12,9 @@ augmentation, later shuffles) restart from the seed. On SIGTERM its loops raise 
 
 `ExactResume` closes the first gap: the training sampler's order depends only on (seed, epoch) and can
 start an epoch part-way (`ResumableSampler`), and the random states go into every checkpoint.
-`LastCheckpoint` keeps the run's ``last.ckpt`` fresh (every N steps and/or M minutes) and writes it on
-SIGTERM before exiting with status 143 and a one-line message. Add to a config, e.g.::
+`LastCheckpoint` keeps the run's ``last.ckpt`` fresh (after every validation, and every N steps and/or M
+minutes) and writes it on SIGTERM before exiting with status 143 and a one-line message. To checkpoint
+mid-epoch, list it in a config, e.g.::
 
     - class_path: experiments.interrupts.LastCheckpoint
       init_args: {every_n_minutes: 30}
@@ -35,7 +36,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.warnings import PossibleUserWarning
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_warn
 from pytorch_lightning.utilities.data import _update_dataloader
@@ -190,8 +191,9 @@ class ExactResume(Callback):
 class LastCheckpoint(Callback):
     """Keep the run's ``last.ckpt`` fresh, so that ``attnlab fit ... --ckpt_path last`` loses little work.
 
-    Written after every validation of the fit (Lightning's ModelCheckpoint writes ``last`` only when it also
-    writes a best checkpoint, so it can lag epochs behind), and besides:
+    Written after every validation of the fit (Lightning 2.6's ModelCheckpoint writes ``last`` only when it
+    also writes a best checkpoint, so it can lag epochs behind; this callback runs before it, so an epoch that
+    improves the best writes the file twice), and besides:
 
     Args:
         every_n_train_steps: every this many optimizer steps (None: not by steps).
@@ -215,7 +217,8 @@ class LastCheckpoint(Callback):
         self._sigterm = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._active = stage == "fit" and not trainer.fast_dev_run and not _shadowed(trainer, self)
+        # without a ModelCheckpoint (enable_checkpointing: false) the run asked for no checkpoints
+        self._active = stage == "fit" and not trainer.fast_dev_run and trainer.checkpoint_callback is not None and not _shadowed(trainer, self)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
@@ -243,13 +246,15 @@ class LastCheckpoint(Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or trainer.state.fn != "fit" or trainer.sanity_checking:
             return
-        if self._agree(trainer)[0]:
+        if self._agree(trainer)[0] and not _fit_ends_after_this_validation(trainer):
             trainer._signal_connector.received_sigterm = True  # Lightning stops after the validation; on_exception saves
         else:
             self.save(trainer)
 
     def _agree(self, trainer: pl.Trainer) -> tuple[bool, bool]:
         """(SIGTERM received, time to save) on any process: the same answer on all of them."""
+        if not self.on_sigterm and not self.every_n_minutes:
+            return False, False  # nothing to agree on: no collective
         minutes = time.monotonic() - self._saved_time >= 60 * self.every_n_minutes if self.every_n_minutes else False
         flags = torch.tensor([self._sigterm, minutes], dtype=torch.float32, device=trainer.strategy.root_device)
         flags = trainer.strategy.reduce(flags, reduce_op="max")
@@ -262,12 +267,9 @@ class LastCheckpoint(Callback):
     def save(self, trainer: pl.Trainer) -> Path:
         """Write the run's last checkpoint now (every process calls this together)."""
         ckpt = trainer.checkpoint_callback
-        if isinstance(ckpt, ModelCheckpoint) and ckpt.dirpath:
-            path = Path(ckpt.last_model_path or Path(ckpt.dirpath) / f"{ckpt.CHECKPOINT_NAME_LAST}{ckpt.FILE_EXTENSION}")
-            if ckpt.save_last:
-                ckpt.last_model_path = str(path)  # its own `last` saves overwrite this file instead of adding last-v1.ckpt
-        else:
-            path = Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+        path = Path(ckpt.last_model_path or Path(ckpt.dirpath) / f"{ckpt.CHECKPOINT_NAME_LAST}{ckpt.FILE_EXTENSION}")
+        if ckpt.save_last:
+            ckpt.last_model_path = str(path)  # its own `last` saves overwrite this file instead of adding last-v1.ckpt
         trainer.save_checkpoint(path)
         self._saved_step, self._saved_time = trainer.global_step, time.monotonic()
         return path
@@ -290,6 +292,13 @@ def _validation_follows(trainer: pl.Trainer, batch_idx: int) -> bool:
         return False
     index = trainer.fit_loop.total_batch_idx if trainer.check_val_every_n_epoch is None else batch_idx
     return (index + 1) % int(every) == 0
+
+
+def _fit_ends_after_this_validation(trainer: pl.Trainer) -> bool:
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        return True
+    epoch_done = trainer.fit_loop.epoch_loop.batch_progress.current.ready >= trainer.num_training_batches
+    return epoch_done and trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
 
 
 def resume_command(argv: list[str] | None = None) -> str:

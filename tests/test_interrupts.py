@@ -31,10 +31,10 @@ STEPS = 15  # 3 epochs of 5 batches
 # streams too; last.ckpt is refreshed every 3 steps (mid-epoch) and after every validation.
 TINY = ["--config", "configs/vision/digits.yaml", "--trainer.accelerator=cpu", "--trainer.max_epochs=3",
         "--trainer.limit_train_batches=5", "--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0",
-        "--trainer.logger=false", "--model.init_args.depth=1", "--model.init_args.embed_dim=16", "--model.init_args.num_heads=2",
-        "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_train_steps: 3}}"]
+        "--trainer.logger=false", "--model.init_args.depth=1", "--model.init_args.embed_dim=16", "--model.init_args.num_heads=2"]
 if not any(isinstance(cb, ExactResume) for cb in default_callbacks()):  # a stateful callback may be listed only once
     TINY.append("--trainer.callbacks+=experiments.interrupts.ExactResume")
+EVERY_3_STEPS = "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_train_steps: 3}}"
 
 
 class BatchLog(pl.Callback):
@@ -86,13 +86,13 @@ def probe(cls: type, **init_args) -> str:
 
 
 def fit_in_process(root: Path, *args: str) -> None:
-    main(["fit", *TINY, f"--trainer.default_root_dir={root}", probe(BatchLog, path=str(root / "batches.jsonl")), *args])
+    main(["fit", *TINY, EVERY_3_STEPS, f"--trainer.default_root_dir={root}", probe(BatchLog, path=str(root / "batches.jsonl")), *args])
 
 
 def start_fit(root: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), "WANDB_MODE": "disabled",
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "experiments.cli", "fit", *TINY, f"--trainer.default_root_dir={root}",
+    command = [sys.executable, "-m", "experiments.cli", "fit", *TINY, EVERY_3_STEPS, f"--trainer.default_root_dir={root}",
                probe(BatchLog, path=str(root / "batches.jsonl")), *args]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -158,7 +158,7 @@ def test_sigterm_saves_last_checkpoint_exits_143_and_resume_matches(reference, t
     said = re.search(r"^attnlab: SIGTERM at step (\d+): saved (\S+); resume with `attnlab fit (.*) --ckpt_path last`$", err, re.M)
     assert said, err[-3000:]
     step = int(said.group(1))
-    assert step in (7, 8)  # the batch under way when the signal came, or the next one
+    assert step in (7, 8)  # the signal came at the end of step 7's batch: stopped there, or after one more batch
     assert Path(said.group(2)) == run / "checkpoints" / "last.ckpt" and load(run / "checkpoints" / "last.ckpt")["global_step"] == step
     assert f"--trainer.default_root_dir={run}" in said.group(3)
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
@@ -208,6 +208,27 @@ def test_resumable_sampler_order_depends_on_seed_and_epoch_and_resumes_part_way(
     before = torch.get_rng_state()
     list(ResumableSampler(GlobalRandomOrder(10), num_replicas=replicas, seed=3))
     assert torch.equal(torch.get_rng_state(), before)  # iterating leaves the global RNG (dropout's) untouched
+
+
+class LastSavedStep(pl.Callback):
+    """Append, at each training batch's start, the step that ``last.ckpt`` holds (null: no file yet)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+        with open(self.path, "a") as f:
+            f.write(json.dumps(load(last)["global_step"] if last.exists() else None) + "\n")
+
+
+def test_every_n_minutes_refreshes_last_checkpoint_between_validations(tmp_path):
+    seen = tmp_path / "seen.jsonl"
+    main(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=2", probe(LastSavedStep, path=str(seen)),
+          "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 1.0e-9}}"])
+    # after every batch but an epoch's last, whose save waits for the validation after it (steps 5 and 10)
+    assert [json.loads(line) for line in seen.read_text().splitlines()] == [None, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert load(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 10
 
 
 def test_resume_command_replaces_the_checkpoint_argument():
