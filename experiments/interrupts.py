@@ -29,12 +29,14 @@ import signal
 import sys
 import time
 import warnings
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_fabric.utilities.warnings import PossibleUserWarning
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.trainer.states import RunningStage
@@ -119,9 +121,11 @@ class ExactResume(Callback):
     The training loader is rebuilt around a `ResumableSampler` (order from (seed, epoch), where the seed
     is ``seed_everything``'s); each checkpoint records how far into which epoch training got and the random
     states of every process, and a resumed fit skips the samples already seen and restores those states
-    before its first batch. Exact for everything drawn in the training processes (dropout, drop-path,
-    augmentation with ``num_workers: 0``); augmentation drawn in DataLoader workers is re-seeded per epoch,
-    not per batch. Loaders that are not a map-style DataLoader with a plain ``BatchSampler`` are left alone
+    before its first batch. The loaders' worker seeds come from their own generators, not from the global
+    RNG: a loader with persistent workers draws that seed at its first pass only, which a resumed process
+    makes at another point of the run. Exact for everything drawn in the training processes (dropout,
+    drop-path, augmentation with ``num_workers: 0``); augmentation drawn in DataLoader workers is not.
+    Training loaders that are not a map-style DataLoader with a plain ``BatchSampler`` are left alone
     (with a warning): their epoch restarts its order on resume. The number of processes must not change
     between the interrupted run and the resumed one.
     """
@@ -134,18 +138,21 @@ class ExactResume(Callback):
         if not self._active:
             return
         self._trainer = trainer
-        dm = trainer.datamodule
-        self._source = dm if dm is not None and is_overridden("train_dataloader", dm) else pl_module
-        self._make_loader = self._source.train_dataloader
-        # Lightning asks this attribute for the loader (inside the context that lets it rebuild loaders)
-        self._source.train_dataloader = self._train_dataloader
+        self._wrapped = []
+        # Lightning asks these attributes for the loaders (inside the context that lets it rebuild loaders)
+        for hook, wrapper in (("train_dataloader", self._train_dataloader), ("val_dataloader", self._val_dataloaders)):
+            source = trainer.datamodule if trainer.datamodule is not None and is_overridden(hook, trainer.datamodule) else pl_module
+            if is_overridden(hook, source):
+                setattr(source, hook, partial(wrapper, getattr(source, hook)))
+                self._wrapped.append((source, hook))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if getattr(self, "_active", False) and "train_dataloader" in vars(self._source):
-            del self._source.train_dataloader
+        for source, hook in getattr(self, "_wrapped", []):
+            delattr(source, hook)  # the instance attribute: the class's method shows again
+        self._wrapped = []
 
-    def _train_dataloader(self) -> Any:
-        loader = self._make_loader()
+    def _train_dataloader(self, make: Callable[[], Any]) -> Any:
+        loader = make()
         if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset) or type(loader.batch_sampler) is not BatchSampler:
             rank_zero_warn(f"ExactResume: the training loader ({type(loader).__name__}) is not a DataLoader with a plain batch size; "
                            "an epoch interrupted mid-way restarts its sample order on resume")
@@ -159,6 +166,9 @@ class ExactResume(Callback):
         # Lightning warns that a mid-epoch resume with a loader lacking state_dict is unreliable; this one resumes exactly
         warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended", PossibleUserWarning)
         return loader
+
+    def _val_dataloaders(self, make: Callable[[], Any]) -> Any:
+        return apply_to_collection(make(), DataLoader, _with_own_generator)
 
     def state_dict(self) -> dict[str, Any]:
         if not getattr(self, "_active", False):
@@ -186,6 +196,12 @@ class ExactResume(Callback):
                            f"{trainer.world_size}: the sample order and random streams after resuming differ from an uninterrupted run")
         states = self._resume["rng"]
         set_rng_states(states[trainer.global_rank] if trainer.global_rank < len(states) else states[0])
+
+
+def _with_own_generator(loader: DataLoader) -> DataLoader:
+    if loader.generator is None:
+        loader.generator = torch.Generator()  # worker seeds from here, not from the global RNG
+    return loader
 
 
 class LastCheckpoint(Callback):

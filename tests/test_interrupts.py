@@ -148,7 +148,9 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(reference, t
 def test_sigterm_saves_last_checkpoint_exits_143_and_resume_matches(reference, tmp_path):
     run = tmp_path / "run"
     ready = run / "ready"
-    job = start_fit(run, probe(AwaitSigterm, step=7, ready=str(ready)))
+    # with loader workers (persistent ones, which draw their seed once per process): the result must not change
+    workers = "--data.init_args.num_workers=2"
+    job = start_fit(run, workers, probe(AwaitSigterm, step=7, ready=str(ready)))
     while not ready.exists() and job.poll() is None:
         time.sleep(0.05)
     job.send_signal(signal.SIGTERM)
@@ -163,7 +165,7 @@ def test_sigterm_saves_last_checkpoint_exits_143_and_resume_matches(reference, t
     assert f"--trainer.default_root_dir={run}" in said.group(3)
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
 
-    fit_in_process(run, "--ckpt_path", "last")
+    fit_in_process(run, workers, "--ckpt_path", "last")
     assert_continues_exactly(run, reference, checkpoint_step=step)
 
 
