@@ -178,10 +178,11 @@ class ExactResume(Callback):
         epoch = max(trainer.fit_loop.epoch_progress.current.started - 1, 0)  # the epoch under way (or just finished)
         if batches >= trainer.num_training_batches:  # finished: a resumed run starts the next one
             epoch, batches = epoch + 1, 0
-        states = [rng_states()]
+        mine = rng_states()
+        states = [mine]
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             states = [None] * trainer.world_size  # every process saves its checkpoint together: gather onto the one that writes
-            torch.distributed.all_gather_object(states, rng_states())
+            torch.distributed.all_gather_object(states, mine)
         return {"epoch": epoch, "batches": batches, "world_size": trainer.world_size, "rng": states}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
