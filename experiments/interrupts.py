@@ -218,9 +218,11 @@ class LastCheckpoint(Callback):
         on_sigterm: on SIGTERM, finish the current batch (and a validation under way), write it, print
             ``attnlab: SIGTERM at step N: saved <path>; resume with `...``` and exit with status 143.
     The file is the first ModelCheckpoint's ``last.ckpt`` (``<run>/checkpoints/last.ckpt``), which that
-    callback goes on overwriting at its own saves. A periodic save that falls on a batch after which
-    validation runs is left to the save after that validation: Lightning, resuming from a checkpoint taken
-    just before a validation, skips that validation (and at an epoch's end the epoch-end hooks). Under DDP
+    callback goes on overwriting at its own saves. Saves and SIGTERM stops happen only after a batch that
+    ends an optimizer step (accumulated gradients are not in a checkpoint), and one that falls on a batch
+    after which validation runs is left to the save after that validation: Lightning, resuming from a
+    checkpoint taken just before a validation, skips that validation (and at an epoch's end the epoch-end
+    hooks). Under DDP
     the processes agree on SIGTERM and on the time once per batch (one small all-reduce), so they stop at
     the same batch.
     """
@@ -254,6 +256,8 @@ class LastCheckpoint(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if not self._active or _validation_follows(trainer, batch_idx):
             return  # on_validation_end agrees on SIGTERM and saves
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return  # mid-way through a gradient accumulation, which a checkpoint does not hold: wait for the step
         sigterm, time_due = self._agree(trainer)
         if sigterm:
             trainer._signal_connector.received_sigterm = True  # Lightning stops after this batch, on every process

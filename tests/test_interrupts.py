@@ -243,13 +243,19 @@ class LastSavedStep(pl.Callback):
             f.write(json.dumps(load(last)["global_step"] if last.exists() else None) + "\n")
 
 
-def test_every_n_minutes_refreshes_last_checkpoint_between_validations(tmp_path):
-    seen = tmp_path / "seen.jsonl"
-    main(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=2", probe(LastSavedStep, path=str(seen)),
-          "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 1.0e-9}}"])
+@pytest.mark.parametrize("accumulate, seen_at_batch_starts, final", [
     # after every batch but an epoch's last, whose save waits for the validation after it (steps 5 and 10)
-    assert [json.loads(line) for line in seen.read_text().splitlines()] == [None, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-    assert load(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 10
+    (1, [None, 1, 2, 3, 4, 5, 6, 7, 8, 9], 10),
+    # only after batches that end an optimizer step (the 2nd and 4th of an epoch; the 5th steps and validates)
+    (2, [None, None, 1, 1, 2, 3, 3, 4, 4, 5], 6),
+])
+def test_every_n_minutes_refreshes_last_checkpoint_between_validations(tmp_path, accumulate, seen_at_batch_starts, final):
+    seen = tmp_path / "seen.jsonl"
+    main(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=2", f"--trainer.accumulate_grad_batches={accumulate}",
+          probe(LastSavedStep, path=str(seen)),
+          "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 1.0e-9}}"])
+    assert [json.loads(line) for line in seen.read_text().splitlines()] == seen_at_batch_starts
+    assert load(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == final
 
 
 def test_resume_command_replaces_the_checkpoint_argument():
