@@ -72,9 +72,10 @@ def _max_diff(a: Tensor, b: Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], settings: Settings, lr: float = 1e-4) -> Step:
-    """zero_grad, forward and loss under ``settings.autocast()``, backward, AdamW step."""
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+def train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], settings: Settings, lr: float = 1e-4, fused: bool = False) -> Step:
+    """zero_grad, forward and loss under ``settings.autocast()``, backward, AdamW step (``fused``: one
+    kernel for the whole update, CUDA only)."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, fused=fused or None)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
