@@ -21,15 +21,27 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5 + length) / 6) ** alpha
 
 
-def _log_probs(logits: Tensor, eos_id: int, force_eos: bool, banned: tuple[int, ...]) -> Tensor:
-    """Log-probabilities of the next token; ``banned`` tokens (PAD, BOS) are never generated."""
-    logp = logits.float().log_softmax(-1)  # (N, V)
-    if force_eos:  # the length limit: only EOS may follow
-        forced = torch.full_like(logp, float("-inf"))
-        forced[:, eos_id] = logp[:, eos_id]
-        return forced
-    logp[:, list(banned)] = float("-inf")
-    return logp
+def _top_log_probs(logits: Tensor, n: int, eos_id: int, force_eos: bool, banned: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """The ``n`` most likely next tokens of each row and their log-probabilities, (N, n) each.
+
+    log p = logit - logsumexp(logits), taken for the ``n`` chosen tokens only: the (N, V)
+    log-probabilities are never written out, which is most of a cached decoding step's time besides
+    the output projection. ``banned`` tokens (PAD, BOS) are never chosen; at the length limit
+    (``force_eos``) only EOS is, the other columns holding -inf, as do the columns past the vocabulary
+    when ``n`` exceeds it.
+    """
+    logits = logits.float()
+    lse = logits.logsumexp(-1, keepdim=True)  # (N, 1)
+    if force_eos:
+        chosen = logits[:, eos_id : eos_id + 1] - lse  # (N, 1)
+        rest = torch.full((logits.size(0), n - 1), float("-inf"), device=logits.device)
+        tokens = torch.full((logits.size(0), n), eos_id, dtype=torch.long, device=logits.device)
+        return torch.cat([chosen, rest], dim=1), tokens
+    logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
+    values, tokens = logits.topk(min(n, logits.size(-1)), dim=-1)
+    if tokens.size(1) < n:  # a beam wider than the vocabulary: the missing candidates can never win
+        values, tokens = F.pad(values, (0, n - values.size(1)), value=float("-inf")), F.pad(tokens, (0, n - tokens.size(1)), value=eos_id)
+    return values - lse, tokens
 
 
 @torch.no_grad()
@@ -52,10 +64,9 @@ def greedy_decode(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pa
             logits = model.decode(ys[:, -1:], memory, src_mask, cache=cache, start_pos=t)[:, -1]  # (B, V)
         else:
             logits = model.decode(ys, memory, src_mask)[:, -1]
-        logp = _log_probs(logits, eos_id, t == max_len - 1, (pad_id, bos_id))
-        next_token = logp.argmax(-1)  # (B,)
-        scores += logp.gather(1, next_token[:, None]).squeeze(1).masked_fill(finished, 0.0)
-        next_token = next_token.masked_fill(finished, pad_id)
+        logp, next_token = _top_log_probs(logits, 1, eos_id, t == max_len - 1, (pad_id, bos_id))  # (B, 1) each
+        scores += logp.squeeze(1).masked_fill(finished, 0.0)
+        next_token = next_token.squeeze(1).masked_fill(finished, pad_id)  # (B,)
         ys = torch.cat([ys, next_token[:, None]], dim=1)
         finished |= next_token.eq(eos_id)
         if finished.all():
@@ -93,11 +104,11 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
     for t in range(max_len):
         n = active.numel()
         logits = model.decode(alive[:, -1:], memory, src_mask, cache=cache, start_pos=t)[:, -1]  # (n·k, V)
-        logp = _log_probs(logits, eos_id, t == max_len - 1, (pad_id, bos_id))
-        vocab = logp.size(-1)
-        candidates = (scores.unsqueeze(-1) + logp.view(n, k, vocab)).view(n, k * vocab)
+        # a sentence's 2k best candidates are among its beams' 2k best tokens each: rank those alone
+        logp, tokens = _top_log_probs(logits, 2 * k, eos_id, t == max_len - 1, (pad_id, bos_id))  # (n·k, 2k)
+        candidates = (scores.unsqueeze(-1) + logp.view(n, k, 2 * k)).view(n, 2 * k * k)
         top_scores, top = candidates.topk(2 * k, dim=1)  # (n, 2k)
-        beam, token = top // vocab, top % vocab
+        beam, token = top // (2 * k), tokens.view(n, 2 * k * k).gather(1, top)
         rows = (torch.arange(n, device=device)[:, None] * k + beam)  # (n, 2k) row of each candidate's prefix
         is_eos = token.eq(eos_id)
 
