@@ -222,7 +222,8 @@ def test_a_disk_without_room_for_the_checkpoints_is_refused_before_training(attn
 
 
 def test_a_disk_that_fills_during_training_keeps_the_previous_checkpoint(attnlab, tmp_path, monkeypatch):
-    """The disk fills while last.ckpt is rewritten at the end of epoch 1: the epoch-0 file stays whole."""
+    """The disk fills while last.ckpt is rewritten at the end of epoch 1 (by the default LastCheckpoint, before
+    ModelCheckpoint saves epoch 1): the epoch-0 files stay whole."""
     last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     save, at_failure = torch.save, {}
 
@@ -238,10 +239,10 @@ def test_a_disk_that_fills_during_training_keeps_the_previous_checkpoint(attnlab
     code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", every_epoch, "--trainer.max_epochs=3", *THREE_BATCHES)
     assert code == 2
     assert err.strip().splitlines()[-1] == (
-        f"attnlab: error: no space left on the disk while writing {last}; the previous checkpoint {last.parent}/epoch=1-step=6.ckpt is intact "
+        f"attnlab: error: no space left on the disk while writing {last}; the previous checkpoint {last.parent}/epoch=0-step=3.ckpt is intact "
         "(checkpoints are renamed into place only once complete); free space, then resume with --ckpt_path last")
     assert last.read_bytes() == at_failure["last"] and torch.load(last, weights_only=True)["global_step"] == 3
-    assert sorted(p.name for p in last.parent.iterdir()) == ["epoch=1-step=6.ckpt", "last.ckpt"]  # no partial file left
+    assert sorted(p.name for p in last.parent.iterdir()) == ["epoch=0-step=3.ckpt", "last.ckpt"]  # no partial file left
 
 
 def test_safe_checkpoint_io_round_trip_and_explicit_trust(tmp_path):
