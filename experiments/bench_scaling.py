@@ -150,13 +150,18 @@ def gpu_peak(name: str) -> float | None:
     return next((peak for key, peak in GPU_BF16_PEAK if key in name), None)
 
 
-def vit_b16_mfu(s: Settings, compile_model: bool, batch: int = 64) -> dict[str, str]:
-    """Model FLOPs utilisation of a ViT-B/16 training step (bf16 autocast, fused AdamW): FLOPs of forward +
-    backward from torch.utils.flop_counter, divided by the step time and the GPU's dense bf16 peak."""
+def vit_b16_mfu(s: Settings, compile_model: bool, batch: int = 64, side: str = "ours", precision: str = "bf16 autocast") -> dict[str, str]:
+    """Model FLOPs utilisation of a ViT-B/16 training step (fused AdamW): FLOPs of forward + backward from
+    torch.utils.flop_counter, divided by the step time and the GPU's dense bf16 peak. ``side``: "ours" or
+    "timm" (the same weights); ``precision``: "bf16 autocast" (fp32 weights, Lightning's bf16-mixed) or
+    "bf16 weights" (weights, gradients and optimiser state in bf16, Lightning's bf16-true)."""
     from experiments.bench_harness import interleaved
 
-    model, _ = vit_pair(VIT_SHAPES["vit_base"], s.device)
-    images = torch.randn(batch, 3, 224, 224, device=s.device)
+    ours, theirs = vit_pair(VIT_SHAPES["vit_base"], s.device)
+    model = ours if side == "ours" else theirs
+    if precision == "bf16 weights":
+        model = model.to(torch.bfloat16)
+    images = torch.randn(batch, 3, 224, 224, device=s.device, dtype=next(model.parameters()).dtype)
     labels = torch.randint(0, 1000, (batch,), device=s.device)
 
     def loss(m: nn.Module) -> Tensor:
@@ -165,15 +170,44 @@ def vit_b16_mfu(s: Settings, compile_model: bool, batch: int = 64) -> dict[str, 
 
     flops = training_flops(model, loss)
     step = train_step(torch.compile(model) if compile_model else model, loss, s, fused=True)
-    seconds = interleaved({"ours": step}, s.device, repeats=10, warmup=3, min_sample_s=0.5)["ours"].median
+    seconds = interleaved({side: step}, s.device, repeats=10, warmup=3, min_sample_s=0.5)[side].median
     name = torch.cuda.get_device_name(s.device)
     peak = gpu_peak(name)
     return {
-        "GPU": name, "torch.compile": "on" if compile_model else "off", "batch": str(batch),
+        "model": side, "precision": precision, "torch.compile": "on" if compile_model else "off", "batch": str(batch),
         "TFLOP per step": f"{flops / 1e12:.2f}", "step ms": f"{seconds * 1e3:.1f}",
         "achieved TFLOP/s": f"{flops / seconds / 1e12:.1f}",
         "MFU": f"{100 * flops / seconds / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s" if peak else "peak of this GPU unknown",
     }
+
+
+def empty_row_rows(device: torch.device) -> list[list[str]]:
+    """What each SDPA backend gives for a query row whose keys are all blocked (boolean key padding
+    mask, one sequence all padding), forward and backward: the reason the core zeroes such rows itself
+    on a GPU instead of trusting the kernel (see `models.attention.attention_fast`)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for name, backend in (("math", SDPBackend.MATH), ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION),
+                              ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
+            for length in (64, 100):
+                g = torch.Generator(device).manual_seed(0)
+                q, k, v = (torch.randn(2, 4, length, 64, device=device, dtype=dtype, generator=g).requires_grad_() for _ in range(3))
+                attend = torch.ones(2, 1, 1, length, dtype=torch.bool, device=device)
+                attend[1] = False  # the second sequence: every key blocked
+                try:
+                    with sdpa_kernel([backend]):
+                        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend)
+                        out.float().square().sum().backward()
+                except RuntimeError as err:
+                    rows.append([name, str(dtype).removeprefix("torch."), str(length), f"refused ({str(err).splitlines()[0][:60]})", "-"])
+                    continue
+                empty = out[1]
+                verdict = "NaN" if empty.isnan().any() else ("zeros" if (empty == 0).all() else "finite, not zero")
+                grads = "finite" if all(torch.isfinite(t.grad).all() for t in (q, k, v)) else "NaN/inf"
+                rows.append([name, str(dtype).removeprefix("torch."), str(length), verdict, grads])
+    return rows
 
 
 # ----------------------------------------------------------------------------- data pipeline
