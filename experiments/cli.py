@@ -48,6 +48,10 @@ _NOISE = re.compile(
 )
 
 
+# Our own ValueErrors start with the key they concern ("trainer.logger: ...", "data.root=...: ...")
+_OWN_ERROR = re.compile(r"^(trainer|model|data)(\.\w+)*(=\S*)?: ")
+
+
 def _accepted_options(class_path: str) -> list[str]:
     module, _, name = class_path.rpartition(".")
     try:
@@ -61,6 +65,8 @@ def condense_error(message: str) -> str:
     keys, reasons, value, class_path = [], [], None, None
     for raw in message.splitlines():
         line = raw.strip().lstrip("- ").strip()
+        if _OWN_ERROR.match(line):  # raised by our own code, naming its key: the rest is jsonargparse's wrapping
+            return line
         if not line or _NOISE.search(line):
             continue
         if m := re.match(r'Parser key "([^"]+)":\s*(.*)', line):

@@ -100,6 +100,16 @@ def test_an_unreachable_wandb_server_falls_back_to_offline_and_says_so_once(attn
     assert json.loads(next(tmp_path.glob("**/summary.json")).read_text())["wandb"][0]["mode"] == "offline"
 
 
+def test_a_wandb_mode_that_does_not_exist_is_one_line_before_training(attnlab, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "onlin")
+    code, _, err = attnlab("fit", "--config", DIGITS, "--config", "configs/logger/wandb.yaml", f"--trainer.default_root_dir={tmp_path}",
+                           "--trainer.max_epochs=1")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == ("attnlab: error: trainer.logger: W&B mode='onlin'; expected online, offline or disabled "
+                                            "(WANDB_MODE)")
+    assert not list(tmp_path.glob("**/*.ckpt"))
+
+
 def test_prepare_puts_loggers_in_the_experiment_folder():
     cfg = Namespace(fit=Namespace(ckpt_path=None, trainer=Namespace(default_root_dir="runs/x", logger=[
         Namespace(class_path="experiments.tracking.CSVLogger", init_args=Namespace(save_dir=None, name="lightning_logs")),
