@@ -174,7 +174,8 @@ class AttnlabCLI(LightningCLI):
 
 
 def _fail(err: object) -> None:
-    print(f"attnlab: error: {err}", file=sys.stderr)
+    sys.stderr.write(f"attnlab: error: {err}\n")  # one write: the processes of a DDP run share stderr
+    sys.stderr.flush()
     sys.exit(2)
 
 

@@ -58,6 +58,8 @@ class NonFiniteLoss(Callback):
         else:
             bad = {name: term for name, term in _logged_terms(trainer).items() if not math.isfinite(term)}
             what = f"non-finite loss ({', '.join(f'{name}={term}' for name, term in bad.items()) or f'loss={value}'})"
+            if trainer.world_size > 1:
+                what += f" on process {trainer.global_rank} of {trainer.world_size}"
         raise _stopped(trainer, f"{what}; the weights were not updated with it")
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:

@@ -188,6 +188,32 @@ def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch(tmp_path):
     assert saved["global_step"] in (2, 3) and len(saved["callbacks"]["ExactResume"]["rng"]) == 2  # both processes' random states
 
 
+class PoisonOnRank(pl.Callback):
+    """Make one process's training batch NaN at ``step``: its loss is NaN, the other process's is finite."""
+
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step = rank, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            batch[0].fill_(float("nan"))
+
+
+def test_a_nan_loss_on_one_ddp_process_stops_both_and_keeps_the_last_checkpoint(tmp_path):
+    """Rank 1 alone sees a NaN loss at step 4: both processes stop before backward (the guard's all-reduced
+    flag; a process stopping alone would leave the other waiting in the gradient all-reduce), each says why
+    in a line of its own, and last.ckpt stays the one of step 3."""
+    run = tmp_path / "run"
+    job = start_fit(run, "--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32", "--trainer.max_epochs=1",
+                    probe(PoisonOnRank, rank=1, step=4))
+    _, err = job.communicate(timeout=120)  # a process left waiting would fail here
+    assert job.returncode == 2, err[-3000:]
+    stops = re.findall(r"^attnlab: error: training stopped at global step 4 \(epoch 0\): (.*?); the weights were not updated", err, re.M)
+    assert "Traceback" not in err and sorted(stops) == ["a non-finite loss on another process", "non-finite loss (train/loss=nan) on process 1 of 2"], err[-3000:]
+    saved = load(run / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == 3 and all(v.isfinite().all() for v in saved["state_dict"].values() if v.is_floating_point())
+
+
 class GlobalRandomOrder(Sampler):
     """A sampler that draws its order from the global torch RNG (as length bucketing does)."""
 
