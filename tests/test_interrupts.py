@@ -188,6 +188,31 @@ def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch(tmp_path):
     assert saved["global_step"] in (2, 3) and len(saved["callbacks"]["ExactResume"]["rng"]) == 2  # both processes' random states
 
 
+def test_a_ddp_run_stopped_by_sigterm_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
+    """Two processes, SIGTERM to rank 0 at step 2 of 10, `--ckpt_path last` under DDP again: the same 10 steps
+    end at the weights and validation metrics of a DDP run that never stopped (each process's random state and
+    its share of the epoch's order come back)."""
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32", "--trainer.max_epochs=2"]
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    ready = run / "ready"
+    jobs = [start_fit(run, *ddp, probe(AwaitSigterm, step=2, ready=str(ready))), start_fit(reference, *ddp)]
+    while not ready.exists() and jobs[0].poll() is None:
+        time.sleep(0.05)
+    jobs[0].send_signal(signal.SIGTERM)
+    for job, status in zip(jobs, (SIGTERM_STATUS, 0)):
+        _, err = job.communicate(timeout=180)
+        assert job.returncode == status, err[-3000:]
+    resumed = start_fit(run, *ddp, "--ckpt_path", "last")
+    _, err = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, err[-3000:]
+    ours, theirs = load(run / "checkpoints" / "last.ckpt"), load(reference / "checkpoints" / "last.ckpt")
+    assert ours["global_step"] == theirs["global_step"] == 10
+    assert max((ours["state_dict"][k] - theirs["state_dict"][k]).abs().max().item() for k in theirs["state_dict"]) <= 1e-6
+    ours, theirs = (json.loads((root / "summary.json").read_text())["metrics"] for root in (run, reference))
+    for key in ("val/loss", "val/acc"):
+        assert ours[key] == pytest.approx(theirs[key], abs=1e-6)
+
+
 class PoisonOnRank(pl.Callback):
     """Make one process's training batch NaN at ``step``: its loss is NaN, the other process's is finite."""
 
