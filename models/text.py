@@ -79,22 +79,27 @@ def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Modul
     raise ValueError(f"model.positions={kind!r} is not known; choose sinusoidal or learned")
 
 
-def reorder_cache(cache: list[dict] | dict | Tensor, index: Tensor, static_index: Tensor | None | Literal["same"] = "same"):
-    """Select rows ``index`` (dim 0) of every tensor in a decoding cache (beam search, finished rows).
+def reorder_cache(cache: list | dict, index: Tensor, static_index: Tensor | None | Literal["same"] = "same") -> None:
+    """Select rows ``index`` (dim 0) of every tensor in a decoding cache (beam search, finished rows), in
+    place: each tensor is replaced as soon as its reordered copy exists, so the cache is never held twice.
 
     Keys/values computed once from the memory (cross-attention; dicts marked ``static``) take
     ``static_index`` instead: "same" (``index``), or None to keep them as they are. Beam search keeps
     them through reordering within a sentence, since all beams of a sentence share them.
     """
-    if isinstance(cache, Tensor):
-        return cache.index_select(0, index)
-    if isinstance(cache, dict):
-        if cache.get("static") is True:
-            if static_index is None:
-                return cache
-            index = index if isinstance(static_index, str) else static_index
-        return {k: v if isinstance(v, bool) else reorder_cache(v, index, static_index) for k, v in cache.items()}
-    return [reorder_cache(layer, index, static_index) for layer in cache]
+    if isinstance(cache, list):
+        for layer in cache:
+            reorder_cache(layer, index, static_index)
+        return
+    if cache.get("static") is True:
+        if static_index is None:
+            return
+        index = index if isinstance(static_index, str) else static_index
+    for key, value in cache.items():
+        if isinstance(value, Tensor):
+            cache[key] = value.index_select(0, index)
+        elif isinstance(value, (dict, list)):
+            reorder_cache(value, index, static_index)
 
 
 class Seq2SeqTransformer(nn.Module):
