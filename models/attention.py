@@ -226,6 +226,10 @@ class MultiHeadAttention(nn.Module):
         each call; for cross-attention (``static_kv=True``) they are computed once from the memory, and
         the dict is marked ``static`` (see `models.text.reorder_cache`).
 
+        ``key``/``value`` may hold fewer rows than ``query`` (cross-attention only, ``key_padding_mask``
+        (B_kv, Lk) the only mask): each of their rows then serves ``B // B_kv`` consecutive query rows, so
+        beam search keeps one copy of a sentence's memory and its keys/values for all its beams.
+
         Returns (output (B, Lq, D), weights (B, H, Lq, Lk) or None).
         """
         key = query if key is None else key
@@ -242,20 +246,31 @@ class MultiHeadAttention(nn.Module):
         if self.similarity == "general":
             q = torch.einsum("bhld,hde->bhle", q, self.general_weight)  # qᵀW, then ·k below
         bsz, _, lq, _ = q.shape
-        lk = k.shape[2]
+        kv_bsz, _, lk, _ = k.shape
+        group = bsz // kv_bsz  # query rows per key/value row
+        if group * kv_bsz != bsz:
+            raise ValueError(f"query batch {bsz} is not a multiple of the key/value batch {kv_bsz}")
+        if group > 1:  # the rows of one key/value row's group attend as one longer query (beams sharing a memory)
+            if attn_mask is not None or is_causal:
+                raise ValueError("a query batch larger than the key/value batch (beams sharing one memory) takes key_padding_mask only")
+            q = q.view(kv_bsz, group, self.num_heads, lq, self.head_dim).transpose(1, 2).reshape(kv_bsz, self.num_heads, group * lq, self.head_dim)
         dropout_p = self.dropout if self.training else 0.0
         want_weights = need_weights or self._captured is not None
         plain_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None
         mask = None if plain_causal and not want_weights else merge_masks(
-            bsz, lq, lk, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, device=q.device, dtype=q.dtype
+            kv_bsz, q.shape[2], lk, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, device=q.device, dtype=q.dtype
         )
         weights = None
         if want_weights:
             out, weights = attention_reference(q, k, v, mask, self.scale, dropout_p)
-            if self._captured is not None:
-                self._captured.append(weights.detach())
         else:
             out = attention_fast(q, k, v, mask, self.scale, dropout_p, is_causal=plain_causal)
+        if group > 1:  # (B_kv, H, group·Lq, ·) -> (B, H, Lq, ·)
+            out = out.view(kv_bsz, self.num_heads, group, lq, -1).transpose(1, 2).reshape(bsz, self.num_heads, lq, -1)
+            if weights is not None:
+                weights = weights.view(kv_bsz, self.num_heads, group, lq, lk).transpose(1, 2).reshape(bsz, self.num_heads, lq, lk)
+        if self._captured is not None:
+            self._captured.append(weights.detach())
         out = out.transpose(1, 2).reshape(bsz, lq, self.embed_dim)  # (B, Lq, D)
         return self.out_proj(out), (weights if need_weights else None)
 

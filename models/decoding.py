@@ -83,16 +83,17 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
     candidates: those ending in EOS within the top k become finished hypotheses, scored by
     log-probability / `length_penalty`; the first k others live on. A sentence is done when it
     holds k finished hypotheses (fairseq's rule); done sentences leave the batch, and the cache is
-    reordered (dim 0 of every tensor) to follow the surviving prefixes.
+    reordered (dim 0 of every tensor) to follow the surviving prefixes. The encoder memory and the
+    cross-attention keys/values are held once per sentence, not once per beam (`MultiHeadAttention`
+    lets the k beam rows of a sentence attend to its one memory row).
 
     src (B, S) -> (best hypothesis per sentence (B, L), its normalised score (B,)).
     With ``beam_size=1`` this is `greedy_decode`.
     """
     k = beam_size
     src_mask = src.eq(pad_id)
-    memory = model.encode(src, src_mask)  # (B, S, D)
+    memory = model.encode(src, src_mask)  # (B, S, D): one row per sentence, which its k beams attend to together
     batch, device = src.size(0), src.device
-    memory, src_mask = memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)  # (B·k, S, D), (B·k, S)
     cache = model.init_cache()
     alive = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # live prefixes, BOS first
     scores = torch.full((batch, k), float("-inf"), device=device)
@@ -133,14 +134,14 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
         open_ = ~done_scores[active].isfinite().all(1)  # (n,) fewer than k finished
         if not open_.any():
             break
-        if open_.all():  # follow the chosen prefixes; cross-attention keys are shared by a sentence's beams
-            cache = reorder_cache(cache, next_rows, static_index=None)
+        if open_.all():  # follow the chosen prefixes; cross-attention keys are one per sentence
+            reorder_cache(cache, next_rows, static_index=None)
             continue
         still = open_.nonzero().squeeze(1)
         rows_kept = (still[:, None] * k + torch.arange(k, device=device)).view(-1)  # rows of open sentences
         alive, scores, active = alive[rows_kept], scores[still], active[still]
-        memory, src_mask = memory[rows_kept], src_mask[rows_kept]
-        cache = reorder_cache(cache, next_rows[rows_kept], static_index=rows_kept)  # and drop done sentences
+        memory, src_mask = memory[still], src_mask[still]
+        reorder_cache(cache, next_rows[rows_kept], static_index=still)  # and drop done sentences
 
     tokens = done_tokens[:, 0]  # (B, max_len), best first
     length = int(tokens.ne(pad_id).sum(1).max())

@@ -192,3 +192,22 @@ def test_every_model_starts_general_at_the_identity():
     for model in models:
         weights = [m.general_weight for m in model.modules() if isinstance(m, MultiHeadAttention)]
         assert weights and all(torch.equal(w, torch.eye(4).repeat(4, 1, 1)) for w in weights), type(model).__name__
+
+
+def test_query_rows_share_a_key_row_when_the_key_batch_is_smaller():
+    """Beam search's layout: 2 query rows (beams) per memory row attend as if the memory were repeated."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2).eval()
+    memory, query = torch.randn(3, 5, 16), torch.randn(6, 2, 16)
+    kpm = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1]], dtype=torch.bool)
+    repeated, weights = mha(query, memory.repeat_interleave(2, 0), key_padding_mask=kpm.repeat_interleave(2, 0), need_weights=True)
+    shared, shared_weights = mha(query, memory, key_padding_mask=kpm, need_weights=True)
+    torch.testing.assert_close(shared, repeated)
+    torch.testing.assert_close(shared_weights, weights)
+    torch.testing.assert_close(mha(query, memory, key_padding_mask=kpm)[0], repeated)  # the fast path
+    cache: dict = {}
+    mha(query, memory, key_padding_mask=kpm, cache=cache, static_kv=True)
+    assert cache["k"].shape[0] == 3  # keys/values kept once per memory row
+    torch.testing.assert_close(mha(query, memory, key_padding_mask=kpm, cache=cache, static_kv=True)[0], repeated)
+    with pytest.raises(ValueError, match="query batch 5 is not a multiple of the key/value batch 3"):
+        mha(torch.randn(5, 2, 16), memory)
