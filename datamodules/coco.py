@@ -20,6 +20,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from pycocotools.coco import COCO
@@ -123,7 +124,8 @@ def coco_from_dict(data: dict[str, Any], source: str) -> COCO:
             raise ValueError(f"{ref} has iscrowd {ann['iscrowd']!r}; expected 0 or 1")
         ann.setdefault("area", float(box[2]) * float(box[3]))
         ann.setdefault("iscrowd", 0)
-        x0, y0, x1, y1 = clip_box(box, images[ann["image_id"]]["width"], images[ann["image_id"]]["height"])
+        # in float32, as training sees the box: a size that rounds to 0 there has no area either
+        x0, y0, x1, y1 = np.float32(clip_box(box, images[ann["image_id"]]["width"], images[ann["image_id"]]["height"]))
         if x1 > x0 and y1 > y0:
             kept.append(ann)
         else:
