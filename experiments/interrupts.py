@@ -13,8 +13,9 @@ augmentation, later shuffles) restart from the seed. On SIGTERM its loops raise 
 `ExactResume` closes the first gap: the training sampler's order depends only on (seed, epoch) and can
 start an epoch part-way (`ResumableSampler`), and the random states go into every checkpoint.
 `LastCheckpoint` keeps the run's ``last.ckpt`` fresh (after every validation, and every N steps and/or M
-minutes) and writes it on SIGTERM before exiting with status 143 and a one-line message. To checkpoint
-mid-epoch, list it in a config, e.g.::
+minutes) and writes it on SIGTERM before exiting with status 143 and a one-line message. Both are in
+every run (`experiments.tracking.default_callbacks`); to checkpoint mid-epoch too, list LastCheckpoint
+in a config (the listed one replaces the default), e.g.::
 
     - class_path: experiments.interrupts.LastCheckpoint
       init_args: {every_n_minutes: 30}
