@@ -21,12 +21,12 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5 + length) / 6) ** alpha
 
 
-def _top_log_probs(logits: Tensor, n: int, eos_id: int, force_eos: bool, banned: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+def _top_log_probs(logits: Tensor, n: int, eos_id: int, force_eos: bool, banned: Tensor) -> tuple[Tensor, Tensor]:
     """The ``n`` most likely next tokens of each row and their log-probabilities, (N, n) each.
 
     log p = logit - logsumexp(logits), taken for the ``n`` chosen tokens only: the (N, V)
     log-probabilities are never written out, which is most of a cached decoding step's time besides
-    the output projection. ``banned`` tokens (PAD, BOS) are never chosen; at the length limit
+    the output projection. ``banned`` token ids (PAD, BOS; a tensor on the logits' device) are never chosen; at the length limit
     (``force_eos``) only EOS is, the other columns holding -inf, as do the columns past the vocabulary
     when ``n`` exceeds it.
     """
@@ -37,7 +37,7 @@ def _top_log_probs(logits: Tensor, n: int, eos_id: int, force_eos: bool, banned:
         rest = torch.full((logits.size(0), n - 1), float("-inf"), device=logits.device)
         tokens = torch.full((logits.size(0), n), eos_id, dtype=torch.long, device=logits.device)
         return torch.cat([chosen, rest], dim=1), tokens
-    logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
+    logits = logits.index_fill(-1, banned, float("-inf"))
     values, tokens = logits.topk(min(n, logits.size(-1)), dim=-1)
     if tokens.size(1) < n:  # a beam wider than the vocabulary: the missing candidates can never win
         values, tokens = F.pad(values, (0, n - values.size(1)), value=float("-inf")), F.pad(tokens, (0, n - tokens.size(1)), value=eos_id)
@@ -59,12 +59,13 @@ def greedy_decode(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pa
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     scores = torch.zeros(batch, device=src.device)
     cache = model.init_cache() if use_cache else None
+    banned = torch.tensor([pad_id, bos_id], device=src.device)  # never generated
     for t in range(max_len):
         if use_cache:
             logits = model.decode(ys[:, -1:], memory, src_mask, cache=cache, start_pos=t)[:, -1]  # (B, V)
         else:
             logits = model.decode(ys, memory, src_mask)[:, -1]
-        logp, next_token = _top_log_probs(logits, 1, eos_id, t == max_len - 1, (pad_id, bos_id))  # (B, 1) each
+        logp, next_token = _top_log_probs(logits, 1, eos_id, t == max_len - 1, banned)  # (B, 1) each
         scores += logp.squeeze(1).masked_fill(finished, 0.0)
         next_token = next_token.squeeze(1).masked_fill(finished, pad_id)  # (B,)
         ys = torch.cat([ys, next_token[:, None]], dim=1)
@@ -95,6 +96,7 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
     memory = model.encode(src, src_mask)  # (B, S, D): one row per sentence, which its k beams attend to together
     batch, device = src.size(0), src.device
     cache = model.init_cache()
+    banned = torch.tensor([pad_id, bos_id], device=device)  # never generated
     alive = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # live prefixes, BOS first
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start equal: expand only the first at step 0
@@ -106,7 +108,7 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
         n = active.numel()
         logits = model.decode(alive[:, -1:], memory, src_mask, cache=cache, start_pos=t)[:, -1]  # (n·k, V)
         # a sentence's 2k best candidates are among its beams' 2k best tokens each: rank those alone
-        logp, tokens = _top_log_probs(logits, 2 * k, eos_id, t == max_len - 1, (pad_id, bos_id))  # (n·k, 2k)
+        logp, tokens = _top_log_probs(logits, 2 * k, eos_id, t == max_len - 1, banned)  # (n·k, 2k)
         candidates = (scores.unsqueeze(-1) + logp.view(n, k, 2 * k)).view(n, 2 * k * k)
         top_scores, top = candidates.topk(2 * k, dim=1)  # (n, 2k)
         beam, token = top // (2 * k), tokens.view(n, 2 * k * k).gather(1, top)

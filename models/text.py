@@ -79,13 +79,13 @@ def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Modul
     raise ValueError(f"model.positions={kind!r} is not known; choose sinusoidal or learned")
 
 
-def reorder_cache(cache: list | dict, index: Tensor, static_index: Tensor | None | Literal["same"] = "same") -> None:
+def reorder_cache(cache: list | dict, index: Tensor, static_index: Tensor | None) -> None:
     """Select rows ``index`` (dim 0) of every tensor in a decoding cache (beam search, finished rows), in
     place: each tensor is replaced as soon as its reordered copy exists, so the cache is never held twice.
 
-    Keys/values computed once from the memory (cross-attention; dicts marked ``static``) take
-    ``static_index`` instead: "same" (``index``), or None to keep them as they are. Beam search keeps
-    them through reordering within a sentence, since all beams of a sentence share them.
+    Keys/values computed once from the memory (cross-attention; dicts marked ``static``, one row per
+    sentence) take ``static_index`` instead, or stay as they are when it is None: beam search reorders
+    beams within their sentences with None, and drops finished sentences with the rows of those left.
     """
     if isinstance(cache, list):
         for layer in cache:
@@ -94,7 +94,7 @@ def reorder_cache(cache: list | dict, index: Tensor, static_index: Tensor | None
     if cache.get("static") is True:
         if static_index is None:
             return
-        index = index if isinstance(static_index, str) else static_index
+        index = static_index
     for key, value in cache.items():
         if isinstance(value, Tensor):
             cache[key] = value.index_select(0, index)

@@ -5,7 +5,6 @@ result. Property tests (hypothesis) feed arbitrary bytes and numbers; example te
 import gzip
 import io
 import json
-import math
 import pickle
 import random
 import re
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from datamodules.checks import check_train_batches, open_image, read_lines
-from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection, coco_from_dict, load_coco
+from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection, load_coco
 from datamodules.detection_transforms import make_transforms
 from datamodules.synthetic import ShapesDataModule, generate_shapes
 from datamodules.text import ParallelTextDataModule, TextCorpusDataModule

@@ -22,18 +22,16 @@ import torch
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
 from experiments.cli import main
-from experiments.interrupts import SIGTERM_STATUS, ExactResume, LastCheckpoint, ResumableSampler, resume_command
-from experiments.tracking import default_callbacks
+from experiments.interrupts import SIGTERM_STATUS, LastCheckpoint, ResumableSampler, resume_command
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 15  # 3 epochs of 5 batches
 # A 1-layer ViT on the digits with dropout and drop-path on, so a resumed run must restore the random
-# streams too; last.ckpt is refreshed every 3 steps (mid-epoch) and after every validation.
+# streams too; last.ckpt is refreshed every 3 steps (mid-epoch) and after every validation. ExactResume is
+# not listed: every run has it (experiments.tracking.default_callbacks), and these tests prove the default.
 TINY = ["--config", "configs/vision/digits.yaml", "--trainer.accelerator=cpu", "--trainer.max_epochs=3",
         "--trainer.limit_train_batches=5", "--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0",
         "--trainer.logger=false", "--model.init_args.depth=1", "--model.init_args.embed_dim=16", "--model.init_args.num_heads=2"]
-if not any(isinstance(cb, ExactResume) for cb in default_callbacks()):  # a stateful callback may be listed only once
-    TINY.append("--trainer.callbacks+=experiments.interrupts.ExactResume")
 EVERY_3_STEPS = "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_train_steps: 3}}"
 
 

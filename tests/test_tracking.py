@@ -9,7 +9,7 @@ import yaml
 from jsonargparse import Namespace
 
 from experiments import tracking
-from experiments.tracking import LoggedConfig, WandbLogger, prepare, wandb_mode
+from experiments.tracking import WandbLogger, prepare, wandb_mode
 
 DIGITS = "configs/vision/digits.yaml"
 
