@@ -436,12 +436,13 @@ def ours_detr(c: dict, device: torch.device) -> tuple[DETR, SetCriterion]:
     return model.to(device), criterion.to(device)
 
 
-def matcher_share(step: Step, owner: object, clock: Callable[[], float], steps: int, device: torch.device) -> dict[str, str]:
-    """The share of ``steps`` training steps spent inside ``owner.forward`` (a Hungarian matcher
-    instance or class), timed by ``clock``; the timer is in place only while measuring. On a GPU the
+def matcher_share(step: Step, owner: object, clock: Callable[[], float], steps: int, device: torch.device, method: str = "forward") -> dict[str, str]:
+    """The share of ``steps`` training steps spent inside ``owner.<method>`` (a Hungarian matcher
+    instance or class: ours is entered once per step through ``match_layers``, Hugging Face's once per
+    decoder layer through ``forward``), timed by ``clock``; the timer is in place only while measuring. On a GPU the
     timer starts once the kernels queued before the matcher have run, so that the wait for the forward
     pass, which the matcher's copy of its cost matrix to the CPU would otherwise absorb, is not counted."""
-    original, spent = owner.forward, [0.0]
+    original, spent = getattr(owner, method), [0.0]
 
     def timed(*args, **kwargs):
         synchronize(device)
@@ -451,7 +452,7 @@ def matcher_share(step: Step, owner: object, clock: Callable[[], float], steps: 
         finally:
             spent[0] += clock() - start
 
-    owner.forward = timed
+    setattr(owner, method, timed)
     try:
         synchronize(device)
         start = clock()
@@ -461,10 +462,42 @@ def matcher_share(step: Step, owner: object, clock: Callable[[], float], steps: 
         total = clock() - start
     finally:
         if isinstance(owner, type):
-            owner.forward = original
+            setattr(owner, method, original)
         else:
-            del owner.forward  # back to the class's method
+            delattr(owner, method)  # back to the class's method
     return {"matching": f"{100 * spent[0] / total:.1f}% of the step"}
+
+
+MATCHING_SHAPES = {  # decoder layers (final + auxiliary), images, queries, classes, targets per image
+    "r50": dict(layers=6, batch=2, queries=100, classes=91, boxes=6),
+    "batch 64": dict(layers=6, batch=64, queries=100, classes=91, boxes=20),
+}
+QUICK_MATCHING = dict(layers=2, batch=2, queries=8, classes=3, boxes=2)
+
+
+def matching_bench(shape: str, s: Settings) -> Bench:
+    """Hungarian matching of one DETR training step, every decoder layer: ours (`match_layers`, all
+    layers in one pass, each image's queries against its own targets) vs Hugging Face's matcher called
+    once per layer, as its loss does (each call costs the whole batch's queries against the whole
+    batch's targets), on the same random predictions."""
+    from transformers.loss.loss_for_object_detection import HungarianMatcher as HFMatcher
+
+    c = QUICK_MATCHING if s.quick else MATCHING_SHAPES[shape]
+    g = torch.Generator().manual_seed(0)
+    b, q = c["batch"], c["queries"]
+    layers = [{"pred_logits": torch.randn(b, q, c["classes"] + 1, generator=g).to(s.device),
+               "pred_boxes": (torch.rand(b, q, 4, generator=g) * 0.5 + 0.1).to(s.device)} for _ in range(c["layers"])]
+    targets = [{"labels": torch.randint(0, c["classes"], (c["boxes"],), generator=g).to(s.device),
+                "boxes": (torch.rand(c["boxes"], 4, generator=g) * 0.5 + 0.1).to(s.device)} for _ in range(b)]
+    hf_layers = [{"logits": o["pred_logits"], "pred_boxes": o["pred_boxes"]} for o in layers]
+    hf_targets = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
+    ours, theirs = HungarianMatcher(1, 5, 2), HFMatcher(class_cost=1, bbox_cost=5, giou_cost=2)
+    steps = {"ours": lambda: ours.match_layers(layers, targets), "HF matcher": lambda: [theirs(o, hf_targets) for o in hf_layers]}
+    same = sum(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+               for mine, hers in zip(steps["ours"](), steps["HF matcher"]()) for x, y in zip(mine, hers))
+    check = (f"{c['layers']} decoder layers x {b} images x {q} queries, {c['boxes']} targets each; "
+             f"same assignment for {same}/{c['layers'] * b} (layer, image) pairs")
+    return Bench(steps, items=b, unit="images", check=check, inference=True)
 
 
 def parameter_counts(model: nn.Module) -> str:
@@ -494,7 +527,7 @@ def detr_bench(size: str, s: Settings, queries: int | None = None, boxes: int | 
         return criterion.total(criterion(m(images, mask), targets))
 
     steps = {"ours": train_step(compiled, ours_loss, s)}
-    extra = {"ours": lambda: matcher_share(steps["ours"], criterion.matcher, tick, 2 if s.quick else 4, s.device)}
+    extra = {"ours": lambda: matcher_share(steps["ours"], criterion.matcher, tick, 2 if s.quick else 4, s.device, "match_layers")}
     check = f"ours {parameter_counts(model)}"
     if with_peer:
         try:

@@ -75,6 +75,8 @@ def cases(quick: bool) -> list[Case]:
     out.append(Case("decoding/greedy", "decoding", "greedy", partial(bm.decoding_bench, "greedy"), {"no cache": None}))
     for size in ("small", "r50"):
         out.append(Case(f"detr/{size}", "detr", f"DETR {size}", partial(bm.detr_bench, size), {"HF DETR": 1.0}))
+    for shape in bm.MATCHING_SHAPES:
+        out.append(Case(f"detr/matching/{shape}", "detr", f"matching, {shape}", partial(bm.matching_bench, shape), {"HF matcher": 1.0}))
     out.append(Case("scaling/text", "scaling", "text", bs.text_scaling_bench))
     out.append(Case("scaling/vit", "scaling", "ViT tiny", bs.vit_scaling_bench))
     out.append(Case("scaling/detr", "scaling", "DETR small", bs.detr_scaling_bench))
@@ -250,7 +252,8 @@ SECTION_TITLES = {
     "vit": "ViT training step (batch 8, 224 px, AdamW) vs timm",
     "text": "Seq2seq training step (random sentences of 16-40 tokens, label smoothing, AdamW) vs torch.nn.Transformer",
     "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none",
-    "detr": "DETR training step (set loss with auxiliary losses, AdamW) vs Hugging Face DetrForObjectDetection",
+    "detr": "DETR training step (set loss with auxiliary losses, AdamW) vs Hugging Face DetrForObjectDetection, and the "
+            "Hungarian matching of one step (every decoder layer) vs Hugging Face's matcher",
     "scaling": "Scaling of our training step",
 }
 

@@ -34,34 +34,36 @@ def box_xyxy_to_xywh(boxes: Tensor) -> Tensor:
 
 
 def box_area(boxes: Tensor) -> Tensor:
-    """(N, 4) xyxy -> (N,) areas."""
-    return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    """(..., 4) xyxy -> (...) areas."""
+    return (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
 
 
 def box_iou(boxes1: Tensor, boxes2: Tensor) -> tuple[Tensor, Tensor]:
-    """Pairwise IoU and union of xyxy boxes: (N, 4), (M, 4) -> iou (N, M), union (N, M).
+    """Pairwise IoU and union of xyxy boxes: (..., N, 4), (..., M, 4) -> iou (..., N, M), union (..., N, M).
 
-    A pair of zero-area boxes has union 0 and IoU 0 (not NaN).
+    Leading dims broadcast (a batch of images, each with its own boxes). A pair of zero-area boxes
+    has union 0 and IoU 0 (not NaN).
     """
     area1, area2 = box_area(boxes1), box_area(boxes2)
-    lt = torch.max(boxes1[:, None, :2], boxes2[None, :, :2])  # (N, M, 2)
-    rb = torch.min(boxes1[:, None, 2:], boxes2[None, :, 2:])
+    lt = torch.max(boxes1[..., :, None, :2], boxes2[..., None, :, :2])  # (..., N, M, 2)
+    rb = torch.min(boxes1[..., :, None, 2:], boxes2[..., None, :, 2:])
     wh = (rb - lt).clamp(min=0)
-    inter = wh[..., 0] * wh[..., 1]  # (N, M)
-    union = area1[:, None] + area2[None, :] - inter
+    inter = wh[..., 0] * wh[..., 1]  # (..., N, M)
+    union = area1[..., :, None] + area2[..., None, :] - inter
     return inter / union.clamp(min=torch.finfo(union.dtype).tiny), union
 
 
 def generalized_box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
-    """Pairwise generalised IoU (Rezatofighi et al. 2019) of xyxy boxes: (N, 4), (M, 4) -> (N, M) in [-1, 1].
+    """Pairwise generalised IoU (Rezatofighi et al. 2019) of xyxy boxes: (..., N, 4), (..., M, 4) ->
+    (..., N, M) in [-1, 1], leading dims broadcast as in `box_iou`.
 
     GIoU = IoU - (|C| - |A ∪ B|) / |C|, with C the smallest box enclosing A and B. Boxes must
     have x1 >= x0 and y1 >= y0 (DETR's sigmoid outputs and the data pipeline guarantee it);
     unlike the reference there is no assert, so a diverging run reports NaN losses instead of dying.
     """
     iou, union = box_iou(boxes1, boxes2)
-    lt = torch.min(boxes1[:, None, :2], boxes2[None, :, :2])
-    rb = torch.max(boxes1[:, None, 2:], boxes2[None, :, 2:])
+    lt = torch.min(boxes1[..., :, None, :2], boxes2[..., None, :, :2])
+    rb = torch.max(boxes1[..., :, None, 2:], boxes2[..., None, :, 2:])
     wh = (rb - lt).clamp(min=0)
-    enclosing = wh[..., 0] * wh[..., 1]  # (N, M)
+    enclosing = wh[..., 0] * wh[..., 1]  # (..., N, M)
     return iou - (enclosing - union) / enclosing.clamp(min=torch.finfo(enclosing.dtype).tiny)

@@ -32,8 +32,9 @@ class SetCriterion(nn.Module):
     weight is ``eos_coef`` (0.1) to offset its abundance. ``loss_bbox`` (L1) and ``loss_giou``
     (1 − GIoU) on the matched boxes, normalised by the number of target boxes averaged over all
     processes. With ``aux_outputs`` the same losses are added for every intermediate decoder layer
-    (suffix ``_<layer>``), each with its own matching. ``class_error`` (top-1 error in percent of the
-    matched queries) and ``cardinality_error`` (|#predicted objects − #targets|) are for logging.
+    (suffix ``_<layer>``), each with its own matching (all layers matched in one pass).
+    ``class_error`` (top-1 error in percent of the matched queries) and ``cardinality_error``
+    (|#predicted objects − #targets|) are for logging.
 
     Args:
         num_classes: K, the object classes (the no-object class is index K).
@@ -84,11 +85,10 @@ class SetCriterion(nn.Module):
         src_boxes = outputs["pred_boxes"][idx]  # (ΣT, 4)
         target_boxes = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).to(src_boxes.dtype)
         loss_bbox = F.l1_loss(src_boxes, target_boxes, reduction="none").sum() / num_boxes
-        giou = torch.diag(generalized_box_iou(box_cxcywh_to_xyxy(src_boxes), box_cxcywh_to_xyxy(target_boxes)))
+        giou = generalized_box_iou(box_cxcywh_to_xyxy(src_boxes)[:, None], box_cxcywh_to_xyxy(target_boxes)[:, None]).flatten()  # pairs, not all ΣT x ΣT
         return {"loss_bbox": loss_bbox, "loss_giou": (1 - giou).sum() / num_boxes}
 
-    def _losses(self, outputs, targets, num_boxes, log: bool) -> dict[str, Tensor]:
-        indices = self.matcher(outputs, targets)
+    def _losses(self, outputs, targets, indices, num_boxes, log: bool) -> dict[str, Tensor]:
         losses = self.loss_labels(outputs, targets, indices, num_boxes, log=log)
         losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
         if log:
@@ -97,9 +97,11 @@ class SetCriterion(nn.Module):
 
     def forward(self, outputs: dict, targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         num_boxes = num_boxes_across_processes(targets, outputs["pred_logits"].device)
-        losses = self._losses(outputs, targets, num_boxes, log=True)
-        for i, aux in enumerate(outputs.get("aux_outputs", [])):
-            losses.update({f"{k}_{i}": v for k, v in self._losses(aux, targets, num_boxes, log=False).items()})
+        aux_outputs = outputs.get("aux_outputs", [])
+        final_indices, *aux_indices = self.matcher.match_layers([outputs, *aux_outputs], targets)  # one matching pass for all layers
+        losses = self._losses(outputs, targets, final_indices, num_boxes, log=True)
+        for i, (aux, indices) in enumerate(zip(aux_outputs, aux_indices)):
+            losses.update({f"{k}_{i}": v for k, v in self._losses(aux, targets, indices, num_boxes, log=False).items()})
         return losses
 
     def total(self, losses: dict[str, Tensor]) -> Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 from models.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
 
@@ -12,10 +13,11 @@ class HungarianMatcher(nn.Module):
     """One-to-one assignment of queries to targets that minimises the matching cost.
 
     cost = cost_class · (−p(target class)) + cost_bbox · L1(boxes) + cost_giou · (−GIoU(boxes)),
-    with the paper's weights 1 / 5 / 2. The cost of every (query, target) pair of the whole batch is
-    computed as one matrix; the assignment is then solved per image with
-    ``scipy.optimize.linear_sum_assignment``. There are more queries than targets, so every target is
-    matched and the unmatched queries are trained towards "no object".
+    with the paper's weights 1 / 5 / 2. The costs of all images (and, with `match_layers`, of all
+    decoder layers) are computed together, each image's queries against its own targets only; the
+    assignment is then solved per image with ``scipy.optimize.linear_sum_assignment``. There are more
+    queries than targets, so every target is matched and the unmatched queries are trained towards
+    "no object".
 
     Targets are expected without crowd boxes: the data pipeline drops them, as DETR's does.
 
@@ -35,25 +37,39 @@ class HungarianMatcher(nn.Module):
 
     @torch.no_grad()
     def cost_matrix(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> Tensor:
-        """(B, Q, ΣT_b) matching cost of every query against every target of the batch."""
-        bs, num_queries = outputs["pred_logits"].shape[:2]
-        prob = outputs["pred_logits"].flatten(0, 1).softmax(-1)  # (B·Q, K + 1)
-        out_bbox = outputs["pred_boxes"].flatten(0, 1)  # (B·Q, 4)
-        tgt_ids = torch.cat([t["labels"] for t in targets])  # (ΣT,)
-        tgt_bbox = torch.cat([t["boxes"] for t in targets]).to(out_bbox.dtype)  # (ΣT, 4)
+        """(..., B, Q, T) matching cost of every query of image b against every target of image b.
+
+        T is the largest target count of the batch: image b's own targets are columns ``:T_b``, the
+        rest is padding. Only these per-image blocks are computed, not the cost of each query against
+        the targets of other images. Leading dims of the predictions (stacked decoder layers) carry
+        through, so that every layer of a step is matched from one computation.
+        """
+        logits, boxes = outputs["pred_logits"].float(), outputs["pred_boxes"].float()  # (..., B, Q, K + 1), (..., B, Q, 4)
+        labels = pad_sequence([t["labels"] for t in targets], batch_first=True)  # (B, T)
+        tgt_boxes = pad_sequence([t["boxes"] for t in targets], batch_first=True).to(boxes.dtype)  # (B, T, 4)
+        prob = logits.softmax(-1)
         # 1 - p(class) is approximated by -p(class): the constant does not change the assignment
-        cost_class = -prob[:, tgt_ids]  # (B·Q, ΣT)
-        cost_bbox = torch.cdist(out_bbox, tgt_bbox, p=1)
-        cost_giou = -generalized_box_iou(box_cxcywh_to_xyxy(out_bbox), box_cxcywh_to_xyxy(tgt_bbox))
-        cost = self.cost_bbox * cost_bbox + self.cost_class * cost_class + self.cost_giou * cost_giou
-        return cost.view(bs, num_queries, -1)
+        cost_class = -prob.gather(-1, labels[:, None, :].expand(*prob.shape[:-1], -1))  # (..., B, Q, T)
+        cost_bbox = torch.cdist(boxes, tgt_boxes.expand(*boxes.shape[:-2], -1, -1), p=1)
+        cost_giou = -generalized_box_iou(box_cxcywh_to_xyxy(boxes), box_cxcywh_to_xyxy(tgt_boxes))
+        return self.cost_bbox * cost_bbox + self.cost_class * cost_class + self.cost_giou * cost_giou
 
     @torch.no_grad()
     def forward(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> list[tuple[Tensor, Tensor]]:
-        cost = self.cost_matrix(outputs, targets).cpu()
+        return self.match_layers([outputs], targets)[0]
+
+    @torch.no_grad()
+    def match_layers(self, layers: list[dict[str, Tensor]], targets: list[dict[str, Tensor]]) -> list[list[tuple[Tensor, Tensor]]]:
+        """Match several prediction sets against the same targets (DETR's final and auxiliary decoder
+        outputs): one cost computation and one copy to the CPU for all of them, rather than one per layer,
+        which on a GPU are a few dozen kernel launches and a synchronisation each.
+        Returns, per layer, what ``forward`` returns."""
+        stacked = {key: torch.stack([o[key] for o in layers]) for key in ("pred_logits", "pred_boxes")}  # (L, B, Q, ·)
+        cost = self.cost_matrix(stacked, targets).cpu()  # (L, B, Q, T)
         sizes = [len(t["boxes"]) for t in targets]
-        indices = []
-        for b, c in enumerate(cost.split(sizes, dim=-1)):  # the columns of image b, rows of image b only
-            rows, cols = linear_sum_assignment(c[b].numpy())
-            indices.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
-        return indices
+        return [[self._assign(c[b, :, : sizes[b]]) for b in range(len(targets))] for c in cost]
+
+    @staticmethod
+    def _assign(cost: Tensor) -> tuple[Tensor, Tensor]:
+        rows, cols = linear_sum_assignment(cost.numpy())
+        return torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)

@@ -52,6 +52,9 @@ def test_giou_against_hand_values_and_torchvision():
     g = torch.Generator().manual_seed(0)
     x, y = box_cxcywh_to_xyxy(random_boxes(7, g)), box_cxcywh_to_xyxy(random_boxes(5, g))
     torch.testing.assert_close(generalized_box_iou(x, y), tvops.generalized_box_iou(x, y))
+    x2, y2 = x.flip(0), y.flip(0)
+    batched = generalized_box_iou(torch.stack([x, x2]), torch.stack([y, y2]))  # (2, 7, 5): two images, their own boxes
+    torch.testing.assert_close(batched, torch.stack([tvops.generalized_box_iou(x, y), tvops.generalized_box_iou(x2, y2)]))
 
 
 def test_giou_of_two_identical_points_is_finite():
@@ -63,8 +66,9 @@ def test_giou_of_two_identical_points_is_finite():
 
 def test_cost_matrix_equals_the_formula():
     outputs, targets = random_problem(0)
-    cost = HungarianMatcher(1, 5, 2).cost_matrix(outputs, targets)  # (B, Q, ΣT)
-    b, q, t = 1, 4, 3  # image 1, query 4 against the first target of image 1 (column 3)
+    cost = HungarianMatcher(1, 5, 2).cost_matrix(outputs, targets)  # (B, Q, max T_b)
+    assert cost.shape == (2, 6, 3)
+    b, q, t = 1, 4, 0  # image 1, query 4 against the first target of image 1
     tgt = targets[1]
     p = outputs["pred_logits"][b, q].softmax(-1)[tgt["labels"][0]]
     l1 = (outputs["pred_boxes"][b, q] - tgt["boxes"][0]).abs().sum()
@@ -77,9 +81,8 @@ def test_matcher_is_the_brute_force_optimum(seed):
     outputs, targets = random_problem(seed, batch=2, queries=5, sizes=(3, 4))
     matcher = HungarianMatcher()
     cost = matcher.cost_matrix(outputs, targets)
-    offsets = [0, 3]
     for b, (rows, cols) in enumerate(matcher(outputs, targets)):
-        c = cost[b, :, offsets[b] : offsets[b] + len(targets[b]["labels"])]  # (Q, T_b)
+        c = cost[b, :, : len(targets[b]["labels"])]  # (Q, T_b)
         n_t = c.shape[1]
         assert sorted(cols.tolist()) == list(range(n_t)) and len(set(rows.tolist())) == n_t  # one-to-one, all targets
         best = min(sum(c[qs[j], j] for j in range(n_t)) for qs in itertools.permutations(range(c.shape[0]), n_t))
@@ -93,6 +96,21 @@ def test_batched_matcher_equals_per_image_matcher():
     for b in range(3):
         single = matcher({k: v[b : b + 1] for k, v in outputs.items()}, [targets[b]])[0]
         assert torch.equal(batched[b][0], single[0]) and torch.equal(batched[b][1], single[1])
+
+
+def test_matching_all_layers_at_once_equals_matching_each():
+    """`match_layers` (one cost computation and one copy to the CPU for the final and auxiliary
+    layers) gives each layer the assignment and the costs that matching it alone gives."""
+    layers = [random_problem(seed, batch=3, queries=8, sizes=(4, 0, 2))[0] for seed in range(4)]
+    targets = random_problem(0, batch=3, queries=8, sizes=(4, 0, 2))[1]
+    matcher = HungarianMatcher()
+    together = matcher.match_layers(layers, targets)
+    stacked = {k: torch.stack([o[k] for o in layers]) for k in layers[0]}
+    costs = matcher.cost_matrix(stacked, targets)  # (L, B, Q, T)
+    for layer, outputs, indices, cost in zip(range(4), layers, together, costs):
+        torch.testing.assert_close(cost, matcher.cost_matrix(outputs, targets))
+        for (rows, cols), (rows1, cols1) in zip(indices, matcher(outputs, targets)):
+            assert torch.equal(rows, rows1) and torch.equal(cols, cols1), f"layer {layer}"
 
 
 def test_matcher_with_empty_targets():
