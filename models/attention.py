@@ -99,10 +99,14 @@ def merge_masks(
     return additive if additive.dim() == 4 else additive.reshape((1,) * (4 - additive.dim()) + additive.shape)
 
 
+def _empty_rows(mask: Tensor) -> Tensor:
+    """(B|1, H|1, Lq, 1): True where a query row blocks every key."""
+    return (mask if mask.dtype == torch.bool else torch.isneginf(mask)).all(-1, keepdim=True)
+
+
 def _split_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
     """Unblock rows that block every key (so softmax stays finite) and return which rows they were."""
-    blocked = mask if mask.dtype == torch.bool else torch.isneginf(mask)
-    empty = blocked.all(-1, keepdim=True)  # (B|1, H|1, Lq, 1)
+    empty = _empty_rows(mask)
     if mask.dtype == torch.bool:
         return mask & ~empty, empty
     return mask.masked_fill(empty, 0.0), empty
@@ -142,8 +146,11 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: 
     if q.device.type == "cpu" and _CPU_SDPA_SAFE:  # GPU kernels are not all known to: fix the rows below
         sdpa_mask = ~mask if mask.dtype == torch.bool else mask
         return F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
-    mask, empty = _split_empty_rows(mask)
-    sdpa_mask = ~mask if mask.dtype == torch.bool else mask  # SDPA's boolean convention is True = attend
+    empty = _empty_rows(mask)
+    if mask.dtype == torch.bool:  # SDPA's boolean convention is True = attend; an empty row attends to all, then is zeroed
+        sdpa_mask = torch.logical_not(mask).logical_or_(empty)  # two kernels: each launch counts at these sizes on a GPU
+    else:
+        sdpa_mask = mask.masked_fill(empty, 0.0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
     return out.masked_fill(empty, 0.0)
 

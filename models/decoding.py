@@ -134,9 +134,10 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
         alive = torch.cat([alive[next_rows], token.gather(1, keep).view(-1, 1)], dim=1)
 
         open_ = ~done_scores[active].isfinite().all(1)  # (n,) fewer than k finished
-        if not open_.any():
+        n_open = int(open_.sum())  # the step's one wait for the device
+        if n_open == 0:
             break
-        if open_.all():  # follow the chosen prefixes; cross-attention keys are one per sentence
+        if n_open == n:  # follow the chosen prefixes; cross-attention keys are one per sentence
             reorder_cache(cache, next_rows, static_index=None)
             continue
         still = open_.nonzero().squeeze(1)

@@ -123,6 +123,26 @@ def test_fully_masked_row_is_finite_forward_and_backward(need_weights, native_sa
     assert torch.isfinite(ours(x, key_padding_mask=kpm, need_weights=need_weights)[0]).all()
 
 
+@pytest.mark.parametrize("boolean", [True, False], ids=["bool-mask", "float-mask"])
+def test_own_fix_for_empty_rows_equals_the_reference(boolean, monkeypatch):
+    # the GPU's path (the core unblocks empty rows for SDPA, then zeroes them), taken on the CPU
+    monkeypatch.setattr(attention, "_CPU_SDPA_SAFE", False)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g, requires_grad=True) for _ in range(3))
+    blocked = torch.rand(2, 1, 5, 5, generator=g) < 0.4
+    blocked[0, 0, 2] = True  # an empty row
+    blocked[1] = True  # a sequence with every key blocked
+    mask = blocked if boolean else torch.zeros(blocked.shape).masked_fill(blocked, float("-inf"))
+    results = []
+    for fn in (lambda: attention.attention_fast(q, k, v, mask, 0.5), lambda: attention.attention_reference(q, k, v, mask, 0.5)[0]):
+        out = fn()
+        grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
+        results.append((out, *grads))
+    for fast, ref in zip(*results):
+        torch.testing.assert_close(fast, ref)
+    assert (results[0][0][0, :, 2] == 0).all() and (results[0][0][1] == 0).all()
+
+
 @pytest.mark.parametrize("similarity", SIMILARITIES)
 def test_causality(similarity):
     _, ours = _pair(similarity)
