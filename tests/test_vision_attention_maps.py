@@ -71,15 +71,22 @@ def test_render_writes_a_png_with_one_panel_per_head(tmp_path):
 
 
 def test_callback_writes_maps_at_validation_and_logs_them_to_wandb(tmp_path, monkeypatch):
+    import wandb
+
     logged = []
     monkeypatch.setattr(WandbLogger, "log_image", lambda self, key, images, step=None, **kw: logged.append((key, images)))
+    # WandbLogger(offline=True) sets WANDB_MODE for the whole process: set here, it is restored after the test
+    monkeypatch.setenv("WANDB_MODE", "offline")
     module = ImageClassifier(num_classes=10, in_chans=1, img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2)
     trainer = pl.Trainer(
         max_epochs=2, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0, enable_progress_bar=False,
         enable_checkpointing=False, default_root_dir=tmp_path, enable_model_summary=False,
         logger=WandbLogger(save_dir=str(tmp_path), offline=True), callbacks=[AttentionMapLogger(num_images=3, every_n_epochs=2)],
     )
-    trainer.fit(module, DigitsDataModule(batch_size=8))
+    try:
+        trainer.fit(module, DigitsDataModule(batch_size=8))
+    finally:
+        wandb.finish()  # the run it started does not outlive the test
     epochs = sorted(p.name for p in tmp_path.glob("**/attention_maps/epoch_*"))
     assert epochs == ["epoch_0"]  # every 2nd epoch of 2
     assert len(list(tmp_path.glob("**/attention_maps/epoch_0/image_*.png"))) == 3
