@@ -172,8 +172,7 @@ def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = No
         key = query if key is None else key
         value = a[2] if len(a) > 2 else kw.get("value")
         value = key if value is None else value
-        q, k, _ = m._project(query, key, value)
-        q, k = m._heads(q), m._heads(k)  # (B, H, L, d)
+        q, k, _ = m._project(query, key, value)  # (B, H, L, d)
         if m.similarity == "general":
             q = torch.einsum("bhld,hde->bhle", q, m.general_weight)
         logits = (q @ k.transpose(-2, -1)) * m.scale  # (B, H, Lq, Lk)

@@ -152,7 +152,9 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: 
     else:
         sdpa_mask = mask.masked_fill(empty, 0.0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
-    return out.masked_fill(empty, 0.0)
+    # where, not masked_fill: it keeps SDPA's memory layout (B, L, H, d), so that merging the heads stays a
+    # view; masked_fill returns a contiguous (B, H, L, d) copy, which the merge then copies once more
+    return torch.where(empty, 0.0, out)
 
 
 class MultiHeadAttention(nn.Module):
@@ -196,22 +198,28 @@ class MultiHeadAttention(nn.Module):
         return 1.0 / math.sqrt(self.head_dim) if self.similarity == "scaled_dot" else 1.0
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Project and split into heads: q (B, H, Lq, d), k and v (B, H, Lk, d). Packed projections are
+        split with one view, permute and unbind, as timm does: every view is an autograd node, and at
+        small sizes (on a GPU, most steps) each node's host time counts."""
         w, b, d = self.in_proj_weight, self.in_proj_bias, self.embed_dim
         if query is key and key is value:  # self-attention: one packed matmul
-            return F.linear(query, w, b).chunk(3, dim=-1)
+            return self._heads(F.linear(query, w, b), 3)
         bq, bk, bv = (None, None, None) if b is None else b.split(d)
         if query is key:  # DETR: positions added to queries and keys, not to values
-            q, k = F.linear(query, w[: 2 * d], None if b is None else b[: 2 * d]).chunk(2, dim=-1)
-            return q, k, F.linear(value, w[2 * d :], bv)
-        q = F.linear(query, w[:d], bq)
+            q, k = self._heads(F.linear(query, w[: 2 * d], None if b is None else b[: 2 * d]), 2)
+            return q, k, self._heads(F.linear(value, w[2 * d :], bv))[0]
+        q = self._heads(F.linear(query, w[:d], bq))[0]
         if key is value:  # cross-attention to a memory
-            k, v = F.linear(key, w[d:], None if b is None else b[d:]).chunk(2, dim=-1)
+            k, v = self._heads(F.linear(key, w[d:], None if b is None else b[d:]), 2)
             return q, k, v
-        return q, F.linear(key, w[d : 2 * d], bk), F.linear(value, w[2 * d :], bv)
+        return q, self._heads(F.linear(key, w[d : 2 * d], bk))[0], self._heads(F.linear(value, w[2 * d :], bv))[0]
 
-    def _heads(self, x: Tensor) -> Tensor:
+    def _heads(self, x: Tensor, n: int = 1) -> tuple[Tensor, ...]:
+        """(B, L, n·D) -> n tensors (B, H, L, d)."""
         b, l, _ = x.shape
-        return x.view(b, l, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, d)
+        if n == 1:
+            return (x.view(b, l, self.num_heads, self.head_dim).transpose(1, 2),)
+        return x.view(b, l, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
     def forward(
         self,
@@ -242,10 +250,10 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         if cache is not None and static_kv and "k" in cache:
-            q = self._heads(F.linear(query, self.in_proj_weight[: self.embed_dim], None if self.in_proj_bias is None else self.in_proj_bias[: self.embed_dim]))
+            q = self._heads(F.linear(query, self.in_proj_weight[: self.embed_dim], None if self.in_proj_bias is None else self.in_proj_bias[: self.embed_dim]))[0]
             k, v = cache["k"], cache["v"]
         else:
-            q, k, v = (self._heads(t) for t in self._project(query, key, value))
+            q, k, v = self._project(query, key, value)
             if cache is not None:
                 if not static_kv and "k" in cache:
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
