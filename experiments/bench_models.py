@@ -192,10 +192,12 @@ def core_bench(length: int, masked: bool, s: Settings) -> Bench:
 
 # ----------------------------------------------------------------------------- ViT
 
-VIT_SHAPES = {  # timm's vit_tiny/small/base_patch16_224
+VIT_SHAPES = {  # timm's vit_tiny/small/base_patch16_224, and one for dispatch overhead
     "vit_tiny": dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "vit_small": dict(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "vit_base": dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    # timm's depth and heads on tensors so small that dispatch, Python and (on a GPU) kernel launches set the time
+    "vit_dispatch": dict(img_size=32, patch_size=8, embed_dim=24, depth=12, num_heads=3),
 }
 QUICK_VIT = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
 
@@ -220,7 +222,8 @@ def vit_bench(name: str, s: Settings, batch: int | None = None) -> Bench:
     images = torch.randn(batch, 3, shape["img_size"], shape["img_size"], generator=g).to(s.device)
     labels = torch.randint(0, 1000, (batch,), generator=g).to(s.device)
     with torch.no_grad():
-        check = f"same weights, eval logits max |Δ| {_max_diff(ours.eval()(images), theirs.eval()(images)):.1e}"
+        check = (f"batch {batch}, {shape['img_size']} px, patch {shape['patch_size']}, width {shape['embed_dim']}, {shape['depth']} blocks; "
+                 f"same weights, eval logits max |Δ| {_max_diff(ours.eval()(images), theirs.eval()(images)):.1e}")
     ours.train(), theirs.train()
     steps = {side: train_step(s.maybe_compile(m), lambda m: F.cross_entropy(m(images), labels), s) for side, m in (("ours", ours), ("timm", theirs))}
     return Bench(steps, items=batch, unit="images", check=check)

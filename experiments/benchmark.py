@@ -69,6 +69,7 @@ def cases(quick: bool) -> list[Case]:
                             {"sdpa": 1.05, "nn.MHA": 1.0}))
     for name in ("vit_tiny", "vit_small"):
         out.append(Case(f"vit/{name}", "vit", name, partial(bm.vit_bench, name), {"timm": 1.0}))
+    out.append(Case("vit/vit_dispatch", "vit", "vit_dispatch (tiny tensors)", partial(bm.vit_bench, "vit_dispatch", batch=2), {"timm": 1.0}))
     for size in ("small", "base"):
         out.append(Case(f"text/{size}", "text", f"seq2seq {size}", partial(bm.seq2seq_bench, size), {"nn.Transformer": 1.0}))
     out.append(Case("decoding/beam", "decoding", "beam search, beam 5", partial(bm.decoding_bench, "beam"), {"no cache": 0.2}))
@@ -249,7 +250,7 @@ SECTION_TITLES = {
     "core": "Shared attention core, function level: merge_masks + attention_fast vs F.scaled_dot_product_attention on the same "
             "projected (B, 8, L, 32) tensors, forward + backward (B·L = 4096)",
     "attention": "Shared attention core: self-attention forward + backward (D=256, 8 heads, B·L = 4096 tokens)",
-    "vit": "ViT training step (batch 8, 224 px, AdamW) vs timm",
+    "vit": "ViT training step (AdamW) vs timm: timm's shapes (batch 8, 224 px), and the same depth on tiny tensors",
     "text": "Seq2seq training step (random sentences of 16-40 tokens, label smoothing, AdamW) vs torch.nn.Transformer",
     "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none",
     "detr": "DETR training step (set loss with auxiliary losses, AdamW) vs Hugging Face DetrForObjectDetection, and the "
