@@ -1,7 +1,7 @@
 """Positional encodings: sinusoidal 1D (Vaswani et al.), learned 1D, and DETR's 2D sine encoding.
 
-The 1D encodings map integer positions (any shape) to vectors (..., D); models add them to
-token embeddings. The 2D encoding maps a padding mask (B, H, W) to (B, D, H, W).
+The 1D encodings return the vectors of a run of consecutive positions, (length, D), sliced from
+their table; models add them to token embeddings. The 2D encoding maps a padding mask (B, H, W) to (B, D, H, W).
 """
 from __future__ import annotations
 
@@ -23,22 +23,28 @@ def sinusoidal_encoding(length: int, dim: int, base: float = 10000.0) -> Tensor:
     return pe.float()
 
 
+def _check_range(length: int, start: int, max_len: int) -> None:
+    # on the host, from Python ints: a check of a positions tensor would wait for the GPU at every call
+    if start + length > max_len:
+        raise ValueError(f"position {start + length - 1} exceeds max_positions={max_len} (positions 0..{max_len - 1}); "
+                         f"raise model.max_positions")
+
+
 class SinusoidalPositionalEncoding(nn.Module):
-    """Fixed sinusoidal encoding; positions (...,) -> (..., dim)."""
+    """Fixed sinusoidal encoding: (length, start) -> positions start..start + length - 1, (length, dim)."""
 
     def __init__(self, dim: int, max_len: int = 1024, base: float = 10000.0):
         super().__init__()
         self.max_len = max_len
         self.register_buffer("pe", sinusoidal_encoding(max_len, dim, base), persistent=False)
 
-    def forward(self, positions: Tensor) -> Tensor:
-        if positions.numel() and int(positions.max()) >= self.max_len:
-            raise ValueError(f"position {int(positions.max())} exceeds max_len={self.max_len}; raise the model's max_len")
-        return self.pe[positions]
+    def forward(self, length: int, start: int = 0) -> Tensor:
+        _check_range(length, start, self.max_len)
+        return self.pe[start : start + length]
 
 
 class LearnedPositionalEncoding(nn.Module):
-    """One learned vector per position (GPT, ViT); positions (...,) -> (..., dim)."""
+    """One learned vector per position (GPT, ViT): (length, start) -> positions start..start + length - 1, (length, dim)."""
 
     def __init__(self, dim: int, max_len: int = 1024):
         super().__init__()
@@ -46,10 +52,9 @@ class LearnedPositionalEncoding(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_len, dim))
         nn.init.trunc_normal_(self.weight, std=0.02)
 
-    def forward(self, positions: Tensor) -> Tensor:
-        if positions.numel() and int(positions.max()) >= self.max_len:
-            raise ValueError(f"position {int(positions.max())} exceeds max_len={self.max_len}; raise the model's max_len")
-        return self.weight[positions]
+    def forward(self, length: int, start: int = 0) -> Tensor:
+        _check_range(length, start, self.max_len)
+        return self.weight[start : start + length]
 
 
 class PositionEmbeddingSine2D(nn.Module):

@@ -163,8 +163,7 @@ class Seq2SeqTransformer(nn.Module):
         return [{} for _ in self.decoder.layers]
 
     def _embed(self, embed: TokenEmbedding, tokens: Tensor, start_pos: int = 0) -> Tensor:
-        positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)  # (L,)
-        return self.dropout(embed(tokens) + self.pos(positions))  # (B, L, D)
+        return self.dropout(embed(tokens) + self.pos(tokens.size(1), start_pos))  # (B, L, D)
 
     def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
         """src (B, S) -> memory (B, S, D). PAD keys are blocked (mask from ``pad_id`` when not given)."""
@@ -254,8 +253,7 @@ class DecoderOnlyLM(nn.Module):
 
     def forward(self, tokens: Tensor, cache: list[dict] | None = None, start_pos: int = 0) -> Tensor:
         """tokens (B, T) at positions ``start_pos``.. -> logits (B, T, V); with ``cache``, earlier tokens are cached."""
-        positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
-        x = self.dropout(self.tok_embed(tokens) + self.pos(positions))  # (B, T, D)
+        x = self.dropout(self.tok_embed(tokens) + self.pos(tokens.size(1), start_pos))  # (B, T, D)
         return self.lm_head(self.blocks(x, is_causal=True, cache=cache))
 
     @torch.no_grad()

@@ -33,11 +33,12 @@ def test_relative_position_is_one_linear_map_per_offset(k):
 
 def test_1d_encodings_index_positions_and_refuse_overflow():
     sin, learned = SinusoidalPositionalEncoding(D, max_len=8), LearnedPositionalEncoding(D, max_len=8)
-    pos = torch.tensor([[0, 1, 2], [5, 6, 7]])
-    assert sin(pos).shape == learned(pos).shape == (2, 3, D)
-    torch.testing.assert_close(sin(pos)[1, 0], sinusoidal_encoding(8, D)[5])
-    with pytest.raises(ValueError, match="max_len=8"):
-        sin(torch.tensor([8]))
+    assert sin(3, start=5).shape == learned(3, start=5).shape == (3, D)
+    torch.testing.assert_close(sin(3, start=5), sinusoidal_encoding(8, D)[5:8])
+    torch.testing.assert_close(learned(3, start=5), learned.weight[5:8])
+    for enc in (sin, learned):
+        with pytest.raises(ValueError, match=r"position 8 exceeds max_positions=8 .*raise model.max_positions"):
+            enc(3, start=6)
 
 
 def test_2d_sine_encoding_ignores_padding():
