@@ -67,7 +67,12 @@ class HungarianMatcher(nn.Module):
         stacked = {key: torch.stack([o[key] for o in layers]) for key in ("pred_logits", "pred_boxes")}  # (L, B, Q, ·)
         cost = self.cost_matrix(stacked, targets).cpu()  # (L, B, Q, T)
         sizes = [len(t["boxes"]) for t in targets]
-        return [[self._assign(c[b, :, : sizes[b]]) for b in range(len(targets))] for c in cost]
+        pairs = [[self._assign(c[b, :, : sizes[b]]) for b in range(len(targets))] for c in cost]
+        # one copy of every index to the predictions' device: the losses then index there without
+        # waiting for a copy of their own (from pageable memory, each such copy waits for the GPU)
+        flat = [t for layer in pairs for pair in layer for t in pair]
+        parts = iter(torch.cat(flat).to(stacked["pred_logits"].device).split([len(t) for t in flat]))
+        return [[(next(parts), next(parts)) for _ in layer] for layer in pairs]
 
     @staticmethod
     def _assign(cost: Tensor) -> tuple[Tensor, Tensor]:
