@@ -17,7 +17,7 @@ def num_boxes_across_processes(targets: list[dict[str, Tensor]], device: torch.d
     gradients of the processes, so N processes then train exactly like one process with the whole
     batch: (1/N) Σ_p S_p / (Σ_p n_p / N) = Σ_p S_p / Σ_p n_p.
     """
-    num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
+    num_boxes = torch.full((), float(sum(len(t["labels"]) for t in targets)), device=device)  # a fill: no copy that waits for the GPU
     world_size = 1
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(num_boxes)
