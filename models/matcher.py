@@ -26,7 +26,8 @@ class HungarianMatcher(nn.Module):
     Shapes:
         outputs["pred_logits"] (B, Q, K + 1), outputs["pred_boxes"] (B, Q, 4) normalised cxcywh;
         targets: B dicts with "labels" (T_b,) and "boxes" (T_b, 4) normalised cxcywh.
-    Returns: B pairs (query indices, target indices), each int64 of length min(Q, T_b).
+    Returns: B pairs (query indices, target indices), each int64 of length min(Q, T_b), on the
+    predictions' device.
     """
 
     def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0):
