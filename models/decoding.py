@@ -26,9 +26,9 @@ def _top_log_probs(logits: Tensor, n: int, eos_id: int, force_eos: bool, banned:
 
     log p = logit - logsumexp(logits), taken for the ``n`` chosen tokens only: the (N, V)
     log-probabilities are never written out, which is most of a cached decoding step's time besides
-    the output projection. ``banned`` token ids (PAD, BOS; a tensor on the logits' device) are never chosen; at the length limit
-    (``force_eos``) only EOS is, the other columns holding -inf, as do the columns past the vocabulary
-    when ``n`` exceeds it.
+    the output projection. ``banned`` token ids (PAD, BOS; a tensor on the logits' device) are never
+    chosen; at the length limit (``force_eos``) only EOS is, the other columns holding -inf, as do the
+    columns past the vocabulary when ``n`` exceeds it.
     """
     logits = logits.float()
     lse = logits.logsumexp(-1, keepdim=True)  # (N, 1)

@@ -1,7 +1,8 @@
 """Positional encodings: sinusoidal 1D (Vaswani et al.), learned 1D, and DETR's 2D sine encoding.
 
 The 1D encodings return the vectors of a run of consecutive positions, (length, D), sliced from
-their table; models add them to token embeddings. The 2D encoding maps a padding mask (B, H, W) to (B, D, H, W).
+their table; models add them to token embeddings. The 2D encoding maps a padding mask (B, H, W)
+to (B, D, H, W).
 """
 from __future__ import annotations
 
