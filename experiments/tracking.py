@@ -230,10 +230,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def default_callbacks() -> list:
     """The callbacks every experiment gets without listing them: throughput, gradient norm, run summary, the
-    guard that stops at a non-finite loss before it reaches the weights, and interrupt safety (a resumed fit
+    guard that stops at a non-finite loss before it reaches the weights, the learning rate's log and time
+    budget, and interrupt safety (a resumed fit
     continues exactly; SIGTERM writes ``last.ckpt`` and exits with status 143)."""
     from experiments.callbacks import GradientNorm, RunSummary, Throughput
     from experiments.guards import NonFiniteLoss
     from experiments.interrupts import ExactResume, LastCheckpoint
+    from experiments.schedule import LearningRateLog, TimeBudget
 
-    return [Throughput(), GradientNorm(), RunSummary(), NonFiniteLoss(), ExactResume(), LastCheckpoint()]
+    return [Throughput(), GradientNorm(), RunSummary(), NonFiniteLoss(), ExactResume(), LastCheckpoint(),
+            TimeBudget(), LearningRateLog()]

@@ -8,7 +8,6 @@ files from the dataset of the running dataloader (``coco``, ``category_ids``, ``
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +25,7 @@ from models.coco_eval import Detections, coco_evaluate, gather_detections, to_co
 from models.criterion import SetCriterion
 from models.detr import DETR, post_process
 from models.matcher import HungarianMatcher
-from models.optim import param_groups, warmup_cosine
+from models import optim
 
 def draw_detections(image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float) -> Image.Image:
     """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small
@@ -227,32 +226,9 @@ class ObjectDetector(pl.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        trunk = {id(p) for p in self.model.backbone.parameters()}
-        groups = []
-        for group in param_groups(self.model, hp.weight_decay, self.model.no_weight_decay()):
-            for lr, params in ((hp.lr, [p for p in group["params"] if id(p) not in trunk]), (hp.lr_backbone, [p for p in group["params"] if id(p) in trunk])):
-                if params:
-                    groups.append({"params": params, "weight_decay": group["weight_decay"], "lr": lr})
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, weight_decay=hp.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches)
-        if hp.schedule == "cosine":
-            factor = warmup_cosine(hp.warmup_steps, total, hp.min_lr_ratio)
-        else:
-            epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else None
-            drop_step = math.ceil(hp.lr_drop_epoch * total / epochs) if epochs else total
-            factor = _step_drop(hp.warmup_steps, drop_step)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-
-def _step_drop(warmup_steps: int, drop_step: int, gamma: float = 0.1):
-    """The reference's StepLR as a per-step multiplier: optional linear warmup, ×gamma from ``drop_step``."""
-
-    def factor(step: int) -> float:
-        warm = (step + 1) / warmup_steps if step < warmup_steps else 1.0
-        return warm * (gamma if step >= drop_step else 1.0)
-
-    return factor
+        optimizer = optim.adamw(self.model, hp.lr, hp.weight_decay, trunk=self.model.backbone, lr_trunk=hp.lr_backbone)
+        schedule = optim.schedule(optimizer, self.trainer, hp.schedule, hp.warmup_steps, min_ratio=hp.min_lr_ratio, drop_epoch=hp.lr_drop_epoch)
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
 
 class DetectionWriter(BasePredictionWriter):

@@ -19,7 +19,7 @@ from torchmetrics import MeanMetric
 
 from models.attention import Similarity
 from models.decoding import beam_search, greedy_decode
-from models.optim import inverse_sqrt, param_groups, warmup_cosine
+from models import optim
 from models.text import DecoderOnlyLM, Positions, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 from models.transformer import Activation
 
@@ -40,13 +40,8 @@ def check_vocabulary(checkpoint: dict, current: dict, names: tuple[str, ...]) ->
 def configure_adamw(module: pl.LightningModule, model: nn.Module) -> dict:
     """AdamW with weight decay on matrices only, and the chosen schedule stepped per optimizer step."""
     hp = module.hparams
-    optimizer = torch.optim.AdamW(param_groups(model, hp.weight_decay, model.no_weight_decay()), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
-    if hp.schedule == "inverse_sqrt":
-        factor = inverse_sqrt(hp.warmup_steps)
-    else:
-        factor = warmup_cosine(hp.warmup_steps, int(module.trainer.estimated_stepping_batches), hp.min_lr_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+    optimizer = optim.adamw(model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.eps)
+    return {"optimizer": optimizer, "lr_scheduler": optim.schedule(optimizer, module.trainer, hp.schedule, hp.warmup_steps, min_ratio=hp.min_lr_ratio)}
 
 
 def log_table(module: pl.LightningModule, key: str, columns: list[str], rows: list[list[str]]) -> None:

@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import Literal
 
 import pytorch_lightning as pl
-import torch
 import torch.nn.functional as F
-from timm.optim import param_groups_layer_decay
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
 from models.attention import Similarity
-from models.optim import param_groups, warmup_cosine
+from models import optim
 from models.vit import VisionTransformer, load_pretrained, read_checkpoint
 
 
@@ -104,14 +102,6 @@ class ImageClassifier(pl.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        if hp.layer_decay is None:
-            groups = param_groups(self.model, hp.weight_decay, self.model.no_weight_decay())
-        else:
-            groups = param_groups_layer_decay(self.model, hp.weight_decay, self.model.no_weight_decay(), layer_decay=hp.layer_decay)
-            for group in groups:  # LambdaLR scales each group's own lr; timm's schedulers would read lr_scale
-                group["lr"] = hp.lr * group.pop("lr_scale")
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr)
-        total = self.trainer.estimated_stepping_batches
-        warmup = int(total * hp.warmup_epochs / max(1, self.trainer.max_epochs or 1))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total, hp.min_lr_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        optimizer = optim.adamw(self.model, hp.lr, hp.weight_decay, layer_decay=hp.layer_decay)
+        schedule = optim.schedule(optimizer, self.trainer, "cosine", warmup_epochs=hp.warmup_epochs, min_ratio=hp.min_lr_ratio)
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
