@@ -14,11 +14,20 @@ and splits it by position (train first, validation last).
 The tokenizers are written beside the checkpoints (``trainer.default_root_dir``) when fitting and
 stored inside every checkpoint; loading a checkpoint whose tokenizer differs from the data's is an
 error. ``tokenizer_dir`` loads saved tokenizer files instead of training new ones.
+
+``tokenizer: pretrained`` uses the tokenizer of a pretrained model (a folder written by
+``save_pretrained``, or a hub name resolved when online) as it is, with its own special tokens: the
+language model reads the folder's ``tokenizer.json`` with the ``tokenizers`` library (GPT-2's
+byte-level BPE); translation reads the folder with ``transformers`` (Marian's SentencePiece models,
+which need the ``sentencepiece`` package: ``pip install 'attnlab[pretrained-text]'``).
 """
 from __future__ import annotations
 
+import json
+import os
 import random
-from functools import cached_property
+from collections import namedtuple
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -104,13 +113,82 @@ def load_tokenizer(path: Path, key: str) -> Tokenizer:
     return tokenizer
 
 
-def encode(tokenizer: Tokenizer, lines: list[str], max_len: int, bos: bool, what: str) -> list[list[int]]:
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def load_pretrained_tokenizer(name: str, key: str) -> Tokenizer:
+    """The ``tokenizer.json`` of a pretrained model: a local folder, or a hub name (huggingface_hub's cache)."""
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{key}: {folder} has no tokenizer.json; a pretrained model needs the tokenizer it was trained with: "
+                                    "save it into the folder (tokenizer.save_pretrained(folder))")
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = Path(hf_hub_download(name, "tokenizer.json", local_files_only=_offline()))
+        except Exception as err:  # noqa: BLE001  not a hub name, not cached while offline, no network: all one answer
+            raise ValueError(f"{key}={name} is neither a local folder nor a hub model whose tokenizer.json could be fetched "
+                             f"({str(err).splitlines()[0]}); give a folder written by save_pretrained") from None
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001  the Rust library raises a bare Exception for a type it does not know
+        raise ValueError(f"{key}: {path} cannot be read by the tokenizers library ({str(err).splitlines()[0]})") from None
+
+
+Encoding = namedtuple("Encoding", "ids")
+
+
+class PretrainedTokenizerSide:
+    """The source or the target side of a Hugging Face tokenizer, answering the calls of a
+    `tokenizers.Tokenizer` this module makes. Marian keeps one SentencePiece model per language over one
+    vocabulary: the target side encodes with ``text_target`` and decodes with the target model."""
+
+    def __init__(self, tokenizer, target: bool):
+        self.tokenizer, self.target = tokenizer, target
+
+    def encode_batch(self, lines: list[str], add_special_tokens: bool = False) -> list[Encoding]:
+        key = "text_target" if self.target else "text"
+        return [Encoding(ids) for ids in self.tokenizer(**{key: lines}, add_special_tokens=add_special_tokens)["input_ids"]]
+
+    def decode_batch(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def get_vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+
+def load_pretrained_seq2seq_tokenizer(name: str, key: str) -> tuple[PretrainedTokenizerSide, PretrainedTokenizerSide, tuple[int, int, int]]:
+    """(source side, target side, (PAD, BOS, EOS) ids) of a pretrained translation model's tokenizer, read
+    by ``transformers``; BOS is the model's ``decoder_start_token_id`` (Marian: PAD), from its config.json."""
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+    except ImportError:
+        raise ValueError(f"{key}: a pretrained translation tokenizer is read with transformers; pip install 'attnlab[pretrained-text]'") from None
+    try:
+        config = AutoConfig.from_pretrained(name, local_files_only=_offline())
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=_offline())
+    except (OSError, ValueError, ImportError, json.JSONDecodeError) as err:  # a missing file or package, an unknown type, offline
+        reason = str(err).strip().splitlines()[0]
+        raise ValueError(f"{key}={name}: its tokenizer cannot be read ({reason}); give a folder written by save_pretrained with the "
+                         "tokenizer files (Marian: source.spm, target.spm, vocab.json; needs sentencepiece: pip install 'attnlab[pretrained-text]')") from None
+    ids = (tokenizer.pad_token_id, getattr(config, "decoder_start_token_id", None), tokenizer.eos_token_id)
+    if None in ids:
+        raise ValueError(f"{key}={name}: the tokenizer or config.json lacks a PAD, EOS or decoder start token (got {ids})")
+    return PretrainedTokenizerSide(tokenizer, False), PretrainedTokenizerSide(tokenizer, True), ids
+
+
+def encode(tokenizer: Tokenizer, lines: list[str], max_len: int, bos: bool, what: str, bos_id: int = BOS_ID,
+           eos_id: int = EOS_ID) -> list[list[int]]:
     """Token ids + EOS (and BOS first when ``bos``), truncated to ``max_len`` with a warning that counts them."""
     room = max_len - 1 - int(bos)
     ids, truncated = [], 0
     for e in tokenizer.encode_batch(lines, add_special_tokens=False):
         truncated += len(e.ids) > room
-        ids.append(([BOS_ID] if bos else []) + e.ids[:room] + [EOS_ID])
+        ids.append(([bos_id] if bos else []) + e.ids[:room] + [eos_id])
     if truncated:
         rank_zero_warn(f"{truncated} of {len(lines)} {what} longer than data.max_len={max_len} tokens were truncated")
     return ids
@@ -281,13 +359,13 @@ class ParallelDataset(Dataset):
         return item
 
 
-def collate_pairs(items: list[dict]) -> dict:
+def collate_pairs(items: list[dict], pad_id: int = PAD_ID) -> dict:
     """Batch: ``src`` (B, S) and ``tgt`` (B, T) padded with PAD (``tgt`` = BOS ... EOS), ``index`` (B,),
     and the raw ``src_text`` / ``tgt_text`` lists."""
-    batch = {"index": torch.tensor([it["index"] for it in items]), "src": pad([it["src"] for it in items]),
+    batch = {"index": torch.tensor([it["index"] for it in items]), "src": pad([it["src"] for it in items], pad_id),
              "src_text": [it["src_text"] for it in items]}
     if "tgt" in items[0]:
-        batch.update(tgt=pad([it["tgt"] for it in items]), tgt_text=[it["tgt_text"] for it in items])
+        batch.update(tgt=pad([it["tgt"] for it in items], pad_id), tgt_text=[it["tgt_text"] for it in items])
     return batch
 
 
@@ -340,9 +418,12 @@ class ParallelTextDataModule(_TokenizedDataModule):
         src_lang, tgt_lang: file suffixes; the direction of translation is src -> tgt.
         train_split, val_split, test_split: file prefixes; None leaves that split out (without a
             training split, e.g. to translate with a trained model, ``tokenizer_dir`` is needed).
-        tokenizer: "word" or "bpe". vocab_size, min_frequency: see `build_tokenizer`.
+        tokenizer: "word" or "bpe" (trained here; vocab_size, min_frequency: see `build_tokenizer`), or
+            "pretrained": the tokenizer of the pretrained model in ``tokenizer_dir`` (a Marian folder or hub
+            name), with its own special ids (Marian: PAD starts the target), linked to the model as usual.
         shared_vocab: one tokenizer for both languages (needed for shared embeddings).
-        tokenizer_dir: load the tokenizer files saved by an earlier fit (its default_root_dir) instead of training.
+        tokenizer_dir: load the tokenizer files saved by an earlier fit (its default_root_dir) instead of training;
+            with ``tokenizer: pretrained``, the pretrained model's folder.
         max_len: longest sequence in tokens, BOS/EOS included; longer sentences are truncated.
         batch_size: sentences per batch. bucket: batch sentences of similar length together.
         predict_file: sentences to translate with `attnlab predict`, one per line ("-": standard input).
@@ -358,7 +439,7 @@ class ParallelTextDataModule(_TokenizedDataModule):
         train_split: str | None = "train",
         val_split: str | None = "val",
         test_split: str | None = "test",
-        tokenizer: Literal["word", "bpe"] = "bpe",
+        tokenizer: Literal["word", "bpe", "pretrained"] = "bpe",
         vocab_size: int = 8000,
         min_frequency: int = 2,
         shared_vocab: bool = True,
@@ -378,8 +459,10 @@ class ParallelTextDataModule(_TokenizedDataModule):
         for key, value, low in (("batch_size", batch_size, 1), ("max_len", max_len, 3), ("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 1)):
             if value < low:
                 raise ValueError(f"data.{key}={value} must be >= {low}")
-        if tokenizer not in ("word", "bpe"):
-            raise ValueError(f"data.tokenizer={tokenizer!r} is not known for translation; choose word or bpe")
+        if tokenizer not in ("word", "bpe", "pretrained"):
+            raise ValueError(f"data.tokenizer={tokenizer!r} is not known for translation; choose word, bpe or pretrained")
+        if tokenizer == "pretrained" and tokenizer_dir is None:
+            raise ValueError("data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name)")
         if src_lang == tgt_lang:
             raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; name two languages")
         if train_split is None and tokenizer_dir is None:
@@ -408,6 +491,8 @@ class ParallelTextDataModule(_TokenizedDataModule):
     def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
         """(source tokenizer, target tokenizer): the same object when ``shared_vocab``."""
         hp = self.hparams
+        if hp.tokenizer == "pretrained":
+            return self._pretrained[:2]
         stems = self._stems()
         if hp.tokenizer_dir is not None:
             loaded = [load_tokenizer(Path(hp.tokenizer_dir) / f"{s}.json", "data.tokenizer_dir") for s in stems]
@@ -420,11 +505,29 @@ class ParallelTextDataModule(_TokenizedDataModule):
         return (build_tokenizer(hp.tokenizer, src, hp.vocab_size, hp.min_frequency),
                 build_tokenizer(hp.tokenizer, tgt, hp.vocab_size, hp.min_frequency))
 
+    @cached_property
+    def _pretrained(self) -> tuple[PretrainedTokenizerSide, PretrainedTokenizerSide, tuple[int, int, int]]:
+        return load_pretrained_seq2seq_tokenizer(self.hparams.tokenizer_dir, "data.tokenizer_dir")
+
+    @property
+    def pad_id(self) -> int:
+        return self._pretrained[2][0] if self.hparams.tokenizer == "pretrained" else PAD_ID
+
+    @property
+    def bos_id(self) -> int:
+        return self._pretrained[2][1] if self.hparams.tokenizer == "pretrained" else BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        return self._pretrained[2][2] if self.hparams.tokenizer == "pretrained" else EOS_ID
+
     def _stems(self) -> list[str]:
         hp = self.hparams
         return ["tokenizer"] if hp.shared_vocab else [f"tokenizer.{hp.src_lang}", f"tokenizer.{hp.tgt_lang}"]
 
     def _tokenizers(self) -> dict[str, Tokenizer]:
+        if self.hparams.tokenizer == "pretrained":  # the pretrained folder is the tokenizer: nothing to save
+            return {}
         return dict(zip(self._stems(), self.tokenizers))
 
     @property
@@ -443,7 +546,8 @@ class ParallelTextDataModule(_TokenizedDataModule):
         src, tgt = self.corpus[split]
         src_tok, tgt_tok = self.tokenizers
         what = f"{split} sentences ({self.hparams.src_lang}, {self.hparams.tgt_lang})"
-        return ParallelDataset(encode(src_tok, src, self.max_len, False, what), src, encode(tgt_tok, tgt, self.max_len, True, what), tgt)
+        ids = {"bos_id": self.bos_id, "eos_id": self.eos_id}
+        return ParallelDataset(encode(src_tok, src, self.max_len, False, what, **ids), src, encode(tgt_tok, tgt, self.max_len, True, what, **ids), tgt)
 
     def setup(self, stage: str | None = None) -> None:
         if stage == "fit":
@@ -452,7 +556,7 @@ class ParallelTextDataModule(_TokenizedDataModule):
             if self.hparams.predict_file is None:
                 raise ValueError("attnlab predict needs data.predict_file: a file with one sentence per line, or - for standard input")
             lines = read_inputs(self.hparams.predict_file, "data.predict_file", blank_lines=True)
-            self.predict_set = ParallelDataset(encode(self.tokenizers[0], lines, self.max_len, False, "input sentences"), lines)
+            self.predict_set = ParallelDataset(encode(self.tokenizers[0], lines, self.max_len, False, "input sentences", eos_id=self.eos_id), lines)
             return
         needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, tuple(self.splits))
         for split in needed:
@@ -464,14 +568,14 @@ class ParallelTextDataModule(_TokenizedDataModule):
     def _eval_loader(self, dataset: ParallelDataset) -> DataLoader:
         # sorted by length: less padding, and decoding stops as soon as a batch of similar sentences ends
         order = sorted(range(len(dataset)), key=lambda i: len(dataset.src_ids[i])) if self.hparams.bucket else None
-        return self._loader(dataset, collate_pairs, sampler=order)
+        return self._loader(dataset, partial(collate_pairs, pad_id=self.pad_id), sampler=order)
 
     def train_dataloader(self) -> DataLoader:
         check_train_batches(len(self.train_set), self.hparams.batch_size, False, f"{self.data_dir}/{self.splits['train']}.*")
         if self.hparams.bucket:
             lengths = [max(len(s), len(t)) for s, t in zip(self.train_set.src_ids, self.train_set.tgt_ids)]
-            return self._loader(self.train_set, collate_pairs, sampler=LengthBucketSampler(lengths, self.hparams.batch_size))
-        return self._loader(self.train_set, collate_pairs, shuffle=True)
+            return self._loader(self.train_set, partial(collate_pairs, pad_id=self.pad_id), sampler=LengthBucketSampler(lengths, self.hparams.batch_size))
+        return self._loader(self.train_set, partial(collate_pairs, pad_id=self.pad_id), shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.val_set)
@@ -480,7 +584,7 @@ class ParallelTextDataModule(_TokenizedDataModule):
         return self._eval_loader(self.test_set)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.predict_set, collate_pairs)  # input order is output order
+        return self._loader(self.predict_set, partial(collate_pairs, pad_id=self.pad_id))  # input order is output order
 
 
 class BlockDataset(Dataset):
@@ -524,8 +628,11 @@ class TextCorpusDataModule(_TokenizedDataModule):
     Args:
         path: the text file (e.g. ../shared/data/tinyshakespeare/input.txt); None: the English side of
             the embedded toy corpus (``cache_dir``/toy_en_de/train.en).
-        tokenizer: "char" (one token per character) or "bpe". bpe_vocab_size, min_frequency: BPE only.
-        tokenizer_dir: load ``tokenizer.json`` saved by an earlier fit instead of training.
+        tokenizer: "char" (one token per character) or "bpe" (trained here; bpe_vocab_size, min_frequency:
+            BPE only), or "pretrained": the ``tokenizer.json`` of the pretrained model in ``tokenizer_dir``
+            (e.g. GPT-2's byte-level BPE), used as it is.
+        tokenizer_dir: load ``tokenizer.json`` saved by an earlier fit instead of training; with
+            ``tokenizer: pretrained``, the pretrained model's folder (or hub name).
         block_size: tokens of context per sample. val_fraction: the last part of the text, held out.
         prompt, predict_file: what `attnlab predict` completes (one prompt, or a file with one per line).
     Linked to the model: ``vocab_size`` (the trained vocabulary's size). The corpus has no test
@@ -536,7 +643,7 @@ class TextCorpusDataModule(_TokenizedDataModule):
     def __init__(
         self,
         path: str | None = None,
-        tokenizer: Literal["char", "bpe"] = "char",
+        tokenizer: Literal["char", "bpe", "pretrained"] = "char",
         bpe_vocab_size: int = 1000,
         min_frequency: int = 2,
         tokenizer_dir: str | None = None,
@@ -553,8 +660,10 @@ class TextCorpusDataModule(_TokenizedDataModule):
         super().__init__()
         self.save_hyperparameters()
         loader_settings(num_workers, pin_memory, persistent_workers)  # refuses a bad num_workers now, not at the first batch
-        if tokenizer not in ("char", "bpe"):
-            raise ValueError(f"data.tokenizer={tokenizer!r} is not known for language modelling; choose char or bpe")
+        if tokenizer not in ("char", "bpe", "pretrained"):
+            raise ValueError(f"data.tokenizer={tokenizer!r} is not known for language modelling; choose char, bpe or pretrained")
+        if tokenizer == "pretrained" and tokenizer_dir is None:
+            raise ValueError("data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name) with its tokenizer.json")
         for key, value, low in (("batch_size", batch_size, 1), ("block_size", block_size, 1)):
             if value < low:
                 raise ValueError(f"data.{key}={value} must be >= {low}")
@@ -578,6 +687,8 @@ class TextCorpusDataModule(_TokenizedDataModule):
     @cached_property
     def tokenizer(self) -> Tokenizer:
         hp = self.hparams
+        if hp.tokenizer == "pretrained":
+            return load_pretrained_tokenizer(hp.tokenizer_dir, "data.tokenizer_dir")
         if hp.tokenizer_dir is not None:
             return load_tokenizer(Path(hp.tokenizer_dir) / "tokenizer.json", "data.tokenizer_dir")
         train_text = self.text[: int(len(self.text) * (1 - hp.val_fraction))]

@@ -22,7 +22,7 @@ from models.attention import Similarity
 from models.position import LearnedPositionalEncoding, SinusoidalPositionalEncoding
 from models.transformer import Activation, TransformerDecoder, TransformerEncoder
 
-Positions = Literal["sinusoidal", "learned"]
+Positions = Literal["sinusoidal", "sinusoidal_concat", "learned"]
 
 
 def teacher_forcing(tgt: Tensor) -> tuple[Tensor, Tensor]:
@@ -74,9 +74,13 @@ class TokenEmbedding(nn.Module):
 def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Module:
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_len)
+    if kind == "sinusoidal_concat":  # the same waves, all sines first, then all cosines (tensor2tensor, Marian)
+        pos = SinusoidalPositionalEncoding(d_model, max_len)
+        pos.pe = torch.cat([pos.pe[:, 0::2], pos.pe[:, 1::2]], dim=1)
+        return pos
     if kind == "learned":
         return LearnedPositionalEncoding(d_model, max_len)
-    raise ValueError(f"model.positions={kind!r} is not known; choose sinusoidal or learned")
+    raise ValueError(f"model.positions={kind!r} is not known; choose sinusoidal, sinusoidal_concat or learned")
 
 
 def reorder_cache(cache: list | dict, index: Tensor, static_index: Tensor | None) -> None:
@@ -109,9 +113,12 @@ class Seq2SeqTransformer(nn.Module):
         src_vocab_size, tgt_vocab_size: vocabularies. pad_id: the PAD index (masked everywhere).
         d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation,
         norm_first, similarity: as in `models.transformer` (the paper: post-norm, ReLU, scaled dot).
-        positions: "sinusoidal" (the paper) or "learned". max_positions: longest sequence the positions cover.
+        positions: "sinusoidal" (the paper), "sinusoidal_concat" (sines, then cosines: Marian) or "learned".
+        max_positions: longest sequence the positions cover.
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
         tie_output: the output projection is the target embedding matrix (Press & Wolf 2017).
+        scale_embeddings: token embeddings multiplied by √d_model (the paper). output_bias: a bias on the
+            output projection (Marian's ``final_logits_bias``).
     Shapes: src (B, S), tgt (B, T) token ids -> logits (B, T, tgt_vocab_size).
     """
 
@@ -133,6 +140,8 @@ class Seq2SeqTransformer(nn.Module):
         share_embeddings: bool = False,
         tie_output: bool = True,
         pad_id: int = 0,
+        scale_embeddings: bool = True,
+        output_bias: bool = False,
     ):
         super().__init__()
         if share_embeddings and src_vocab_size != tgt_vocab_size:
@@ -141,14 +150,16 @@ class Seq2SeqTransformer(nn.Module):
                 f"and tgt_vocab_size={tgt_vocab_size}; set data.shared_vocab=true"
             )
         self.pad_id, self.max_positions = pad_id, max_positions
-        self.src_embed = TokenEmbedding(src_vocab_size, d_model, pad_id)
-        self.tgt_embed = self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, d_model, pad_id)
+        self.src_embed = TokenEmbedding(src_vocab_size, d_model, pad_id, scale_embeddings)
+        self.tgt_embed = self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, d_model, pad_id, scale_embeddings)
         self.pos = positional_encoding(positions, d_model, max_positions)
         self.dropout = nn.Dropout(dropout)
         layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity)
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=norm_first, **layer)
         self.decoder = TransformerDecoder(num_decoder_layers, d_model, nhead, final_norm=norm_first, **layer)
-        self.generator = nn.Linear(d_model, tgt_vocab_size, bias=False)  # the pre-softmax projection
+        self.generator = nn.Linear(d_model, tgt_vocab_size, bias=output_bias)  # the pre-softmax projection
+        if output_bias:
+            nn.init.zeros_(self.generator.bias)
         for name, p in self.named_parameters():  # Xavier for the stacks, as in the Annotated Transformer
             # the core's `general` map keeps its identity start (it begins equal to `dot`)
             if p.dim() > 1 and name.startswith(("encoder.", "decoder.", "generator.")) and not name.endswith("general_weight"):
@@ -191,9 +202,11 @@ class Seq2SeqTransformer(nn.Module):
         return self.generator(h)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Teacher forcing: src (B, S), tgt (B, T) the shifted-right target -> logits (B, T, V)."""
-        src_mask = src.eq(self.pad_id)
-        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt.eq(self.pad_id))
+        """Teacher forcing: src (B, S), tgt (B, T) the shifted-right target -> logits (B, T, V).
+        PAD keys of the target are blocked, except the first: it is the start token (Marian starts with PAD)."""
+        src_mask, tgt_mask = src.eq(self.pad_id), tgt.eq(self.pad_id)
+        tgt_mask[:, 0] = False
+        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
 
 
 class DecoderOnlyLM(nn.Module):

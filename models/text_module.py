@@ -20,6 +20,7 @@ from torchmetrics import MeanMetric
 from models.attention import Similarity
 from models.decoding import beam_search, greedy_decode
 from models import optim
+from models.hf_text import gpt2_from_pretrained, marian_from_pretrained
 from models.text import DecoderOnlyLM, Positions, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 from models.transformer import Activation
 
@@ -74,7 +75,10 @@ class TranslationModule(pl.LightningModule):
     """`Seq2SeqTransformer` trained with teacher forcing and label smoothing; BLEU/chrF by decoding.
 
     Args (model): see `Seq2SeqTransformer`; ``src_vocab_size``, ``tgt_vocab_size``, ``pad_id``,
-        ``bos_id``, ``eos_id`` are linked from the DataModule.
+        ``bos_id``, ``eos_id`` are linked from the DataModule. ``init_from``: a Marian (opus-mt) folder
+        written by ``save_pretrained``, or its hub name (resolved when online): its config.json sets the
+        architecture (recorded in the hyper-parameters), its weights start the training, and the data
+        must use its tokenizer (``data.tokenizer: pretrained``); see `models.hf_text`.
     Args (training): label_smoothing ε; AdamW ``lr`` (the peak), ``betas``, ``eps``, ``weight_decay``;
         ``schedule`` "inverse_sqrt" (the paper: linear warmup for ``warmup_steps``, then ∝ 1/√step) or
         "cosine" (warmup, then cosine decay to ``min_lr_ratio``·lr).
@@ -119,6 +123,7 @@ class TranslationModule(pl.LightningModule):
         max_len_a: float = 1.5,
         max_len_b: int = 10,
         num_samples: int = 5,
+        init_from: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -127,12 +132,17 @@ class TranslationModule(pl.LightningModule):
         for key, value in (("val_beam_size", val_beam_size), ("beam_size", beam_size)):
             if value < 1:
                 raise ValueError(f"model.{key}={value} must be >= 1")
-        self.model = Seq2SeqTransformer(
-            src_vocab_size, tgt_vocab_size, d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
-            num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
-            norm_first=norm_first, similarity=similarity, positions=positions, max_positions=max_positions,
-            share_embeddings=share_embeddings, tie_output=tie_output, pad_id=pad_id,
-        )
+        if init_from:
+            self.model, architecture = marian_from_pretrained(init_from, (src_vocab_size, tgt_vocab_size),
+                                                              {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}, dropout, similarity)
+            self.hparams.update(architecture)  # the folder's architecture, recorded as this run's
+        else:
+            self.model = Seq2SeqTransformer(
+                src_vocab_size, tgt_vocab_size, d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
+                num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                norm_first=norm_first, similarity=similarity, positions=positions, max_positions=max_positions,
+                share_embeddings=share_embeddings, tie_output=tie_output, pad_id=pad_id,
+            )
         self.val_nll, self.test_nll = MeanMetric(), MeanMetric()
         self._outputs: list[tuple[int, str, str, str]] = []  # (index, source, reference, hypothesis)
         self._signature_shown = False
@@ -227,7 +237,10 @@ class TranslationModule(pl.LightningModule):
 class LanguageModelModule(pl.LightningModule):
     """`DecoderOnlyLM` trained to predict the next token (nanoGPT's recipe by default).
 
-    Args (model): see `DecoderOnlyLM`; ``vocab_size`` is linked from the DataModule.
+    Args (model): see `DecoderOnlyLM`; ``vocab_size`` is linked from the DataModule. ``init_from``: a
+        GPT-2 folder written by ``save_pretrained``, or its hub name (resolved when online): its config.json
+        sets the architecture (recorded in the hyper-parameters), its weights start the training, and the
+        data must use its tokenizer.json (``data.tokenizer: pretrained``); see `models.hf_text`.
     Args (training): AdamW ``lr``, ``betas``, ``eps``, ``weight_decay`` (matrices only), ``schedule``
         with ``warmup_steps`` and ``min_lr_ratio``.
     Args (generation): ``max_new_tokens``, ``temperature``, ``top_k`` for `attnlab predict`;
@@ -260,14 +273,19 @@ class LanguageModelModule(pl.LightningModule):
         temperature: float = 0.8,
         top_k: int | None = 200,
         sample_tokens: int = 200,
+        init_from: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
         if temperature < 0:
             raise ValueError(f"model.temperature={temperature} must be >= 0 (0: always the most likely token)")
-        self.model = DecoderOnlyLM(vocab_size, d_model=d_model, nhead=nhead, num_layers=num_layers, dim_feedforward=dim_feedforward,
-                                   dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity,
-                                   positions=positions, max_positions=max_positions, tie_embeddings=tie_embeddings)
+        if init_from:
+            self.model, architecture = gpt2_from_pretrained(init_from, vocab_size, dropout, similarity)
+            self.hparams.update(architecture)  # the folder's architecture, recorded as this run's
+        else:
+            self.model = DecoderOnlyLM(vocab_size, d_model=d_model, nhead=nhead, num_layers=num_layers, dim_feedforward=dim_feedforward,
+                                       dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity,
+                                       positions=positions, max_positions=max_positions, tie_embeddings=tie_embeddings)
         self.val_nll = MeanMetric()
 
     def forward(self, tokens: Tensor) -> Tensor:

@@ -7,6 +7,7 @@ DETR). Optional positional terms (DETR) are added to queries and keys only, neve
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Literal
 
 import torch
@@ -16,8 +17,9 @@ from torch import Tensor, nn
 
 from models.attention import MultiHeadAttention, Similarity
 
-Activation = Literal["relu", "gelu"]
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
+# gelu_tanh: GPT-2's tanh approximation of GELU ("gelu_new"); silu: x·sigmoid(x), Marian's "swish"
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "silu": F.silu}
 
 
 def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
@@ -35,7 +37,7 @@ class TransformerEncoderLayer(nn.Module):
 
     Args:
         d_model: width D. nhead: heads. dim_feedforward: hidden width of the MLP.
-        dropout: dropout after attention/MLP and inside attention. activation: "relu" or "gelu".
+        dropout: dropout after attention/MLP and inside attention. activation: "relu", "gelu", "gelu_tanh" or "silu".
         norm_first: pre-norm if True, post-norm (the paper) if False.
         similarity: attention similarity (see models.attention). drop_path: stochastic depth rate.
     Shapes: src (B, L, D), pos (B, L, D) or None, src_key_padding_mask (B, L) -> (B, L, D).

@@ -5,9 +5,10 @@ learned positions are added, and the shared pre-norm encoder runs over the token
 reads the class token after the final norm ("token"), or the mean of the patch tokens followed
 by ``fc_norm`` ("avg", as timm and MAE do).
 
-Weights come from local files only (`load_pretrained`): a checkpoint of our own
+Weights come from a local file (`load_pretrained`): a checkpoint of our own
 (`attnlab fit` writes Lightning ``.ckpt`` files) or a timm ``VisionTransformer`` state dict
-(``.pth``/``.bin``/``.safetensors``), renamed by `timm_to_attnlab`. Positions are resampled
+(``.pth``/``.bin``/``.safetensors``), renamed by `timm_to_attnlab`; or from a timm hub name
+(``timm/vit_small_patch16_224.augreg_in21k``), fetched by timm's own loader when online. Positions are resampled
 (bicubic, timm's ``resample_abs_pos_embed``) when the patch grid differs from the checkpoint's,
 the patch projection is adapted when the channel count differs, and the head is re-initialised
 when the class count differs.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -193,6 +195,31 @@ def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
     if any(k.startswith("blocks.") for k in state):
         return timm_to_attnlab(state)
     return {k.removeprefix("model."): v for k, v in state.items()}
+
+
+_WEIGHT_SUFFIXES = (".ckpt", ".pth", ".pt", ".bin", ".safetensors")
+
+
+def read_init_from(name: str) -> dict[str, Tensor]:
+    """``model.init_from`` -> a state dict with our key names: a local weights file (`read_checkpoint`), or a
+    timm hub name (``timm/<model>.<tag>``, or timm's ``<model>.<tag>``) whose weights timm's own loader
+    fetches (``timm.create_model(pretrained=True)``). Offline (``HF_HUB_OFFLINE=1``, which `attnlab` sets
+    unless told otherwise) a hub name is a ValueError naming the local-file alternative."""
+    if Path(name).exists() or name.endswith(_WEIGHT_SUFFIXES) or name.startswith((".", "/", "~")):
+        return read_checkpoint(name)
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        raise ValueError(
+            f"model.init_from={name}: no such local file, and timm hub names are fetched only online (HF_HUB_OFFLINE=1); set "
+            f"HF_HUB_OFFLINE=0, or give a local file: torch.save(timm.create_model('{name.removeprefix('timm/')}', pretrained=True)"
+            ".state_dict(), 'vit.pth') and model.init_from=vit.pth"
+        )
+    import timm
+
+    try:
+        timm_model = timm.create_model(f"hf-hub:{name}" if "/" in name else name, pretrained=True)
+    except Exception as err:  # noqa: BLE001  an unknown name, no network, a model without weights: timm's reasons vary
+        raise ValueError(f"model.init_from={name}: timm could not load it ({str(err).splitlines()[0]}); give a timm ViT name or a local file") from None
+    return timm_to_attnlab(timm_model.state_dict())
 
 
 def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: str = "checkpoint") -> None:

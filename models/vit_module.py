@@ -1,5 +1,5 @@
 """LightningModule that trains a `VisionTransformer` for image classification, from scratch or
-fine-tuned from a local checkpoint (ours or timm's)."""
+fine-tuned from a local checkpoint (ours or timm's) or a timm hub name."""
 from __future__ import annotations
 
 from typing import Literal
@@ -11,7 +11,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from models.attention import Similarity
 from models import optim
-from models.vit import VisionTransformer, load_pretrained, read_checkpoint
+from models.vit import VisionTransformer, load_pretrained, read_init_from
 
 
 class ImageClassifier(pl.LightningModule):
@@ -22,8 +22,8 @@ class ImageClassifier(pl.LightningModule):
     applies to both (so Mixup itself runs without smoothing).
 
     Transfer learning:
-        init_from: a local ``.ckpt`` of `attnlab fit`, or a timm ViT ``.pth``/``.safetensors``
-            state dict; positions are resampled to this image size and the head is re-initialised
+        init_from: a local ``.ckpt`` of `attnlab fit`, a timm ViT ``.pth``/``.safetensors`` state dict, or
+            a timm hub name (``timm/vit_small_patch16_224.augreg_in21k``, fetched when online); positions are resampled to this image size and the head is re-initialised
             when the class count differs (see `models.vit.load_pretrained`).
         freeze_backbone: train the head only (a linear probe).
         layer_decay: layer-wise learning-rate decay (BEiT; timm's ``param_groups_layer_decay``):
@@ -65,7 +65,7 @@ class ImageClassifier(pl.LightningModule):
             attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, global_pool=global_pool, similarity=similarity,
         )
         if init_from:
-            load_pretrained(self.model, read_checkpoint(init_from), f"model.init_from={init_from}")
+            load_pretrained(self.model, read_init_from(init_from), f"model.init_from={init_from}")
         if freeze_backbone:
             for name, p in self.model.named_parameters():
                 p.requires_grad = name.startswith("head.")
