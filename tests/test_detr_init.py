@@ -52,7 +52,7 @@ def padded_batch():
 @torch.no_grad()
 def randomise(model: torch.nn.Module, seed: int = 0) -> None:
     """Large random weights (2 / sqrt(fan-in)) and BatchNorm statistics. A fresh HF DETR's small weights leave the
-    attention near uniform: packing k, q, v instead of q, k, v changed its logits by 2e-4 (the test's atol is 1e-4),
+    attention near uniform: packing k, q, v instead of q, k, v changed its logits by 1.5e-4 (the test's atol is 1e-4),
     with these by 0.07."""
     g = torch.Generator().manual_seed(seed)
     for name, t in model.state_dict().items():
