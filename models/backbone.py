@@ -2,7 +2,8 @@
 
 The reference freezes BatchNorm (statistics and affine terms come from ImageNet pre-training and
 batches of 2 images are too small to estimate them) and trains only layer2-layer4 at a 10x lower
-learning rate. Nothing is downloaded: weights come from a local file or the trunk starts random.
+learning rate. ImageNet weights come from a local file (``model.backbone_weights``) or, online,
+from timm's hub and cache (``model.backbone_pretrained``); otherwise the trunk starts random.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import timm
+from huggingface_hub.errors import LocalEntryNotFoundError
 from timm.layers import freeze_batch_norm_2d
 from torch import Tensor, nn
 
@@ -25,7 +27,8 @@ def load_backbone_weights(body: nn.Module, path: str | Path) -> None:
     "state_dict") into the trunk; the classifier (``fc.*``) and stages the trunk cut off are ignored."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"model.backbone_weights: {path} does not exist (weights are never downloaded; give a local .pth file)")
+        raise FileNotFoundError(f"model.backbone_weights: {path} does not exist (this local file is never downloaded; "
+                                "model.backbone_pretrained=true fetches timm's weights when online)")
     state = load_weights_file(path, "model.backbone_weights")  # tensors only: a file holding pickled code is refused
     for key in ("model", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
@@ -48,8 +51,7 @@ class Backbone(nn.Module):
     """A timm CNN trunk returning the feature map of one stage.
 
     Args:
-        name: timm model name ("resnet50", the reference; "resnet18", ...). Always built without
-            pre-trained weights; ``weights`` loads a local file instead.
+        name: timm model name ("resnet50", the reference; "resnet18", ...).
         out_index: which stage's output (timm ``out_indices``): 4 = layer4, stride 32 (reference);
             3 = layer3, stride 16, for small images.
         norm: "frozen_bn" (reference: fixed statistics and affine terms) or "bn" (trainable
@@ -57,6 +59,8 @@ class Backbone(nn.Module):
         trainable_layers: how many ResNet stages, from the top, are trained (reference 3:
             layer2-4; 5 = all, 0 = frozen trunk).
         weights: path to a local state dict, loaded before BatchNorm is frozen.
+        pretrained: timm's default ImageNet weights for ``name``, through timm's hub and cache (the
+            Hugging Face cache): downloaded once when online, read from the cache offline.
         **timm_kwargs: passed to ``timm.create_model`` (e.g. ``layers``, ``channels``, ``stem_width``
             for a narrower ResNet).
     Shapes: images (B, 3, H, W) -> features (B, num_channels, H / stride, W / stride).
@@ -69,6 +73,7 @@ class Backbone(nn.Module):
         norm: BackboneNorm = "frozen_bn",
         trainable_layers: int = 3,
         weights: str | None = None,
+        pretrained: bool = False,
         **timm_kwargs: Any,
     ):
         super().__init__()
@@ -76,8 +81,13 @@ class Backbone(nn.Module):
             raise ValueError(f"model.backbone_norm={norm!r} is not known; choose 'frozen_bn' or 'bn'")
         if not 0 <= trainable_layers <= len(_RESNET_STAGES):
             raise ValueError(f"model.trainable_backbone_layers={trainable_layers} must be in 0..{len(_RESNET_STAGES)}")
+        if pretrained and weights is not None:
+            raise ValueError(f"model.backbone_pretrained=true and model.backbone_weights={weights}: give one source of trunk weights")
         try:
-            body = timm.create_model(name, pretrained=False, features_only=True, out_indices=(out_index,), **timm_kwargs)
+            body = timm.create_model(name, pretrained=pretrained, features_only=True, out_indices=(out_index,), **timm_kwargs)
+        except LocalEntryNotFoundError:
+            raise ValueError(f"model.backbone_pretrained=true: timm's weights for {name!r} are not in the Hugging Face cache and the hub "
+                             "cannot be reached (offline); give a local file instead: model.backbone_weights=PATH") from None
         except (RuntimeError, IndexError) as err:
             raise ValueError(f"model.backbone={name!r} with out_index={out_index}: {err}") from err
         if weights is not None:

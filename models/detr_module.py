@@ -24,6 +24,7 @@ from models.backbone import Backbone, BackboneNorm
 from models.coco_eval import Detections, coco_evaluate, gather_detections, to_coco_results
 from models.criterion import SetCriterion
 from models.detr import DETR, post_process
+from models.detr_init import load_detr_weights
 from models.matcher import HungarianMatcher
 from models import optim
 
@@ -52,7 +53,13 @@ class ObjectDetector(pl.LightningModule):
 
     Args (beyond the DETR ones documented in models.detr / models.backbone):
         num_classes: linked from the DataModule.
-        backbone_weights: local state dict for the trunk; nothing is downloaded.
+        backbone_weights: local state dict for the trunk (ImageNet weights, say); never downloaded.
+        backbone_pretrained: timm's ImageNet weights for ``backbone`` through timm's hub and cache
+            (online, or offline once cached); offline and not cached, use ``backbone_weights``.
+        init_from: weights of a whole pretrained detector for the architecture set here: a
+            facebookresearch/detr ``.pth``, a Hugging Face ``save_pretrained`` folder or hub name
+            (``facebook/detr-resnet-50``), or an attnlab ``.ckpt`` (see models.detr_init). The class
+            head and the queries are re-initialised when their counts differ from the file's.
         lr_backbone: the trunk's learning rate; 0 freezes the trunk (as the reference does).
         schedule: "step" (the reference: ×0.1 after ``lr_drop_epoch``) or "cosine" (warmup + cosine).
         coco_backend: "pycocotools" or "faster_coco_eval".
@@ -71,7 +78,9 @@ class ObjectDetector(pl.LightningModule):
         backbone_norm: BackboneNorm = "frozen_bn",
         trainable_backbone_layers: int = 3,
         backbone_weights: str | None = None,
+        backbone_pretrained: bool = False,
         backbone_kwargs: dict[str, Any] | None = None,
+        init_from: str | None = None,
         d_model: int = 256,
         nhead: int = 8,
         num_encoder_layers: int = 6,
@@ -102,9 +111,11 @@ class ObjectDetector(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         trunk = Backbone(backbone, backbone_out_index, backbone_norm, trainable_backbone_layers if lr_backbone > 0 else 0,
-                         backbone_weights, **(backbone_kwargs or {}))
+                         backbone_weights, backbone_pretrained, **(backbone_kwargs or {}))
         self.model = DETR(trunk, num_classes, num_queries, d_model, nhead, num_encoder_layers, num_decoder_layers,
                           dim_feedforward, dropout, similarity=similarity, aux_loss=aux_loss)
+        if init_from:
+            load_detr_weights(self.model, init_from)
         matcher = HungarianMatcher(cost_class, cost_bbox, cost_giou)
         weights = {"loss_ce": ce_loss_coef, "loss_bbox": bbox_loss_coef, "loss_giou": giou_loss_coef}
         self.criterion = SetCriterion(num_classes, matcher, eos_coef, weights, num_aux=num_decoder_layers - 1 if aux_loss else 0)

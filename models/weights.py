@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 
-def load_weights_file(path: str | Path, key: str, map_location: Any = "cpu") -> Any:
+def load_weights_file(path: str | Path, key: str, map_location: Any = "cpu", safe_globals: Sequence[type] = ()) -> Any:
     """The contents of a local weights file (tensors, dicts, lists, numbers, strings).
 
     Args:
         path: a ``.safetensors`` file, or a ``torch.save`` file (``.ckpt``, ``.pth``, ``.bin``).
         key: the setting that named the file (``model.init_from``), for the error message.
         map_location: passed to ``torch.load``.
+        safe_globals: plain-data classes also allowed (``argparse.Namespace``, which
+            facebookresearch/detr's checkpoints hold as ``args``): their attributes are restored,
+            no code named by the file runs.
     Raises:
         ValueError: the file holds pickled objects other than tensors and plain data (refused,
             nothing of it runs), or it is truncated or corrupt (see `unreadable`).
@@ -32,7 +36,8 @@ def load_weights_file(path: str | Path, key: str, map_location: Any = "cpu") -> 
     try:
         if path.suffix == ".safetensors":
             return load_file(str(path))
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, EOFError, RuntimeError, SafetensorError) as err:
         raise unreadable(path, key, err) from None
 

@@ -15,6 +15,8 @@ PIECES = ("trainer", "logger")
 SMALLER = {
     "configs/detection/coco.yaml": ["--data.init_args.train_scales=[64]", "--data.init_args.val_size=64",
                                     "--data.init_args.max_size=96", "--data.init_args.crop=false"],
+    "configs/detection/bccd_finetune.yaml": ["--data.init_args.train_scales=[64]", "--data.init_args.val_size=64",
+                                             "--data.init_args.max_size=96", "--data.init_args.batch_size=2"],
 }
 
 
