@@ -138,3 +138,29 @@ def test_a_budget_shorter_than_the_warmup_names_both(monkeypatch):
 
 def test_learning_rate_log_is_silent_without_a_logger():
     fit(Tiny(), max_steps=2, callbacks=[LearningRateLog()])
+
+
+def test_a_resumed_budget_keeps_its_horizon(monkeypatch, tmp_path):
+    """Stopped at step 12 of a 30-step budget, then resumed: the schedule's horizon comes back from the checkpoint
+    (Lightning's Timer restores the elapsed time; here the clock is the step count), so the resumed run ends on the
+    same step at the schedule's floor."""
+    clock = FakeClock(monkeypatch)
+    common = dict(max_time={"seconds": 3}, max_epochs=-1, default_root_dir=tmp_path)
+
+    class StopAt12(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 12:
+                trainer.should_stop = True
+
+    first = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                       callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5), StopAt12()], **common)
+    first.fit(Tiny(warmup_steps=2))
+    path = tmp_path / "stopped.ckpt"
+    first.save_checkpoint(path)
+    saved = torch.load(path, weights_only=True)
+    assert saved["lr_schedulers"][0]["lr_lambdas"][0]["total_steps"] == 30
+    second = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)], **common)
+    second.fit(Tiny(warmup_steps=2), ckpt_path=path)
+    assert second.global_step == 30 and schedule_of(second).total_steps == 30
+    assert second.optimizers[0].param_groups[0]["lr"] < 1e-5

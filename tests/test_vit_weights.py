@@ -137,7 +137,8 @@ def test_init_from_a_lightning_checkpoint_then_freeze_the_backbone(tmp_path):
 
 def test_layer_decay_scales_learning_rates_from_the_head_down():
     module = _classifier(layer_decay=0.5, lr=1.0)
-    module.trainer = type("T", (), {"estimated_stepping_batches": 10, "max_epochs": 1})()
+    module.trainer = type("T", (), {"train_dataloader": [], "num_training_batches": 10, "accumulate_grad_batches": 1,
+                                    "max_steps": -1, "max_epochs": 1})()
     groups = module.configure_optimizers()["optimizer"].param_groups
     lr_of = {id(p): g["initial_lr"] for g in groups for p in g["params"]}  # before warmup scales it
     named = dict(module.model.named_parameters())
