@@ -29,9 +29,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -85,7 +85,7 @@ class Ratio:
     wall: float
 
     @classmethod
-    def of(cls, a: Timing, b: Timing) -> "Ratio":
+    def of(cls, a: Timing, b: Timing) -> Ratio:
         rounds = [x / y for x, y in zip(a.cpu, b.cpu)]
         return cls(a.median / b.median, quantile(rounds, 0.25), quantile(rounds, 0.75), a.wall_median / b.wall_median)
 

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from benchmarks.harness import Step
-from experiments.links import LINKED_ATTRIBUTES
 from benchmarks.peers import QUICK_VIT, VIT_SHAPES, Bench, Settings, detr_bench, train_step, training_flops, vit_pair
+from experiments.links import LINKED_ATTRIBUTES
 from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
 # ----------------------------------------------------------------------------- attention kernels

@@ -30,15 +30,16 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_fabric.utilities.warnings import PossibleUserWarning
+from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_warn

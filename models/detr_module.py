@@ -28,6 +28,7 @@ from models.detr import DETR, post_process
 from models.matcher import HungarianMatcher
 from models.optim import param_groups, warmup_cosine
 
+
 def draw_detections(image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float) -> Image.Image:
     """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small
     images are enlarged (pixels repeated) so that the labels stay readable."""

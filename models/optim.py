@@ -8,7 +8,7 @@ stepped once per optimizer step.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from torch import nn
 

@@ -12,8 +12,8 @@ from torch import nn
 
 from benchmarks import peers
 from benchmarks.harness import Ratio, Timing, interleaved, quantile
-from benchmarks.scaling import attention_share, batch_size_of, profile_step, sdpa_kernels
 from benchmarks.run import cases, main, verdict
+from benchmarks.scaling import attention_share, batch_size_of, profile_step, sdpa_kernels
 from models.attention import MultiHeadAttention
 from models.decoding import beam_search
 from models.text import Seq2SeqTransformer
@@ -93,6 +93,7 @@ def test_profiler_sees_the_fused_cpu_kernel_and_its_share():
     assert 0 < attention_share(events) < 1
 
 
+@pytest.mark.slow
 def test_peak_memory_sees_a_64_mib_tensor_that_the_step_frees():
     # in a fresh process with the allocator settings of the benchmark's probes: this one's heap holds
     # whatever earlier tests freed, which a step may reuse without the resident set growing
@@ -137,7 +138,7 @@ def test_quick_run_prints_the_tables_and_appends_only_to_its_output(tmp_path):
     printed = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout  # as a user runs it
     written = output.read_text()
     assert written.startswith("# someone else's section\n") and printed.strip() in written
-    assert f"Command: `python -m benchmarks --quick" in written and f"--output {output}" in written and "CPU" in written
+    assert "Command: `python -m benchmarks --quick" in written and f"--output {output}" in written and "CPU" in written
     for row in ("| L=16 | sdpa |", "| L=16 | nn.MHA |", "| L=32, key padding | sdpa |", "| L=32, key padding | nn.MHA |"):
         assert row in written
     assert str(output) not in (ROOT / "benchmarks" / "RESULTS.md").read_text()

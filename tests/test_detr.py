@@ -8,7 +8,14 @@ import torch
 import torchvision.ops as tvops
 
 from models.backbone import Backbone
-from models.box_ops import box_cxcywh_to_xyxy, box_iou, box_xywh_to_xyxy, box_xyxy_to_cxcywh, box_xyxy_to_xywh, generalized_box_iou
+from models.box_ops import (
+    box_cxcywh_to_xyxy,
+    box_iou,
+    box_xywh_to_xyxy,
+    box_xyxy_to_cxcywh,
+    box_xyxy_to_xywh,
+    generalized_box_iou,
+)
 from models.criterion import SetCriterion
 from models.detr import DETR, convert_official_state_dict, post_process
 from models.matcher import HungarianMatcher

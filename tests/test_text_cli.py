@@ -40,7 +40,7 @@ def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
     assert [r["source"] for r in rows] == ["A dog sleeps in the park.", "", "Two cats see a red ball."] and rows[1]["translation"] == ""
     assert all(r["translation"] in out for r in rows)  # printed too, one per line
 
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("A cat sits.\n".encode())))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A cat sits.\n")))
     code, out, err = attnlab("predict", "--config", TOY, root, cache, "--ckpt_path", "best", "--data.init_args.predict_file=-")
     assert code == 0, err
     assert json.loads((tmp_path / "predictions.jsonl").read_text())["source"] == "A cat sits."
