@@ -293,7 +293,7 @@ class LastCheckpoint(Callback):
         path = Path(ckpt.last_model_path or Path(ckpt.dirpath) / f"{ckpt.CHECKPOINT_NAME_LAST}{ckpt.FILE_EXTENSION}")
         if ckpt.save_last:
             ckpt.last_model_path = str(path)  # its own `last` saves overwrite this file instead of adding last-v1.ckpt
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state, to resume; unset, Lightning logs a line
         self._saved_step, self._saved_time = trainer.global_step, time.monotonic()
         return path
 
