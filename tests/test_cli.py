@@ -10,6 +10,7 @@ import yaml
 DIGITS = "configs/vision/digits.yaml"
 
 
+@pytest.mark.slow
 def test_fit_test_predict_from_the_saved_checkpoint(attnlab, tmp_path):
     root = f"--trainer.default_root_dir={tmp_path}"
     code, out, err = attnlab("fit", "--config", DIGITS, root, "--trainer.max_epochs=6")

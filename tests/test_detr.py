@@ -247,6 +247,7 @@ def test_post_process_gives_absolute_xyxy_boxes():
     torch.testing.assert_close(result["scores"], torch.tensor([0.0, 5.0, 0.0, 9.0]).softmax(0)[1:2])
 
 
+@pytest.mark.slow
 def test_tiny_detr_overfits_two_images():
     torch.manual_seed(0)
     model = tiny_detr(num_classes=2, num_queries=4)

@@ -202,6 +202,7 @@ def test_hypotheses_end_with_eos_within_max_len():
         assert not tokens.eq(BOS_ID).any()
 
 
+@pytest.mark.slow
 def test_tiny_model_overfits_a_few_sentence_pairs_to_bleu_100():
     pairs = toy_translation_pairs(6, seed=3)
     tok = build_tokenizer("word", [s for p in pairs for s in p], min_frequency=1)
