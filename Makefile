@@ -8,7 +8,7 @@ export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo ablation test install clean
+.PHONY: demo ablation lint test install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,8 +29,12 @@ demo: $(STAMP)
 ablation: $(STAMP)
 	$(BIN)/python -m experiments.ablation
 
+# The linter and the format check first: a minute of tests is not spent on a tree that fails them.
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
 test: $(STAMP)
-	WANDB_MODE=disabled $(BIN)/python -m pytest
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest
 
 clean:
 	rm -rf $(VENV) runs lightning_logs wandb

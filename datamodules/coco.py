@@ -17,8 +17,9 @@ import io
 import json
 import math
 import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl

@@ -7,7 +7,7 @@ becomes a normalised tensor and the boxes normalised cxcywh, what DETR predicts.
 from __future__ import annotations
 
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torchvision.transforms.functional as TF

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from PIL import Image, ImageDraw
 from pycocotools.coco import COCO

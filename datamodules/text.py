@@ -27,9 +27,10 @@ import json
 import os
 import random
 from collections import namedtuple
+from collections.abc import Iterator
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 import pytorch_lightning as pl
 import torch
@@ -497,7 +498,7 @@ class ParallelTextDataModule(_TokenizedDataModule):
         if hp.tokenizer_dir is not None:
             loaded = [load_tokenizer(Path(hp.tokenizer_dir) / f"{s}.json", "data.tokenizer_dir") for s in stems]
             return (loaded[0], loaded[0]) if hp.shared_vocab else (loaded[0], loaded[1])
-        self.corpus  # read and check every split before spending time on training
+        self.corpus  # noqa: B018  # read and check every split before spending time on training
         src, tgt = self.corpus["train"]
         if hp.shared_vocab:
             shared = build_tokenizer(hp.tokenizer, src + tgt, hp.vocab_size, hp.min_frequency)

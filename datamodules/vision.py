@@ -23,10 +23,11 @@ from __future__ import annotations
 import inspect
 import pickle
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import pytorch_lightning as pl

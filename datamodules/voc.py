@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from pycocotools.coco import COCO
 from pytorch_lightning.utilities import rank_zero_warn

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 import pytorch_lightning as pl
 import torch

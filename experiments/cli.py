@@ -4,12 +4,10 @@
     attnlab test --config configs/vision/digits.yaml --ckpt_path best
     attnlab fit --config configs/vision/digits.yaml --print_config
     attnlab compare runs/vision runs/text      # the cross-run report (experiments.compare)
-    attnlab benchmark --only vit               # speed and memory against the peers (experiments.benchmark)
 
 Configs name the classes (``model.class_path``, ``data.class_path``). Facts about the data that
 a model needs (number of classes, channels, image size, vocabulary sizes, special token ids) are
-linked from the DataModule's attribute of the same name to the model's init argument, so they
-are never typed twice; a link applies only where both sides have the name.
+linked from the DataModule to the model (`experiments.links`), so they are never typed twice.
 """
 from __future__ import annotations
 
@@ -27,20 +25,13 @@ import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from experiments import guards, tracking
+from experiments.links import LINKED_ATTRIBUTES
 from models.weights import unreadable
 
-# DataModule attribute -> model init argument of the same name.
-LINKED_ATTRIBUTES = (
-    "num_classes",
-    "in_chans",
-    "img_size",
-    "vocab_size",
-    "src_vocab_size",
-    "tgt_vocab_size",
-    "pad_id",
-    "bos_id",
-    "eos_id",
-)
+# Subcommands that are not Lightning's: name -> (module whose main(argv) runs it, one line for --help)
+TOOLS = {
+    "compare": ("experiments.compare", "One report across runs and modalities: report.md and plots."),
+}
 
 
 _NOISE = re.compile(
@@ -106,6 +97,11 @@ class AttnlabCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         for name in LINKED_ATTRIBUTES:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        for name, (_, summary) in TOOLS.items():  # listed by --help; main() runs them before LightningCLI parses
+            parser._subcommands_action.add_subcommand(name, AttnlabParser(description=summary), help=summary)
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
@@ -182,20 +178,15 @@ def _fail(err: object) -> None:
 def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
     argv = sys.argv[1:] if args is None else list(args)
-    if argv[:1] == ["compare"]:  # not a Lightning subcommand: the cross-run report
-        from experiments.compare import main as compare
-
-        return compare(argv[1:])
-    if argv[:1] == ["benchmark"]:  # speed and memory against the peers
-        from experiments.benchmark import main as benchmark
-
-        return benchmark(argv[1:])
+    if argv[:1] and argv[0] in TOOLS:
+        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
     AttnlabCLI(
         model_class=pl.LightningModule,
         datamodule_class=pl.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         parser_class=AttnlabParser,
+        parser_kwargs={"description": "attnlab: train, evaluate and compare Transformers for text, vision and detection."},
         save_config_kwargs={"overwrite": True},
         save_config_callback=tracking.LoggedConfig,  # config.yaml in the run folder, and nested in W&B
         # progress bars only where someone watches; logs and CI get the epoch summaries

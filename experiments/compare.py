@@ -307,7 +307,7 @@ def plot_scaling(runs: list[dict[str, Any]], path: Path) -> None:
                                                ("max_weight", "final", "max weight at the end"))):
         for j, sim in enumerate(sims):
             xs, ys = [], []
-            for i, (modality_, by_sim) in enumerate(sorted(groups.items())):
+            for i, (_modality, by_sim) in enumerate(sorted(groups.items())):
                 values = [r[stage].get(key) for r in by_sim.get(sim, []) if r[stage].get(key) is not None]
                 if values:
                     xs.append(i + (j - (len(sims) - 1) / 2) * width)

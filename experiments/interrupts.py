@@ -30,15 +30,16 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_fabric.utilities.warnings import PossibleUserWarning
+from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_warn
@@ -292,7 +293,7 @@ class LastCheckpoint(Callback):
         path = Path(ckpt.last_model_path or Path(ckpt.dirpath) / f"{ckpt.CHECKPOINT_NAME_LAST}{ckpt.FILE_EXTENSION}")
         if ckpt.save_last:
             ckpt.last_model_path = str(path)  # its own `last` saves overwrite this file instead of adding last-v1.ckpt
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state, to resume; unset, Lightning logs a line
         self._saved_step, self._saved_time = trainer.global_step, time.monotonic()
         return path
 

@@ -32,6 +32,8 @@ from pytorch_lightning.loggers import CSVLogger as _CSVLogger
 from pytorch_lightning.loggers import WandbLogger as _WandbLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
+from experiments.links import LINKED_ATTRIBUTES
+
 Mode = Literal["online", "offline", "disabled"]
 
 
@@ -158,8 +160,6 @@ class LoggedConfig(SaveConfigCallback):
         config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
         init_args = (config.get("model") or {}).get("init_args")
         if isinstance(init_args, dict):
-            from experiments.cli import LINKED_ATTRIBUTES
-
             init_args.update({k: pl_module.hparams[k] for k in LINKED_ATTRIBUTES if k in pl_module.hparams})
         path = Path(self._log_dir or trainer.default_root_dir) / self.config_filename
         for logger in loggers:

@@ -31,8 +31,9 @@ Parameters use the layout of ``torch.nn.MultiheadAttention`` (packed ``in_proj_w
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F

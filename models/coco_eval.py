@@ -35,9 +35,10 @@ def coco_evaluate(coco_gt, results: list[dict[str, Any]], image_ids: list[int], 
         return {k: 0.0 for k in COCO_STATS}
     if backend == "faster_coco_eval":
         try:
-            from faster_coco_eval import COCO, COCOeval_faster as COCOeval
+            from faster_coco_eval import COCO
+            from faster_coco_eval import COCOeval_faster as COCOeval
         except ImportError:
-            warnings.warn("coco_backend='faster_coco_eval' is not installed (pip install faster-coco-eval); using pycocotools, the same numbers, slower")
+            warnings.warn("coco_backend='faster_coco_eval' is not installed (pip install faster-coco-eval); using pycocotools, the same numbers, slower", stacklevel=2)
             backend = "pycocotools"
         else:
             gt = COCO()

@@ -19,6 +19,7 @@ from pytorch_lightning.callbacks import BasePredictionWriter
 from torch import Tensor
 from torchvision.utils import draw_bounding_boxes
 
+from models import optim
 from models.attention import Similarity, capture_attention
 from models.backbone import Backbone, BackboneNorm
 from models.coco_eval import Detections, coco_evaluate, gather_detections, to_coco_results
@@ -26,7 +27,7 @@ from models.criterion import SetCriterion
 from models.detr import DETR, post_process
 from models.detr_init import load_detr_weights
 from models.matcher import HungarianMatcher
-from models import optim
+
 
 def draw_detections(image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float) -> Image.Image:
     """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small

@@ -13,7 +13,8 @@ time while training runs, so a time-budgeted run warms up, decays fully and ends
 from __future__ import annotations
 
 import math
-from typing import Iterable, Literal
+from collections.abc import Iterable
+from typing import Literal
 
 import pytorch_lightning as pl
 import torch

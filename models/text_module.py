@@ -17,9 +17,9 @@ from sacrebleu.metrics import BLEU, CHRF
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from models import optim
 from models.attention import Similarity
 from models.decoding import beam_search, greedy_decode
-from models import optim
 from models.hf_text import gpt2_from_pretrained, marian_from_pretrained
 from models.text import DecoderOnlyLM, Positions, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 from models.transformer import Activation

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
-from models.attention import Similarity
 from models import optim
+from models.attention import Similarity
 from models.vit import VisionTransformer, load_pretrained, read_init_from
 
 

@@ -10,25 +10,24 @@ import pytest
 import torch
 from torch import nn
 
-from experiments import bench_models as bm
-from experiments.bench_harness import Ratio, Timing, interleaved, quantile
-from experiments.bench_scaling import attention_share, batch_size_of, profile_step, sdpa_kernels
-from experiments.benchmark import cases, main, verdict
-from experiments.cli import main as attnlab_main
+from benchmarks import peers
+from benchmarks.harness import Ratio, Timing, interleaved, quantile
+from benchmarks.run import cases, main, verdict
+from benchmarks.scaling import attention_share, batch_size_of, profile_step, sdpa_kernels
 from models.attention import MultiHeadAttention
 from models.decoding import beam_search
 from models.text import Seq2SeqTransformer
 
-QUICK = bm.Settings(quick=True)
+QUICK = peers.Settings(quick=True)
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_attention_peers_match_ours_in_outputs_and_gradients():
     torch.manual_seed(0)
-    ours, sdpa, mha = MultiHeadAttention(32, 4), bm.SDPAAttention(32, 4), nn.MultiheadAttention(32, 4, batch_first=True)
+    ours, sdpa, mha = MultiHeadAttention(32, 4), peers.SDPAAttention(32, 4), nn.MultiheadAttention(32, 4, batch_first=True)
     sdpa.load_state_dict(ours.state_dict())
     mha.load_state_dict(ours.state_dict())
-    kpm = bm.padding_mask(3, 10, torch.Generator().manual_seed(0), torch.device("cpu"))
+    kpm = peers.padding_mask(3, 10, torch.Generator().manual_seed(0), torch.device("cpu"))
     assert kpm[0].sum() == 0 and kpm.any()
     grads = []
     for forward in (lambda x: ours(x, key_padding_mask=kpm)[0], lambda x: sdpa(x, key_padding_mask=kpm),
@@ -43,13 +42,13 @@ def test_attention_peers_match_ours_in_outputs_and_gradients():
 
 
 def test_vit_and_seq2seq_peers_hold_our_weights():
-    ours, theirs = bm.vit_pair(bm.QUICK_VIT, torch.device("cpu"), num_classes=10)
+    ours, theirs = peers.vit_pair(peers.QUICK_VIT, torch.device("cpu"), num_classes=10)
     images = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(ours.eval()(images), theirs.eval()(images), atol=1e-5, rtol=1e-5)
 
-    ours, theirs, (*_, vocab, _) = bm.seq2seq_models("small", QUICK, dropout=0.0)
+    ours, theirs, (*_, vocab, _) = peers.seq2seq_models("small", QUICK, dropout=0.0)
     g = torch.Generator().manual_seed(0)
-    src, tgt = bm.random_sentences(3, 2, 6, vocab, g), bm.random_sentences(3, 2, 6, vocab, g)
+    src, tgt = peers.random_sentences(3, 2, 6, vocab, g), peers.random_sentences(3, 2, 6, vocab, g)
     keep = tgt.ne(0)
     torch.testing.assert_close(ours.eval()(src, tgt)[keep], theirs.eval()(src, tgt)[keep], atol=1e-5, rtol=1e-5)
 
@@ -59,10 +58,10 @@ def test_beam_search_on_the_cache_equals_re_running_the_prefix():
     model = Seq2SeqTransformer(40, 40, 32, 2, 2, 2, 64, 0.0, share_embeddings=True).eval()
     with torch.no_grad():
         model.generator.weight[2] *= 3  # EOS likelier: sentences finish at different steps and leave the batch
-    src = bm.random_sentences(8, 2, 7, 40, torch.Generator().manual_seed(0))
+    src = peers.random_sentences(8, 2, 7, 40, torch.Generator().manual_seed(0))
     ids = dict(bos_id=1, eos_id=2, pad_id=0, max_len=9, beam_size=3)
     cached_tokens, cached_scores = beam_search(model, src, **ids)
-    plain_tokens, plain_scores = beam_search(bm.WithoutCache(model), src, **ids)
+    plain_tokens, plain_scores = beam_search(peers.WithoutCache(model), src, **ids)
     assert len(set(cached_tokens.ne(0).sum(1).tolist())) > 2
     assert torch.equal(cached_tokens, plain_tokens)
     torch.testing.assert_close(cached_scores, plain_scores, atol=1e-4, rtol=1e-4)
@@ -70,7 +69,7 @@ def test_beam_search_on_the_cache_equals_re_running_the_prefix():
 
 def test_hf_detr_peer_is_our_detr_size_and_trains():
     pytest.importorskip("transformers")
-    bench = bm.detr_bench("small", QUICK)
+    bench = peers.detr_bench("small", QUICK)
     assert set(bench.steps) == {"ours", "HF DETR"}
     ours, theirs = bench.check.removeprefix("ours ").split(", HF ")
     assert ours == theirs and "trained" in ours  # same parameters, same ones trained
@@ -81,23 +80,24 @@ def test_hf_detr_peer_is_our_detr_size_and_trains():
 
 def test_matching_peer_is_hugging_faces_matcher_with_the_same_assignments():
     pytest.importorskip("transformers")
-    bench = bm.matching_bench("r50", QUICK)
+    bench = peers.matching_bench("r50", QUICK)
     assert set(bench.steps) == {"ours", "HF matcher"}
     assert bench.check.endswith("same assignment for 4/4 (layer, image) pairs")  # 2 layers x 2 images
     assert len(bench.steps["ours"]()) == len(bench.steps["HF matcher"]()) == 2  # per layer
 
 
 def test_profiler_sees_the_fused_cpu_kernel_and_its_share():
-    bench = bm.attention_bench(16, False, QUICK)
+    bench = peers.attention_bench(16, False, QUICK)
     events = profile_step(bench.steps["ours"])
     assert sdpa_kernels(events) == "flash (CPU)"
     assert 0 < attention_share(events) < 1
 
 
+@pytest.mark.slow
 def test_peak_memory_sees_a_64_mib_tensor_that_the_step_frees():
     # in a fresh process with the allocator settings of the benchmark's probes: this one's heap holds
     # whatever earlier tests freed, which a step may reuse without the resident set growing
-    code = ("import torch; from experiments.bench_harness import step_peak_mib; "
+    code = ("import torch; from benchmarks.harness import step_peak_mib; "
             "print(step_peak_mib(lambda: torch.ones(64, 2**20 // 4).sum(), torch.device('cpu')))")
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT).stdout
@@ -130,18 +130,18 @@ def test_memory_probe_prints_json(capsys):
     assert result["key"] == "attention/L=16/padded" and result["peak_mib"] >= 0
 
 
-def test_quick_run_prints_the_tables_and_appends_only_to_its_output(tmp_path, capsys):
+@pytest.mark.slow
+def test_quick_run_prints_the_tables_and_appends_only_to_its_output(tmp_path):
     output = tmp_path / "results.md"
     output.write_text("# someone else's section\n")
-    attnlab_main(["benchmark", "--quick", "--only", "attention", "--no-memory", "--output", str(output)])  # `attnlab benchmark`
-    printed = capsys.readouterr().out
+    command = [sys.executable, "-m", "benchmarks", "--quick", "--only", "attention", "--no-memory", "--output", str(output)]
+    printed = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout  # as a user runs it
     written = output.read_text()
     assert written.startswith("# someone else's section\n") and printed.strip() in written
-    assert f"--output {output}" in written and "CPU" in written
+    assert "Command: `python -m benchmarks --quick" in written and f"--output {output}" in written and "CPU" in written
     for row in ("| L=16 | sdpa |", "| L=16 | nn.MHA |", "| L=32, key padding | sdpa |", "| L=32, key padding | nn.MHA |"):
         assert row in written
-    with open("benchmarks/RESULTS.md") as f:
-        assert str(output) not in f.read()
+    assert str(output) not in (ROOT / "benchmarks" / "RESULTS.md").read_text()
 
 
 def test_unknown_section_is_refused(capsys):

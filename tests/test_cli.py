@@ -1,6 +1,7 @@
 """The real `attnlab` CLI end to end on the embedded digits, and its errors for bad input."""
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import yaml
 DIGITS = "configs/vision/digits.yaml"
 
 
+@pytest.mark.slow
 def test_fit_test_predict_from_the_saved_checkpoint(attnlab, tmp_path):
     root = f"--trainer.default_root_dir={tmp_path}"
     code, out, err = attnlab("fit", "--config", DIGITS, root, "--trainer.max_epochs=6")
@@ -78,3 +80,12 @@ def test_unknown_key_in_a_yaml_file_names_the_key(attnlab, tmp_path):
 def test_test_without_a_fitted_run_says_what_to_do(attnlab, tmp_path):
     code, _, err = attnlab("test", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", "best")
     assert code == 2 and f"no 'best*.ckpt' under {tmp_path}/; run `attnlab fit`" in err
+
+
+def test_help_lists_every_subcommand(attnlab):
+    from experiments.cli import TOOLS
+
+    code, out, _ = attnlab("--help")
+    assert code == 0
+    listed = set(re.findall(r"^    (\w+) ", out, re.M))
+    assert {"fit", "validate", "test", "predict", "compare"} | set(TOOLS) <= listed

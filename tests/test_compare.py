@@ -18,6 +18,7 @@ def two_runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_report_has_a_row_per_run_the_plots_and_the_sqrt_d_section(attnlab, two_runs, tmp_path):
     code, out, err = attnlab("compare", str(two_runs), "--out", str(tmp_path / "report"))
     assert code == 0, err
@@ -43,6 +44,7 @@ def test_compare_names_a_folder_without_runs(attnlab, tmp_path):
     assert code == 2 and f"attnlab: error: {tmp_path}: no finished run (summary.json) below it" in err
 
 
+@pytest.mark.slow
 def test_report_goes_to_wandb_as_a_table_and_images(attnlab, two_runs, tmp_path, monkeypatch):
     import wandb
     from wandb.sdk.lib.noop_run import NoopRun  # what wandb.init returns under WANDB_MODE=disabled

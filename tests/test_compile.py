@@ -12,6 +12,8 @@ from models.detr import DETR
 from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.vit import VisionTransformer
 
+pytestmark = pytest.mark.slow  # dynamo traces each model: 3-11 s apiece on a shared 2-core CPU
+
 
 def _padded(batch: int, length: int) -> torch.Tensor:
     mask = torch.zeros(batch, length, dtype=torch.bool)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # every test launches DDP runs of the CLI in subprocesses
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
         "--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.log_every_n_steps=1")

@@ -3,11 +3,13 @@ one-line errors."""
 import csv
 import json
 
+import pytest
 import yaml
 
 SHAPES = "configs/detection/shapes.yaml"
 
 
+@pytest.mark.slow
 def test_fit_test_predict_on_tiny_shapes(attnlab, tmp_path):
     common = (
         "--config", SHAPES, f"--trainer.default_root_dir={tmp_path / 'run'}", f"--data.data_dir={tmp_path / 'data'}",

@@ -7,7 +7,14 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection, coco_from_dict, collate_detection, load_coco
+from datamodules.coco import (
+    CocoDataModule,
+    CocoDetection,
+    ImageFolderDetection,
+    coco_from_dict,
+    collate_detection,
+    load_coco,
+)
 from datamodules.detection_transforms import Normalize, crop, hflip, make_transforms, resize
 from datamodules.synthetic import ShapesDataModule, generate_shapes
 from datamodules.voc import VocDataModule, read_voc_split

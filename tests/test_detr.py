@@ -8,7 +8,14 @@ import torch
 import torchvision.ops as tvops
 
 from models.backbone import Backbone
-from models.box_ops import box_cxcywh_to_xyxy, box_iou, box_xywh_to_xyxy, box_xyxy_to_cxcywh, box_xyxy_to_xywh, generalized_box_iou
+from models.box_ops import (
+    box_cxcywh_to_xyxy,
+    box_iou,
+    box_xywh_to_xyxy,
+    box_xyxy_to_cxcywh,
+    box_xyxy_to_xywh,
+    generalized_box_iou,
+)
 from models.criterion import SetCriterion
 from models.detr import DETR, convert_official_state_dict, post_process
 from models.matcher import HungarianMatcher
@@ -240,6 +247,7 @@ def test_post_process_gives_absolute_xyxy_boxes():
     torch.testing.assert_close(result["scores"], torch.tensor([0.0, 5.0, 0.0, 9.0]).softmax(0)[1:2])
 
 
+@pytest.mark.slow
 def test_tiny_detr_overfits_two_images():
     torch.manual_seed(0)
     model = tiny_detr(num_classes=2, num_queries=4)

@@ -14,11 +14,16 @@ import torch.multiprocessing as mp
 from models.criterion import SetCriterion
 from models.matcher import HungarianMatcher
 
+pytestmark = pytest.mark.slow  # spawns two processes with a process group
+
 
 def problem():
     """Two images with 1 and 4 target boxes, and the predictions of 6 queries each."""
     g = torch.Generator().manual_seed(9)
-    boxes = lambda n: torch.cat([torch.rand(n, 2, generator=g) * 0.6 + 0.2, torch.rand(n, 2, generator=g) * 0.3 + 0.05], 1)
+
+    def boxes(n: int) -> torch.Tensor:
+        return torch.cat([torch.rand(n, 2, generator=g) * 0.6 + 0.2, torch.rand(n, 2, generator=g) * 0.3 + 0.05], 1)
+
     outputs = {"pred_logits": torch.randn(2, 6, 4, generator=g), "pred_boxes": torch.stack([boxes(6), boxes(6)])}
     targets = [{"labels": torch.randint(0, 3, (n,), generator=g), "boxes": boxes(n)} for n in (1, 4)]
     return outputs, targets

@@ -131,6 +131,7 @@ def assert_continues_exactly(run: Path, reference: Path, checkpoint_step: int) -
         assert ours["metrics"][key] == pytest.approx(theirs["metrics"][key], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(reference, tmp_path):
     run = tmp_path / "run"
     killed = start_fit(run, probe(KillAt, step=8))
@@ -144,6 +145,7 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(reference, t
     assert_continues_exactly(run, reference, checkpoint_step=6)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_last_checkpoint_exits_143_and_resume_matches(reference, tmp_path):
     run = tmp_path / "run"
     ready = run / "ready"
@@ -168,6 +170,7 @@ def test_sigterm_saves_last_checkpoint_exits_143_and_resume_matches(reference, t
     assert_continues_exactly(run, reference, checkpoint_step=step)
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch(tmp_path):
     """Two CPU processes (gloo) and a SIGTERM to rank 0 only: rank 1 learns of it from the per-batch all-reduce,
     both save together and exit. (Lightning alone raises on rank 0 and leaves rank 1 in its next collective:
@@ -186,6 +189,7 @@ def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch(tmp_path):
     assert saved["global_step"] in (2, 3) and len(saved["callbacks"]["ExactResume"]["rng"]) == 2  # both processes' random states
 
 
+@pytest.mark.slow
 def test_a_ddp_run_stopped_by_sigterm_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
     """Two processes, SIGTERM to rank 0 at step 2 of 10, `--ckpt_path last` under DDP again: the same 10 steps
     end at the weights and validation metrics of a DDP run that never stopped (each process's random state and
@@ -222,6 +226,7 @@ class PoisonOnRank(pl.Callback):
             batch[0].fill_(float("nan"))
 
 
+@pytest.mark.slow
 def test_a_nan_loss_on_one_ddp_process_stops_both_and_keeps_the_last_checkpoint(tmp_path):
     """Rank 1 alone sees a NaN loss at step 4: both processes stop before backward (the guard's all-reduced
     flag; a process stopping alone would leave the other waiting in the gradient all-reduce), each says why

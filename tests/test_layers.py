@@ -5,7 +5,12 @@ import pytest
 import torch
 from torch import nn
 
-from models.position import LearnedPositionalEncoding, PositionEmbeddingSine2D, SinusoidalPositionalEncoding, sinusoidal_encoding
+from models.position import (
+    LearnedPositionalEncoding,
+    PositionEmbeddingSine2D,
+    SinusoidalPositionalEncoding,
+    sinusoidal_encoding,
+)
 from models.transformer import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 
 D, H, FF = 16, 4, 32

@@ -2,12 +2,14 @@
 import csv
 import json
 
+import pytest
 import torch
 
 DIGITS = "configs/vision/digits.yaml"
 ONE_EPOCH = ("--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1")
 
 
+@pytest.mark.slow
 def test_fit_ckpt_path_last_continues_the_run(attnlab, tmp_path):
     root = f"--trainer.default_root_dir={tmp_path}"
     code, _, err = attnlab("fit", "--config", DIGITS, root, "--trainer.max_epochs=1", *ONE_EPOCH, "--ckpt_path", "last")

@@ -8,8 +8,17 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.text import (
-    BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, LengthBucketSampler, ParallelTextDataModule, TextCorpusDataModule, build_tokenizer,
-    collate_pairs, read_lines, toy_translation_pairs,
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    LengthBucketSampler,
+    ParallelTextDataModule,
+    TextCorpusDataModule,
+    build_tokenizer,
+    collate_pairs,
+    read_lines,
+    toy_translation_pairs,
 )
 from models.attention import capture_attention
 from models.decoding import beam_search, greedy_decode
@@ -193,6 +202,7 @@ def test_hypotheses_end_with_eos_within_max_len():
         assert not tokens.eq(BOS_ID).any()
 
 
+@pytest.mark.slow
 def test_tiny_model_overfits_a_few_sentence_pairs_to_bleu_100():
     pairs = toy_translation_pairs(6, seed=3)
     tok = build_tokenizer("word", [s for p in pairs for s in p], min_frequency=1)
@@ -284,7 +294,7 @@ def test_empty_line_names_file_and_line(tmp_path):
 
 def test_non_utf8_bytes_name_file_and_line(tmp_path):
     toy_dir(tmp_path)
-    (tmp_path / "train.de").write_bytes("Ein Hund.\nEine M".encode() + b"\xe4dchen.\n")
+    (tmp_path / "train.de").write_bytes(b"Ein Hund.\nEine M" + b"\xe4dchen.\n")
     with pytest.raises(ValueError, match=rf"{tmp_path}/train.de line 2: byte 0xe4 at column 7 is not UTF-8"):
         ParallelTextDataModule(str(tmp_path), test_split=None).src_vocab_size
 

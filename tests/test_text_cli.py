@@ -5,6 +5,7 @@ import json
 import re
 import sys
 
+import pytest
 import torch
 from tokenizers import Tokenizer
 
@@ -16,6 +17,7 @@ def metric(run, key):
     return [float(r[key]) for r in csv.DictReader((run / "metrics.csv").open()) if r.get(key)]
 
 
+@pytest.mark.slow
 def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
     root, cache = f"--trainer.default_root_dir={tmp_path}", f"--data.init_args.cache_dir={tmp_path / 'data'}"
     code, out, err = attnlab("fit", "--config", TOY, root, cache, "--trainer.max_epochs=3", "--trainer.limit_val_batches=2")
@@ -40,7 +42,7 @@ def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
     assert [r["source"] for r in rows] == ["A dog sleeps in the park.", "", "Two cats see a red ball."] and rows[1]["translation"] == ""
     assert all(r["translation"] in out for r in rows)  # printed too, one per line
 
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("A cat sits.\n".encode())))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A cat sits.\n")))
     code, out, err = attnlab("predict", "--config", TOY, root, cache, "--ckpt_path", "best", "--data.init_args.predict_file=-")
     assert code == 0, err
     assert json.loads((tmp_path / "predictions.jsonl").read_text())["source"] == "A cat sits."
@@ -51,6 +53,7 @@ def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
     assert re.search(r"attnlab: error: .*vocabulary does not match the data's tokenizer \(src_vocab_size=\d+ in the checkpoint but 90", err)
 
 
+@pytest.mark.slow
 def test_language_model_fit_and_complete_a_prompt(attnlab, tmp_path):
     args = ("--config", LM, f"--trainer.default_root_dir={tmp_path}", f"--data.init_args.cache_dir={tmp_path / 'data'}", "--data.init_args.path=null")
     code, out, err = attnlab("fit", *args, "--trainer.max_steps=40", "--trainer.val_check_interval=20")

@@ -77,6 +77,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nothing listens there once the socket is closed
 
 
+@pytest.mark.slow
 def test_an_unreachable_wandb_server_falls_back_to_offline_and_says_so_once(attnlab, tmp_path, monkeypatch):
     """WANDB_MODE=online with a key, but the server refuses connections: the run trains and logs offline."""
     import wandb

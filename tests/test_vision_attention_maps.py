@@ -93,6 +93,7 @@ def test_callback_writes_maps_at_validation_and_logs_them_to_wandb(tmp_path, mon
     assert [key for key, _ in logged] == ["val/attention_maps"] and len(logged[0][1]) == 3
 
 
+@pytest.mark.slow
 def test_predict_writes_maps_on_request_through_the_cli(attnlab, tmp_path):
     cfg = ("--config", "configs/vision/digits.yaml", f"--trainer.default_root_dir={tmp_path}")
     code, _, err = attnlab("fit", *cfg, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")

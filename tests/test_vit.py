@@ -55,6 +55,7 @@ def test_split_fractions_are_checked():
         split_lengths(10, 0.5, 0.5)
 
 
+@pytest.mark.slow
 def test_tiny_vit_overfits_32_digits():
     torch.manual_seed(0)
     dm = DigitsDataModule()

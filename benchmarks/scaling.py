@@ -1,4 +1,4 @@
-"""Scaling, data pipeline and GPU-only figures for `experiments.benchmark`.
+"""Scaling, data pipeline and GPU-only figures for `python -m benchmarks`.
 
 Scaling: how our training step's time and memory grow with the sequence length (text), the image
 size (ViT) and the number of queries / targets (DETR), and which share of the step the attention
@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from experiments.bench_harness import Step
-from experiments.bench_models import QUICK_VIT, VIT_SHAPES, Bench, Settings, detr_bench, train_step, training_flops, vit_pair
+from benchmarks.harness import Step
+from benchmarks.peers import QUICK_VIT, VIT_SHAPES, Bench, Settings, detr_bench, train_step, training_flops, vit_pair
+from experiments.links import LINKED_ATTRIBUTES
 from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
 # ----------------------------------------------------------------------------- attention kernels
@@ -155,7 +156,7 @@ def vit_b16_mfu(s: Settings, compile_model: bool, batch: int = 64, side: str = "
     torch.utils.flop_counter, divided by the step time and the GPU's dense bf16 peak. ``side``: "ours" or
     "timm" (the same weights); ``precision``: "bf16 autocast" (fp32 weights, Lightning's bf16-mixed) or
     "bf16 weights" (weights, gradients and optimiser state in bf16, Lightning's bf16-true)."""
-    from experiments.bench_harness import interleaved
+    from benchmarks.harness import interleaved
 
     ours, theirs = vit_pair(VIT_SHAPES["vit_base"], s.device)
     model = ours if side == "ours" else theirs
@@ -234,8 +235,6 @@ def from_config(path: str | Path, num_workers: int) -> tuple[Any, Any]:
     """The DataModule (with ``num_workers``) and the LightningModule of an experiment YAML, the
     DataModule's facts linked into the model as `attnlab` links them."""
     import yaml
-
-    from experiments.cli import LINKED_ATTRIBUTES
 
     config = yaml.safe_load(Path(path).read_text())
     data = _instantiate(config["data"], num_workers=num_workers)

@@ -1,8 +1,10 @@
 """Speed and memory of every attnlab model against its best-known peer, measured side by side.
 
-    python -m experiments.benchmark                       # everything, appended to benchmarks/RESULTS.md
-    python -m experiments.benchmark --only attention,vit  # some sections
-    python -m experiments.benchmark --quick --output -    # smallest shapes, print only (smoke test)
+    python -m benchmarks                       # everything, appended to benchmarks/history/DATE-benchmark.md
+    python -m benchmarks --only attention,vit  # some sections
+    python -m benchmarks --quick --output -    # smallest shapes, print only (smoke test)
+
+Run it from the repository root (``benchmarks`` is not part of the installed package).
 
 Sections (``--only``):
     core       the core's attention function vs F.scaled_dot_product_attention on the same projected tensors
@@ -17,9 +19,10 @@ Sections (``--only``):
     gpu        ViT-B/16 model FLOPs utilisation (bf16), SDPA kernel checks: only with CUDA
 
 Every comparison uses the same shapes, precision, optimiser (AdamW) and loss on both sides, and the
-same weights where the layouts allow it; see `experiments.bench_harness` for how time and memory
+same weights where the layouts allow it; see `benchmarks.harness` for how time and memory
 are measured. The report (a Markdown section with the exact command, the machine and the tables)
-is printed and appended to ``--output``; the file is never overwritten.
+is printed and appended to ``--output``; the file is never overwritten. Figures that supersede those
+in benchmarks/RESULTS.md (one current table per subject) replace them there by hand.
 """
 from __future__ import annotations
 
@@ -30,16 +33,15 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from experiments import bench_models as bm
-from experiments import bench_scaling as bs
-from experiments.bench_harness import Ratio, Timing, interleaved, machine, markdown_table, measure_in_subprocess, step_peak_mib
+from benchmarks import peers, scaling
+from benchmarks.harness import Ratio, Timing, interleaved, machine, markdown_table, measure_in_subprocess, step_peak_mib
 
 SECTIONS = ("core", "attention", "vit", "text", "decoding", "detr", "scaling", "data", "gpu")
 DATA_CONFIGS = ("configs/vision/digits.yaml", "configs/text/toy_en_de.yaml", "configs/detection/shapes.yaml")
@@ -53,7 +55,7 @@ class Case:
     key: str
     section: str
     label: str
-    build: Callable[[bm.Settings], bm.Bench]
+    build: Callable[[peers.Settings], peers.Bench]
     targets: dict[str, float | None] = field(default_factory=dict)
 
 
@@ -63,29 +65,29 @@ def cases(quick: bool) -> list[Case]:
     for length in (16, 32) if quick else (64, 256, 1024):
         for masked in (False, True):
             out.append(Case(f"core/L={length}/{'padded' if masked else 'full'}", "core", f"L={length}" + (", key padding" if masked else ""),
-                            partial(bm.core_bench, length, masked), {"sdpa": 1.05}))
+                            partial(peers.core_bench, length, masked), {"sdpa": 1.05}))
             out.append(Case(f"attention/L={length}/{'padded' if masked else 'full'}", "attention",
-                            f"L={length}" + (", key padding" if masked else ""), partial(bm.attention_bench, length, masked),
+                            f"L={length}" + (", key padding" if masked else ""), partial(peers.attention_bench, length, masked),
                             {"sdpa": 1.05, "nn.MHA": 1.0}))
     for name in ("vit_tiny", "vit_small"):
-        out.append(Case(f"vit/{name}", "vit", name, partial(bm.vit_bench, name), {"timm": 1.0}))
-    out.append(Case("vit/vit_dispatch", "vit", "vit_dispatch (tiny tensors)", partial(bm.vit_bench, "vit_dispatch", batch=2), {"timm": 1.0}))
+        out.append(Case(f"vit/{name}", "vit", name, partial(peers.vit_bench, name), {"timm": 1.0}))
+    out.append(Case("vit/vit_dispatch", "vit", "vit_dispatch (tiny tensors)", partial(peers.vit_bench, "vit_dispatch", batch=2), {"timm": 1.0}))
     for size in ("small", "base"):
-        out.append(Case(f"text/{size}", "text", f"seq2seq {size}", partial(bm.seq2seq_bench, size), {"nn.Transformer": 1.0}))
-    out.append(Case("decoding/beam", "decoding", "beam search, beam 5", partial(bm.decoding_bench, "beam"), {"no cache": 0.2}))
-    out.append(Case("decoding/greedy", "decoding", "greedy", partial(bm.decoding_bench, "greedy"), {"no cache": None}))
+        out.append(Case(f"text/{size}", "text", f"seq2seq {size}", partial(peers.seq2seq_bench, size), {"nn.Transformer": 1.0}))
+    out.append(Case("decoding/beam", "decoding", "beam search, beam 5", partial(peers.decoding_bench, "beam"), {"no cache": 0.2}))
+    out.append(Case("decoding/greedy", "decoding", "greedy", partial(peers.decoding_bench, "greedy"), {"no cache": None}))
     for size in ("small", "r50"):
-        out.append(Case(f"detr/{size}", "detr", f"DETR {size}", partial(bm.detr_bench, size), {"HF DETR": 1.0}))
-    for shape in bm.MATCHING_SHAPES:
-        out.append(Case(f"detr/matching/{shape}", "detr", f"matching, {shape}", partial(bm.matching_bench, shape), {"HF matcher": 1.0}))
-    out.append(Case("scaling/text", "scaling", "text", bs.text_scaling_bench))
-    out.append(Case("scaling/vit", "scaling", "ViT tiny", bs.vit_scaling_bench))
-    out.append(Case("scaling/detr", "scaling", "DETR small", bs.detr_scaling_bench))
+        out.append(Case(f"detr/{size}", "detr", f"DETR {size}", partial(peers.detr_bench, size), {"HF DETR": 1.0}))
+    for shape in peers.MATCHING_SHAPES:
+        out.append(Case(f"detr/matching/{shape}", "detr", f"matching, {shape}", partial(peers.matching_bench, shape), {"HF matcher": 1.0}))
+    out.append(Case("scaling/text", "scaling", "text", scaling.text_scaling_bench))
+    out.append(Case("scaling/vit", "scaling", "ViT tiny", scaling.vit_scaling_bench))
+    out.append(Case("scaling/detr", "scaling", "DETR small", scaling.detr_scaling_bench))
     return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.benchmark", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default=",".join(s for s in SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
     p.add_argument("--quick", action="store_true", help="smallest shapes, few repeats: a smoke test, not a measurement")
     p.add_argument("--repeats", type=int, help="timed samples per side (default 10; 2 with --quick)")
@@ -98,7 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto", help="DETR backbones and images channels-last (auto: on with CUDA)")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip peak-memory probes (each runs a fresh process)")
     p.add_argument("--data-configs", default=",".join(DATA_CONFIGS), help="experiment YAMLs for the data section")
-    p.add_argument("--output", default="benchmarks/RESULTS.md", help="Markdown file the report is appended to ('-': print only)")
+    p.add_argument("--output", default=f"benchmarks/history/{datetime.date.today():%Y-%m-%d}-benchmark.md",
+                   help="Markdown file the report is appended to ('-': print only; default: today's file in benchmarks/history/)")
     p.add_argument("--memory-probe", nargs=2, metavar=("KEY", "SIDE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     unknown = set(args.only.split(",")) - set(SECTIONS)
@@ -109,16 +112,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def settings_of(args: argparse.Namespace) -> bm.Settings:
+def settings_of(args: argparse.Namespace) -> peers.Settings:
     cuda = torch.cuda.is_available() and args.device != "cpu"
     if args.device == "cuda" and not cuda:
         raise SystemExit("benchmark: --device cuda but torch.cuda.is_available() is False")
     on = lambda flag: flag == "on" or (flag == "auto" and cuda)  # noqa: E731
-    return bm.Settings(quick=args.quick, device=torch.device("cuda" if cuda else "cpu"), amp=on(args.amp),
+    return peers.Settings(quick=args.quick, device=torch.device("cuda" if cuda else "cpu"), amp=on(args.amp),
                        compile=args.compile == "on", channels_last=on(args.channels_last))
 
 
-def probe_argv(args: argparse.Namespace, s: bm.Settings) -> list[str]:
+def probe_argv(args: argparse.Namespace, s: peers.Settings) -> list[str]:
     """The flags a memory probe needs to rebuild the same case."""
     return (["--quick"] if s.quick else []) + ["--threads", str(args.threads), "--device", s.device.type, "--amp", "on" if s.amp else "off",
                                                "--channels-last", "on" if s.channels_last else "off", "--compile", "on" if s.compile else "off"]
@@ -164,7 +167,7 @@ def fmt_mib(value: float | None) -> str:
 @dataclass
 class Outcome:
     case: Case
-    bench: bm.Bench
+    bench: peers.Bench
     timings: dict[str, Timing]
     memory: dict[str, float | None]
     kernels: dict[str, str]
@@ -173,7 +176,7 @@ class Outcome:
     extra_figures: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def run_case(case: Case, s: bm.Settings, args: argparse.Namespace, profile_sides: tuple[str, ...] = ("ours",)) -> Outcome:
+def run_case(case: Case, s: peers.Settings, args: argparse.Namespace, profile_sides: tuple[str, ...] = ("ours",)) -> Outcome:
     log(f"{case.key}: building")
     bench = case.build(s)
     repeats = bench.repeats or args.repeats
@@ -188,11 +191,11 @@ def run_case(case: Case, s: bm.Settings, args: argparse.Namespace, profile_sides
     kernels, shares = {}, {}
     if case.section != "decoding":
         for side in [p for p in profile_sides if p in bench.steps] if case.targets else bench.steps:
-            events = bs.profile_step(bench.steps[side])
-            kernels[side] = bs.sdpa_kernels(events)
-            shares[side] = bs.attention_share(events)
+            events = scaling.profile_step(bench.steps[side])
+            kernels[side] = scaling.sdpa_kernels(events)
+            shares[side] = scaling.attention_share(events)
         if s.device.type == "cuda" and "ours" in bench.steps and not s.compile:  # under sdpa_kernel a compiled step recompiles
-            notes.append("ours, SDPA kernels allowed one at a time: " + bs.verify_gpu_kernels(bench.steps["ours"]))
+            notes.append("ours, SDPA kernels allowed one at a time: " + scaling.verify_gpu_kernels(bench.steps["ours"]))
     memory: dict[str, float | None] = {}
     if args.memory:
         for side in bench.steps:
@@ -259,7 +262,7 @@ SECTION_TITLES = {
 }
 
 
-def method_text(args: argparse.Namespace, s: bm.Settings) -> str:
+def method_text(args: argparse.Namespace, s: peers.Settings) -> str:
     clock = "process CPU time" if s.device.type == "cpu" else "wall time after torch.cuda.synchronize"
     return (
         f"Method: the sides of a row run in one process, interleaved (A B, B A, ...), after {args.warmup} warm-up steps each; "
@@ -299,13 +302,13 @@ def run(args: argparse.Namespace) -> str:
                 print("benchmark: gpu section skipped: no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
                 continue
             log("gpu: ViT-B/16 MFU")
-            rows = [bs.vit_b16_mfu(base, compile_model=c, batch=b) for c in (False, True) for b in (64, 256)]
-            rows += [bs.vit_b16_mfu(base, compile_model=True, batch=256, side="timm"),
-                     bs.vit_b16_mfu(base, compile_model=True, batch=256, precision="bf16 weights")]
+            rows = [scaling.vit_b16_mfu(base, compile_model=c, batch=b) for c in (False, True) for b in (64, 256)]
+            rows += [scaling.vit_b16_mfu(base, compile_model=True, batch=256, side="timm"),
+                     scaling.vit_b16_mfu(base, compile_model=True, batch=256, precision="bf16 weights")]
             parts.append("### ViT-B/16 training step, model FLOPs utilisation (fused AdamW)\n\n"
                          + markdown_table(list(rows[0]), [list(r.values()) for r in rows]))
             parts.append("### SDPA on this GPU: a query row whose keys are all blocked (2 x 4 heads x L x 64)\n\n"
-                         + markdown_table(["backend", "dtype", "L", "output of the empty row", "gradients"], bs.empty_row_rows(base.device)))
+                         + markdown_table(["backend", "dtype", "L", "output of the empty row", "gradients"], scaling.empty_row_rows(base.device)))
             continue
         if section == "data":
             log("data pipeline")
@@ -314,7 +317,7 @@ def run(args: argparse.Namespace) -> str:
                 if not Path(config).is_file():
                     skipped.append(f"data: {config} does not exist")
                     continue
-                rows += bs.data_pipeline_rows(config, (0,) if base.quick else (0, 2), 3 if base.quick else 30, base.device)
+                rows += scaling.data_pipeline_rows(config, (0,) if base.quick else (0, 2), 3 if base.quick else 30, base.device)
             parts.append("### Data pipeline: DataModule alone vs training step (samples/s, wall time)\n\n"
                          + markdown_table(["config", "num_workers", "loader alone", "step alone (batches in memory)", "fit (loader + step)", "model busy"], rows)
                          + "\n\n'model busy' = fit rate / step rate: below 100% the model waits for data. Every DataModule takes "
@@ -331,7 +334,7 @@ def run(args: argparse.Namespace) -> str:
             parts.append(f"### {title}\n\n{table}{notes}")
     wall = time.perf_counter() - wall_start
     info["load average at end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    command = "python -m experiments.benchmark " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if args.argv is None else args.argv))
+    command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if args.argv is None else args.argv))
     header = [
         f"## Performance against peers (issue #7), {started:%Y-%m-%d %H:%M}" + (" [--quick: smoke test, not a measurement]" if base.quick else ""),
         "",
@@ -364,6 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     report = run(args)
     print(report)
     if args.output != "-":
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         with open(args.output, "a") as f:  # append: other sections of the file belong to others
             f.write("\n" + report)
         log(f"appended to {args.output}")

@@ -1,4 +1,4 @@
-"""The side-by-side cases of `experiments.benchmark`: each of our models against its peer, with the
+"""The side-by-side cases of `python -m benchmarks`: each of our models against its peer, with the
 same shapes, weights where the layouts allow it, precision, optimiser and loss.
 
 A case builder takes the `Settings` and returns a `Bench`: one callable per side that runs one step
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from experiments.bench_harness import Step, synchronize
+from benchmarks.harness import Step, synchronize
 from models.attention import MultiHeadAttention, attention_fast, merge_masks
 from models.backbone import Backbone
 from models.criterion import SetCriterion
@@ -511,7 +511,7 @@ def parameter_counts(model: nn.Module) -> str:
 def detr_bench(size: str, s: Settings, queries: int | None = None, boxes: int | None = None, with_peer: bool = True) -> Bench:
     """DETR training step (set loss with aux losses, AdamW) on random images: ours vs Hugging Face's
     DetrForObjectDetection (skipped with a message when transformers is missing)."""
-    from experiments.bench_harness import clock
+    from benchmarks.harness import clock
 
     c = dict(QUICK_DETR if s.quick else DETR_SHAPES[size])
     if queries:

@@ -1,4 +1,4 @@
-"""Measuring for `experiments.benchmark`: interleaved timing, peak memory in a fresh process, the
+"""Measuring for `python -m benchmarks`: interleaved timing, peak memory in a fresh process, the
 machine's description, Markdown tables.
 
 Timing. Every side of a comparison runs in the same process, interleaved (A B, B A, A B, ...: the
@@ -11,7 +11,7 @@ CPU time (`time.process_time`): on a machine shared with other jobs it leaves ou
 process waits for a core, which wall time does not; the wall-clock ratio is reported beside it.
 On a GPU the clock is wall time after `torch.cuda.synchronize`.
 
-Peak memory. CPU: the step runs in a fresh Python process (``python -m experiments.benchmark
+Peak memory. CPU: the step runs in a fresh Python process (``python -m benchmarks
 --memory-probe KEY SIDE``) that builds the case, runs warm-up steps (so gradients and optimiser
 state exist), resets the kernel's resident-set high-water mark (``/proc/self/clear_refs``), runs
 one step and reports VmHWM minus the resident set before the step: the memory the step itself
@@ -29,12 +29,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
 
 import torch
 
 Step = Callable[[], object]
+REPO_ROOT = Path(__file__).resolve().parents[1]  # `python -m benchmarks` runs from here: it is not installed
 
 
 def synchronize(device: torch.device) -> None:
@@ -83,7 +85,7 @@ class Ratio:
     wall: float
 
     @classmethod
-    def of(cls, a: Timing, b: Timing) -> "Ratio":
+    def of(cls, a: Timing, b: Timing) -> Ratio:
         rounds = [x / y for x, y in zip(a.cpu, b.cpu)]
         return cls(a.median / b.median, quantile(rounds, 0.25), quantile(rounds, 0.75), a.wall_median / b.wall_median)
 
@@ -155,8 +157,8 @@ def measure_in_subprocess(key: str, side: str, argv: list[str], timeout_s: float
     Returns None (and prints why to stderr) when the probe fails, so one failing case does not end a run.
     """
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    cmd = [sys.executable, "-m", "experiments.benchmark", "--memory-probe", key, side, *argv]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    cmd = [sys.executable, "-m", "benchmarks", "--memory-probe", key, side, *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, cwd=REPO_ROOT)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         print(f"memory probe {key}/{side} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:] or ''}", file=sys.stderr)
