@@ -4,6 +4,7 @@
     attnlab test --config configs/vision/digits.yaml --ckpt_path best
     attnlab fit --config configs/vision/digits.yaml --print_config
     attnlab compare runs/vision runs/text      # the cross-run report (experiments.compare)
+    attnlab sweep configs/sweeps/digits_similarity.yaml   # grids x seeds of fit runs (experiments.sweep)
     attnlab benchmark --only vit               # speed and memory against the peers (experiments.benchmark)
 
 Configs name the classes (``model.class_path``, ``data.class_path``). Facts about the data that
@@ -186,6 +187,10 @@ def main(args: list[str] | None = None) -> None:
         from experiments.compare import main as compare
 
         return compare(argv[1:])
+    if argv[:1] == ["sweep"]:  # grids x seeds of `attnlab fit` runs
+        from experiments.sweep import main as sweep
+
+        return sweep(argv[1:])
     if argv[:1] == ["benchmark"]:  # speed and memory against the peers
         from experiments.benchmark import main as benchmark
 
