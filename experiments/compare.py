@@ -285,8 +285,10 @@ def paired(a: list[float], b: list[float]) -> dict[str, float | int | None]:
     """a - b over the same seeds: the mean difference with its 95% t-interval, and the paired t-test's p-value."""
     from scipy import stats
 
-    out = interval([x - y for x, y in zip(a, b)])
-    out["p"] = float(stats.ttest_rel(a, b).pvalue) if len(a) > 1 else None
+    diffs = [x - y for x, y in zip(a, b)]
+    out = interval(diffs)
+    constant = max(diffs) - min(diffs) <= 1e-12 * max(1.0, abs(out["mean"]))  # no spread: the t statistic is undefined
+    out["p"] = float(stats.ttest_rel(a, b).pvalue) if len(a) > 1 and not constant else None
     return out
 
 
@@ -423,7 +425,8 @@ def plot_losses(runs: list[dict[str, Any]], path: Path) -> None:
     rel.set(xlabel="fraction of training", ylabel="train loss / first train loss", title="loss relative to its start")
     for ax in (raw, rel):
         ax.grid(alpha=0.3)
-    rel.legend(fontsize=7)
+    if rel.lines:
+        rel.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -453,15 +456,19 @@ def plot_by_layer(runs: list[dict[str, Any]], key: str, ylabel: str, path: Path)
                 ax.plot([i] * len(layers[i][key]), layers[i][key], ".", color="gray", alpha=0.5, ms=4)
         ax.set_xticks(range(len(layers)), [_short(layer["name"]) for layer in layers], rotation=60, fontsize=6)
         unit = f" ({attention.get('unit')})" if key == "distance" else ""
-        modality_ = r["summary"].get("modality")
-        title = r["label"] if not modality_ or modality_ in r["label"].split("/") else f"{r['label']}\n{modality_}"
-        ax.set(title=title, ylabel=ylabel + unit)
+        ax.set(title=panel_title(r), ylabel=ylabel + unit)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
+
+
+def panel_title(run: dict[str, Any]) -> str:
+    """The run's label, and its modality below when the label does not already say it (not "vision / vision")."""
+    modality_ = run["summary"].get("modality")
+    return run["label"] if not modality_ or modality_ in run["label"].split("/") else f"{run['label']}\n{modality_}"
 
 
 def _short(name: str) -> str:

@@ -38,6 +38,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,7 +237,8 @@ def _parse_error(args: list[str]) -> str | None:
 def check(sweep: Sweep) -> None:
     """Every config with the overrides, then every grid value, through the real parser; the first error as one line."""
     if sweep.launcher == "slurm":
-        _executor(sweep)
+        with tempfile.TemporaryDirectory() as folder:  # submitit makes its folder: none in the sweep's before a run starts
+            _executor(sweep, Path(folder))
     if sweep.launcher == "wandb":
         from experiments.tracking import wandb_mode
 
@@ -427,13 +429,13 @@ def launch_local(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
     return 0
 
 
-def _executor(sweep: Sweep):
+def _executor(sweep: Sweep, folder: Path):
     import submitit
 
     params = dict(sweep.slurm)
     cluster = params.pop("cluster", None)
     try:
-        executor = submitit.AutoExecutor(folder=sweep.root / "submitit" / "%j", cluster=cluster)
+        executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
         executor.update_parameters(name=sweep.name, **params)
     except (AssertionError, NameError, ValueError, TypeError, RuntimeError) as err:
         raise SweepError(f"{sweep.file}: slurm: {str(err).strip().splitlines()[0]}") from None
@@ -444,7 +446,7 @@ def launch_slurm(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
     """One submitit job per run (an array job on SLURM); waits for them and records each as it ends."""
     import submitit
 
-    executor = _executor(sweep)
+    executor = _executor(sweep, sweep.root / "submitit")
     with executor.batch():
         jobs = [executor.submit(execute, sweep.command(run), str(run.folder), sweep.env(run)) for run, _ in todo]
     by_job = {}
