@@ -17,7 +17,7 @@ A sweep file (see configs/sweeps/)::
 
 One run per (config x grid cell x seed), named ``<config stem>/<key=value,...>/seed=<s>`` (keys by their last
 part), trained by ``python -m experiments.cli fit --config C --seed_everything S --trainer.default_root_dir
-ROOT/NAME --ckpt_path last <cell> <overrides>`` in a subprocess (its output in ``ROOT/NAME/sweep.log``).
+ROOT/NAME --ckpt_path last <overrides> <cell> <extra>`` in a subprocess (its output in ``ROOT/NAME/sweep.log``).
 ``ROOT/sweep.json`` records each run: pending, running, done, failed (with the error line) or interrupted.
 Running the sweep again skips finished runs and resumes the others from their ``last.ckpt`` (``--ckpt_path
 last`` starts a run that has none); a finished run is never started again. Every key and value is checked
@@ -100,7 +100,7 @@ class Sweep:
 
     def fit_args(self, run: Run) -> list[str]:
         args = ["fit", "--config", run.config, "--seed_everything", str(run.seed), "--trainer.default_root_dir", str(run.folder),
-                "--ckpt_path", "last", *_flags(run.cell), *_flags(self.overrides)]
+                "--ckpt_path", "last", *_flags(self.overrides), *_flags(run.cell)]  # the cell's values win over overrides
         if self.wandb is not None:
             args.append("--trainer.logger=" + json.dumps(self._loggers(run)))
         return args + self.extra

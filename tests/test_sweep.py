@@ -49,8 +49,8 @@ def test_one_run_per_config_cell_and_seed_with_stable_names_and_commands(tmp_pat
     assert run.folder == tmp_path / "root" / "digits" / "similarity=dot,max_epochs=2" / "seed=7"
     assert run.cell == {"model.init_args.similarity": "dot", "trainer.max_epochs": 2} and run.cell_name == "digits/similarity=dot,max_epochs=2"
     assert sweep.command(run) == [sys.executable, "-m", "experiments.cli", "fit", "--config", DIGITS, "--seed_everything", "7",
-                                  "--trainer.default_root_dir", str(run.folder), "--ckpt_path", "last", "--model.init_args.similarity=dot",
-                                  "--trainer.max_epochs=2", "--data.init_args.batch_size=32"]
+                                  "--trainer.default_root_dir", str(run.folder), "--ckpt_path", "last", "--data.init_args.batch_size=32",
+                                  "--model.init_args.similarity=dot", "--trainer.max_epochs=2"]
     assert sweeps.load(write(tmp_path)).runs()[0].name == runs[0].name.replace(",max_epochs=1", "")  # names depend on settings only
 
 
@@ -224,7 +224,7 @@ def test_submitit_runs_each_cell_a_failing_cell_is_recorded_and_wandb_groups_the
 
 
 def _tiny_sweep(tmp_path: Path, name: str, **spec) -> Path:
-    return write(tmp_path, name=name, overrides=TINY, **spec)
+    return write(tmp_path, name=name, **{"overrides": TINY, **spec})
 
 
 @pytest.mark.slow
@@ -263,7 +263,7 @@ def test_digits_sweep_end_to_end_then_compare_gives_a_row_per_cell(attnlab, tmp_
 @pytest.mark.slow
 def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(tmp_path):
     """SIGTERM to the sweep stops its running fit (which saves last.ckpt); the next start resumes that run."""
-    path = _tiny_sweep(tmp_path, "stop", grid={"trainer.max_epochs": [1, 30]}, seeds=[0],
+    path = _tiny_sweep(tmp_path, "stop", grid={"trainer.max_epochs": [1, 30]}, seeds=[0],  # the grid's max_epochs wins over TINY's
                        overrides={**TINY, "trainer.limit_train_batches": 1})
     root = tmp_path / "root"
     first, long = root / "digits" / "max_epochs=1" / "seed=0", root / "digits" / "max_epochs=30" / "seed=0"
