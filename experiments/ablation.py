@@ -19,7 +19,14 @@ import sys
 from pathlib import Path
 
 from experiments import sweep as sweeps
-from experiments.compare import build_report, find_runs, load_runs, markdown_table, print_result, scaling_rows
+from experiments.compare import (
+    build_report,
+    find_runs,
+    load_runs,
+    markdown_table,
+    print_result,
+    scaling_rows,
+)
 
 SWEEP = "configs/sweeps/ablation.yaml"
 

@@ -329,8 +329,8 @@ def pairs(cells: list[dict[str, Any]], baseline: str | None = None) -> list[tupl
             keys = [k for k in keys if k == base_key or k.endswith("." + base_key)]
             reference = {k: base_value for k in keys}
         by_settings = {json.dumps(c["settings"], sort_keys=True): c for c in members}
-        for cell in members:
-            for key in keys:
+        for key in keys:  # one key at a time: every cell that changes it, in the grid's order
+            for cell in members:
                 if cell["settings"].get(key) == reference[key]:
                     continue
                 ref = by_settings.get(json.dumps({**cell["settings"], key: reference[key]}, sort_keys=True))
@@ -374,6 +374,8 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
     for axes_row, group in zip(axes, groups):
         members = [c for c in cells if c["group"] == group]
         names = [c["label"].removeprefix(f"{group}/") for c in members]
+        keys = ", ".join(re.findall(r"([\w.]+)=", names[0]))  # "similarity=dot,positions=learned" -> ticks "dot,learned"
+        names = [re.sub(r"[\w.]+=", "", name) for name in names]
         for ax, (key, label) in zip(axes_row, measures):
             for x, cell in enumerate(members):
                 values = list(_by_seed(cell, key).values())
@@ -387,6 +389,7 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
             monitor = next((c.get("monitor") for c in members if c.get("monitor")), None)
             ax.set_title(f"{group}: {monitor or label}" if key == "best" else f"{group}: {label}", fontsize=9)
             ax.set_xticks(range(len(members)), names, rotation=30, ha="right", fontsize=7)
+            ax.set_xlabel(keys, fontsize=7)
             ax.grid(alpha=0.3, axis="y")
         axes_row[0].legend(fontsize=6)
     fig.tight_layout()

@@ -49,7 +49,9 @@ def test_compare_names_a_folder_without_runs(attnlab, tmp_path):
 
 def test_report_goes_to_wandb_as_a_table_and_images(attnlab, two_runs, tmp_path, monkeypatch):
     import wandb
-    from wandb.sdk.lib.noop_run import NoopRun  # what wandb.init returns under WANDB_MODE=disabled
+    from wandb.sdk.lib.noop_run import (
+        NoopRun,  # what wandb.init returns under WANDB_MODE=disabled
+    )
 
     logged = {}
     monkeypatch.setattr(NoopRun, "log", lambda self, data, *a, **k: logged.update(data), raising=False)
