@@ -12,6 +12,7 @@ the seeds, each cell against scaled_dot (and sinusoidal) over the same seeds, st
 "text, dot vs scaled_dot: -8.1 val/bleu (95% CI -10.2 to -6.0, n=3, paired t-test p=0.004)", and the
 "What the √d scaling does" section (logit variance, saturation, gradient norm at init and at the end).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; train nothing")
     args = parser.parse_args(argv)
     try:
-        sweeps.main([args.file, *(["--root", args.root] if args.root else []), *(["--dry-run"] if args.dry_run else []),
-                     *(["--", *extra] if extra else [])])
+        sweeps.main(
+            [
+                args.file,
+                *(["--root", args.root] if args.root else []),
+                *(["--dry-run"] if args.dry_run else []),
+                *(["--", *extra] if extra else []),
+            ]
+        )
     except SystemExit as exit_:
         if exit_.code != 1:  # 1: some runs failed (the report says which are missing); a bad file or a stop ends here
             raise

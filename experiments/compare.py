@@ -236,13 +236,13 @@ def identify(run: dict[str, Any]) -> None:
                    reference={k: _setting(values[0]) for k, values in grid.items() if values})
         return
     config = yaml.safe_load((run["dir"] / "config.yaml").read_text()) if (run["dir"] / "config.yaml").is_file() else None
-    config = config if isinstance(config, dict) else {"run": str(run["dir"])}  # without its config a run is a cell of its own
+    config = config if isinstance(config, dict) else {"run": str(run["dir"])}  # without a config: a cell of its own
     run.update(order=None, seed=config.get("seed_everything"), sweep=None, group=run["summary"].get("modality") or "-",
                cell=_SEED.sub("", run["label"]).strip("/") or run["label"], settings=_flatten(config), reference={})
 
 
 def values_of(run: dict[str, Any]) -> dict[str, float | None]:
-    """The best value of the checkpoint monitor and the attention statistics at the end (means over layers and heads)."""
+    """The best value of the checkpoint monitor and the attention statistics at the end (means over layers, heads)."""
     return {"best": (run["summary"].get("best") or {}).get("value"), **{key: run["final"].get(key) for key, _ in STATS}}
 
 
@@ -252,7 +252,8 @@ def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         identify(run)
     several = len({r["sweep"] for r in runs if r["sweep"]}) > 1
     cells: dict[tuple, dict[str, Any]] = {}
-    for run in sorted(runs, key=lambda r: (r["sweep"] or "", -1 if r["order"] is None else r["order"])):  # a sweep's grid order
+    # a sweep's runs in its grid order
+    for run in sorted(runs, key=lambda r: (r["sweep"] or "", -1 if r["order"] is None else r["order"])):
         key = (run["sweep"], run["group"], json.dumps(run["settings"], sort_keys=True))
         label = f"{run['sweep']}: {run['cell']}" if several and run["sweep"] else run["cell"]
         cell = cells.setdefault(key, {"label": label, "group": run["group"], "settings": run["settings"], "reference": run["reference"],
@@ -269,7 +270,8 @@ def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def interval(values: list[float], confidence: float = 0.95) -> dict[str, float | int | None]:
-    """Mean, n and the half-width of the t-interval over ``values`` (sample standard deviation, n - 1 degrees of freedom)."""
+    """Mean, n and the half-width of the t-interval over ``values`` (sample standard deviation, n - 1 degrees of
+    freedom)."""
     from scipy import stats
 
     n = len(values)
@@ -374,7 +376,7 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
     for axes_row, group in zip(axes, groups):
         members = [c for c in cells if c["group"] == group]
         names = [c["label"].removeprefix(f"{group}/") for c in members]
-        keys = ", ".join(re.findall(r"([\w.]+)=", names[0]))  # "similarity=dot,positions=learned" -> ticks "dot,learned"
+        keys = ", ".join(re.findall(r"([\w.]+)=", names[0]))  # "similarity=dot,positions=learned": ticks "dot,learned"
         names = [re.sub(r"[\w.]+=", "", name) for name in names]
         for ax, (key, label) in zip(axes_row, measures):
             for x, cell in enumerate(members):
@@ -521,14 +523,16 @@ def build_report(run_dirs: list[Path], out: Path, title: str = "attnlab: runs co
         plots["seeds"] = out / "seeds.png"
         plot_cells(cells, plots["seeds"])
         lines += ["## Cells: mean over seeds with 95% confidence intervals", "",
-                  "A cell is one setting run with several seeds. `mean ± h`: the mean over the seeds and h, the half-width of the",
-                  "95% t-interval (scipy.stats.t with n - 1 degrees of freedom and the sample standard deviation); n: the number of seeds.",
+                  "A cell is one setting run with several seeds. `mean ± h`: the mean over the seeds and h,",
+                  "the half-width of the 95% t-interval (scipy.stats.t with n - 1 degrees of freedom and the",
+                  "sample standard deviation); n: the number of seeds.",
                   "", markdown_table(cell_columns, cell_table), "", f"![seeds]({plots['seeds'].name})", ""]
         if paired_table:
             lines += ["## Paired comparisons over the same seeds", "",
                       "Each cell against its reference (the same settings with one key at its first grid value" +
                       (f", here {baseline}" if baseline else "") + "), over the seeds both ran:",
-                      "the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test (scipy.stats.ttest_rel).",
+                      "the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test",
+                      "(scipy.stats.ttest_rel).",
                       "", *(f"- {line}" for line in conclusions), "", markdown_table(paired_columns, paired_table), ""]
     lines += [f"![{name}]({path.name})" for name, path in plots.items() if name not in ("scaling", "seeds")]
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
@@ -614,11 +618,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/compare/report", help="folder for report.md and the plots (default: %(default)s)")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also log the table and plots to this W&B project")
     parser.add_argument("--title", default="attnlab: runs compared")
-    parser.add_argument("--baseline", metavar="KEY=VALUE", help="compare each cell with the one where KEY (e.g. similarity) is VALUE "
-                        "(default: each key's first grid value)")
+    parser.add_argument("--baseline", metavar="KEY=VALUE",
+                        help="compare each cell with the one where KEY (e.g. similarity) is VALUE "
+                             "(default: each key's first grid value)")
     args = parser.parse_args(argv)
     if args.baseline is not None and "=" not in args.baseline:
-        print(f"attnlab: error: --baseline {args.baseline!r}: expected KEY=VALUE, e.g. similarity=scaled_dot", file=sys.stderr)
+        message = f"--baseline {args.baseline!r}: expected KEY=VALUE, e.g. similarity=scaled_dot"
+        print(f"attnlab: error: {message}", file=sys.stderr)
         sys.exit(2)
     try:
         runs = find_runs(args.runs)

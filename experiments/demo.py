@@ -34,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         attnlab(["fit", "--config", config, f"--trainer.default_root_dir={root}", *extra])
         runs.append(str(root))
     attnlab(["compare", *runs, "--out", str(out / "report"), "--title", "attnlab demo: three modalities, one attention core"])
-    print("attnlab: demo: one seed per modality; for means with 95% intervals over seeds, run these as a sweep: "
-          "`attnlab sweep configs/sweeps/ablation.yaml` (every similarity, 3 seeds; or `make ablation`), then `attnlab compare runs/sweeps/ablation`")
+    print("attnlab: demo: one seed per modality; for means with 95% intervals over seeds, run them as a sweep: "
+          "`attnlab sweep configs/sweeps/ablation.yaml` (every similarity, 3 seeds; or `make ablation`), "
+          "then `attnlab compare runs/sweeps/ablation`")
     return 0
 
 

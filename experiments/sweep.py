@@ -3,17 +3,17 @@
 A sweep file (see configs/sweeps/)::
 
     name: digits_similarity                  # default: the file's stem
-    configs: [configs/vision/digits.yaml]    # one or more experiments; an entry may add keys of its own:
-                                             #   - {config: configs/compare/text.yaml, grid: {model.init_args.positions: [sinusoidal, learned]}}
+    configs: [configs/vision/digits.yaml]    # one or more experiments; an entry may add grid keys of its own:
+                                             #   {config: configs/compare/text.yaml, grid: {KEY: [...]}}
     grid:                                    # any `attnlab fit` key -> the values to try
       model.init_args.similarity: [scaled_dot, dot]
     seeds: [0, 1]                            # --seed_everything of each run
     overrides: {trainer.max_epochs: 5}       # applied to every run
     root: runs/sweeps/digits_similarity      # the default
     launcher: local                          # local | slurm | wandb
-    max_parallel: 1                          # local and wandb: runs (agents) at once, each on its own GPU when there are GPUs
-    slurm: {timeout_min: 240, gpus_per_node: 1, slurm_partition: gpu}   # submitit's parameters; cluster: local runs them here
-    wandb: {project: attnlab, entity: null}  # log every run to W&B (group = sweep name, job type = cell, tags = settings)
+    max_parallel: 1                          # local and wandb: runs (agents) at once, one GPU each when there are GPUs
+    slurm: {timeout_min: 240, gpus_per_node: 1, slurm_partition: gpu}  # submitit's parameters; cluster: local runs here
+    wandb: {project: attnlab, entity: null}  # log to W&B: group = sweep name, job type = cell, tags = settings
 
 One run per (config x grid cell x seed), named ``<config stem>/<key=value,...>/seed=<s>`` (keys by their last
 part), trained by ``python -m experiments.cli fit --config C --seed_everything S --trainer.default_root_dir
@@ -25,6 +25,7 @@ with the real parser before any run starts. The W&B launcher creates a W&B sweep
 agents call ``attnlab sweep FILE --agent --run=NAME``: each run's settings reach `attnlab fit`, and so every
 DDP process, as command-line arguments. Compare the runs with ``attnlab compare ROOT``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,19 @@ class Sweep:
         return [sys.executable, "-m", "experiments.cli", *self.fit_args(run)]
 
     def fit_args(self, run: Run) -> list[str]:
-        args = ["fit", "--config", run.config, "--seed_everything", str(run.seed), "--trainer.default_root_dir", str(run.folder),
-                "--ckpt_path", "last", *_flags(self.overrides), *_flags(run.cell)]  # the cell's values win over overrides
+        args = [
+            "fit",
+            "--config",
+            run.config,
+            "--seed_everything",
+            str(run.seed),
+            "--trainer.default_root_dir",
+            str(run.folder),
+            "--ckpt_path",
+            "last",
+            *_flags(self.overrides),
+            *_flags(run.cell),
+        ]  # the cell's values win over overrides
         if self.wandb is not None:
             args.append("--trainer.logger=" + json.dumps(self._loggers(run)))
         return args + self.extra
@@ -109,13 +121,21 @@ class Sweep:
         settings = {**run.cell, **self.overrides}
         short = _short_keys(list(settings))
         tags = [f"{short[k]}={_folder_value(v)}"[:64] for k, v in settings.items()] + [f"seed={run.seed}"]
-        wandb_args = {"project": self.wandb.get("project", "attnlab"), "entity": self.wandb.get("entity"), "name": run.name,
-                      "group": self.name, "tags": tags}
-        return [{"class_path": "experiments.tracking.CSVLogger"},  # the run folder stays lightning_logs/version_0
-                {"class_path": "experiments.tracking.WandbLogger", "init_args": wandb_args}]
+        wandb_args = {
+            "project": self.wandb.get("project", "attnlab"),
+            "entity": self.wandb.get("entity"),
+            "name": run.name,
+            "group": self.name,
+            "tags": tags,
+        }
+        return [
+            {"class_path": "experiments.tracking.CSVLogger"},  # the run folder stays lightning_logs/version_0
+            {"class_path": "experiments.tracking.WandbLogger", "init_args": wandb_args},
+        ]
 
     def env(self, run: Run) -> dict[str, str]:
-        """experiments.tracking.WandbLogger takes no job type: W&B reads it from the environment every process inherits."""
+        """The W&B job type: experiments.tracking.WandbLogger takes none, so it goes by the environment every process
+        of the run inherits."""
         return {"WANDB_JOB_TYPE": run.cell_name[:64]} if self.wandb is not None else {}
 
 
@@ -156,7 +176,9 @@ def load(path: str | Path, root: str | None = None, extra: list[str] | None = No
         where = f" (line {mark.line + 1})" if mark else ""
         raise SweepError(f"{path}: not a YAML file{where}: {getattr(err, 'problem', None) or err}") from None
     if not isinstance(spec, dict):
-        raise SweepError(f"{path}: a sweep file is a mapping (name, configs, grid, seeds, ...), got {type(spec).__name__}")
+        raise SweepError(
+            f"{path}: a sweep file is a mapping (name, configs, grid, seeds, ...), got {type(spec).__name__}"
+        )
     for key in spec:
         if key not in KEYS:
             raise SweepError(f"{path}: {key}: not a sweep key; expected one of {', '.join(KEYS)}")
@@ -187,7 +209,9 @@ def load(path: str | Path, root: str | None = None, extra: list[str] | None = No
     if wandb is not None and (not isinstance(wandb, dict) or set(wandb) - {"project", "entity"}):
         raise SweepError(f"{path}: wandb: expected a mapping with project and entity, got {wandb!r}")
     root_dir = Path(root or spec.get("root") or Path("runs/sweeps") / name)
-    return Sweep(path, name, configs, seeds, overrides, root_dir, launcher, max_parallel, slurm, wandb, list(extra or []))
+    return Sweep(
+        path, name, configs, seeds, overrides, root_dir, launcher, max_parallel, slurm, wandb, list(extra or [])
+    )
 
 
 def _grid(path: Path, where: str, grid: Any) -> dict[str, list]:
@@ -208,14 +232,19 @@ def _configs(path: Path, entries: Any, grid: dict[str, list]) -> list[tuple[str,
         own = {}
         if isinstance(entry, dict):
             if set(entry) - {"config", "grid"} or "config" not in entry:
-                raise SweepError(f"{path}: configs: an entry is a file or {{config: FILE, grid: {{...}}}}, got {entry!r}")
+                raise SweepError(
+                    f"{path}: configs: an entry is a file or {{config: FILE, grid: {{...}}}}, got {entry!r}"
+                )
             entry, own = entry["config"], _grid(path, f"configs[{entry['config']}].grid", entry.get("grid") or {})
         if not isinstance(entry, str) or not Path(entry).is_file():
             raise SweepError(f"{path}: configs: {entry!r} is not a file (paths are relative to the current folder)")
         configs.append((entry, {**grid, **own}))
     stems = [Path(c).stem for c, _ in configs]
     if len(set(stems)) != len(stems):
-        raise SweepError(f"{path}: configs: two experiments share the name {max(stems, key=stems.count)!r}; runs are named by the file's stem")
+        raise SweepError(
+            f"{path}: configs: two experiments share the name {max(stems, key=stems.count)!r}; "
+            "runs are named by the file's stem"
+        )
     return configs
 
 
@@ -237,13 +266,17 @@ def _parse_error(args: list[str]) -> str | None:
 def check(sweep: Sweep) -> None:
     """Every config with the overrides, then every grid value, through the real parser; the first error as one line."""
     if sweep.launcher == "slurm":
-        with tempfile.TemporaryDirectory() as folder:  # submitit makes its folder: none in the sweep's before a run starts
+        with (
+            tempfile.TemporaryDirectory() as folder
+        ):  # submitit makes its folder: none in the sweep's before a run starts
             _executor(sweep, Path(folder))
     if sweep.launcher == "wandb":
         from experiments.tracking import wandb_mode
 
         if (mode := wandb_mode()) != "online":
-            raise SweepError(f"{sweep.file}: launcher: wandb needs W&B online (wandb login or WANDB_API_KEY); W&B mode is {mode}")
+            raise SweepError(
+                f"{sweep.file}: launcher: wandb needs W&B online (wandb login or WANDB_API_KEY); W&B mode is {mode}"
+            )
     for config, grid in sweep.configs:
         if error := _parse_error(["fit", "--config", config]):
             raise SweepError(f"{sweep.file}: configs: {config}: {error}")
@@ -293,12 +326,24 @@ def update(root: Path, run: str | None = None, /, **fields: Any) -> None:
 
 def record(sweep: Sweep) -> None:
     """Write the sweep and every run (new ones as pending) into the status file."""
-    update(sweep.root, file=str(sweep.file), name=sweep.name, launcher=sweep.launcher, seeds=sweep.seeds,
-           configs={Path(c).stem: {"config": c, "grid": g} for c, g in sweep.configs})
+    update(
+        sweep.root,
+        file=str(sweep.file),
+        name=sweep.name,
+        launcher=sweep.launcher,
+        seeds=sweep.seeds,
+        configs={Path(c).stem: {"config": c, "grid": g} for c, g in sweep.configs},
+    )
     status = read_status(sweep.root).get("runs", {})
     for run in sweep.runs():
-        entry = {"config": run.config, "cell": run.cell, "cell_name": run.cell_name, "seed": run.seed, "folder": str(run.folder),
-                 "command": shlex.join(sweep.command(run))}
+        entry = {
+            "config": run.config,
+            "cell": run.cell,
+            "cell_name": run.cell_name,
+            "seed": run.seed,
+            "folder": str(run.folder),
+            "command": shlex.join(sweep.command(run)),
+        }
         update(sweep.root, run.name, **entry, **({} if run.name in status else {"status": "pending"}))
 
 
@@ -351,7 +396,9 @@ def start(sweep: Sweep, run: Run, gpu: str | None = None) -> subprocess.Popen:
         log.write(f"\n$ {shlex.join(sweep.command(run))}\n")
         log.flush()
         # its own session: a Ctrl-C reaches the sweep, which stops every run with SIGTERM (they save last.ckpt)
-        return subprocess.Popen(sweep.command(run), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen(
+            sweep.command(run), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def execute(command: list[str], folder: str, env: dict[str, str]) -> tuple[int, str | None]:
@@ -361,13 +408,17 @@ def execute(command: list[str], folder: str, env: dict[str, str]) -> tuple[int, 
     with (folder_ / LOG).open("a") as log:
         log.write(f"\n$ {shlex.join(command)}\n")
         log.flush()
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, check=False).returncode
+        code = subprocess.run(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, check=False
+        ).returncode
     return code, None if code == 0 else error_line(folder_ / LOG, code)
 
 
 def _ended(sweep: Sweep, run: Run, code: int, error: str | None) -> str:
     state = "done" if code == 0 else "interrupted" if code in (INTERRUPTED, -signal.SIGTERM) else "failed"
-    update(sweep.root, run.name, status=state, returncode=code, error=error, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    update(
+        sweep.root, run.name, status=state, returncode=code, error=error, finished=time.strftime("%Y-%m-%dT%H:%M:%S")
+    )
     print(f"attnlab: sweep: {run.name} {state}" + (f": {error}" if state == "failed" else ""), flush=True)
     return state
 
@@ -417,7 +468,12 @@ def launch_local(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
                 del running[name]
                 free.append(gpu)
                 code = proc.returncode
-                _ended(sweep, run, INTERRUPTED if stop and code else code, None if code == 0 else error_line(run.folder / LOG, code))
+                _ended(
+                    sweep,
+                    run,
+                    INTERRUPTED if stop and code else code,
+                    None if code == 0 else error_line(run.folder / LOG, code),
+                )
             if stop and not running:
                 break
     finally:
@@ -465,9 +521,23 @@ def launch_slurm(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
 
 def wandb_sweep_config(sweep: Sweep, todo: list[tuple[Run, str]]) -> dict[str, Any]:
     """A W&B grid sweep over the names of the runs still to do; its agents call back `attnlab sweep ... --agent`."""
-    command = ["${env}", sys.executable, "-m", "experiments.sweep", str(sweep.file), "--root", str(sweep.root), "--agent", "${args}"]
-    return {"name": sweep.name, "method": "grid", "parameters": {"run": {"values": [run.name for run, _ in todo]}},
-            "command": command + (["--", *sweep.extra] if sweep.extra else [])}
+    command = [
+        "${env}",
+        sys.executable,
+        "-m",
+        "experiments.sweep",
+        str(sweep.file),
+        "--root",
+        str(sweep.root),
+        "--agent",
+        "${args}",
+    ]
+    return {
+        "name": sweep.name,
+        "method": "grid",
+        "parameters": {"run": {"values": [run.name for run, _ in todo]}},
+        "command": command + (["--", *sweep.extra] if sweep.extra else []),
+    }
 
 
 def launch_wandb(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
@@ -479,9 +549,13 @@ def launch_wandb(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
     update(sweep.root, wandb_sweep=path)
     print(f"attnlab: W&B sweep {path}; more agents: `wandb agent {path}` on other machines", flush=True)
     gpus = _gpus()
-    agents = [subprocess.Popen([sys.executable, "-m", "wandb", "agent", path],
-                               env={**os.environ, **({"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {})})
-              for i in range(min(sweep.max_parallel, len(gpus) or sweep.max_parallel, len(todo)))]
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "wandb", "agent", path],
+            env={**os.environ, **({"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {})},
+        )
+        for i in range(min(sweep.max_parallel, len(gpus) or sweep.max_parallel, len(todo)))
+    ]
     return max(agent.wait() for agent in agents)
 
 
@@ -537,7 +611,10 @@ def _sweep(sweep: Sweep, dry_run: bool) -> int:
             if how != "done":
                 env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sweep.env(run).items())
                 print(f"  {env + ' ' if env else ''}{shlex.join(sweep.command(run))}")
-        print(f"attnlab: sweep {sweep.name}: {len(steps)} runs, {len(todo)} to run ({sweep.launcher}); nothing started (--dry-run)")
+        print(
+            f"attnlab: sweep {sweep.name}: {len(steps)} runs, {len(todo)} to run ({sweep.launcher}); "
+            "nothing started (--dry-run)"
+        )
         return 0
     with _lock(sweep.root / "sweep.lock", wait=False):
         record(sweep)
@@ -547,9 +624,15 @@ def _sweep(sweep: Sweep, dry_run: bool) -> int:
                 print(f"attnlab: sweep: {run.name} is done, skipped")
         code = LAUNCH[sweep.launcher](sweep, todo) if todo else 0
     runs = read_status(sweep.root).get("runs", {})
-    counts = {s: sum(1 for r in steps if runs.get(r[0].name, {}).get("status") == s) for s in ("done", "failed", "interrupted")}
-    print(f"attnlab: sweep {sweep.name}: {counts['done']} done, {counts['failed']} failed, {counts['interrupted']} interrupted of "
-          f"{len(steps)}; status in {sweep.root / STATUS}; compare with `attnlab compare {sweep.root}`")
+    counts = {
+        s: sum(1 for r in steps if runs.get(r[0].name, {}).get("status") == s)
+        for s in ("done", "failed", "interrupted")
+    }
+    print(
+        f"attnlab: sweep {sweep.name}: {counts['done']} done, {counts['failed']} failed, "
+        f"{counts['interrupted']} interrupted of "
+        f"{len(steps)}; status in {sweep.root / STATUS}; compare with `attnlab compare {sweep.root}`"
+    )
     return code or (1 if counts["failed"] else 0)
 
 

@@ -130,7 +130,8 @@ def test_each_cell_is_compared_with_the_first_grid_value_over_the_same_seeds(swe
     p = stats.ttest_rel(SCORES["dot"], SCORES["scaled_dot"]).pvalue
     assert best[0]["n"] == "3" and best[0]["difference"] == f"{mean:+.3g}" and best[0]["95% CI"] == f"{low:.3g} to {high:.3g}"
     assert best[0]["p (paired t)"] == f"{p:.2g}"
-    assert result["conclusions"][0] == f"digits, dot vs scaled_dot: {mean:+.3g} val/acc (95% CI {low:.3g} to {high:.3g}, n=3, paired t-test p={p:.2g})"
+    assert result["conclusions"][0] == (f"digits, dot vs scaled_dot: {mean:+.3g} val/acc (95% CI {low:.3g} to {high:.3g}, n=3, "
+                                        f"paired t-test p={p:.2g})")
     # the helpers themselves, against scipy
     d = paired(SCORES["dot"], SCORES["scaled_dot"])
     assert d["mean"] == pytest.approx(mean) and (d["low"], d["high"]) == pytest.approx((low, high)) and d["p"] == pytest.approx(p)
