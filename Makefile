@@ -25,7 +25,8 @@ demo: $(STAMP)
 	$(BIN)/attnlab test --config configs/vision/digits.yaml --ckpt_path best
 	$(BIN)/python -m experiments.demo
 
-# Every similarity (and positional encoding) in every modality, and what the scaling by sqrt(d) does.
+# Every similarity (and the text model's positional encodings) in every modality on 3 seeds: the sweep
+# configs/sweeps/ablation.yaml (resumable), then the report with 95% intervals and what the scaling by sqrt(d) does.
 ablation: $(STAMP)
 	$(BIN)/python -m experiments.ablation
 

@@ -4,6 +4,7 @@
     attnlab test --config configs/vision/digits.yaml --ckpt_path best
     attnlab fit --config configs/vision/digits.yaml --print_config
     attnlab compare runs/vision runs/text      # the cross-run report (experiments.compare)
+    attnlab sweep configs/sweeps/digits_similarity.yaml   # grids x seeds of fit runs (experiments.sweep)
 
 Configs name the classes (``model.class_path``, ``data.class_path``). Facts about the data that
 a model needs (number of classes, channels, image size, vocabulary sizes, special token ids) are
@@ -31,6 +32,7 @@ from models.weights import unreadable
 # Subcommands that are not Lightning's: name -> (module whose main(argv) runs it, one line for --help)
 TOOLS = {
     "compare": ("experiments.compare", "One report across runs and modalities: report.md and plots."),
+    "sweep": ("experiments.sweep", "Grids x seeds of fit runs: local, SLURM (submitit) or W&B sweeps; resumable."),
 }
 
 

@@ -1,8 +1,12 @@
 """`attnlab compare` on two tiny real runs that differ only in the similarity function."""
 import json
+from pathlib import Path
 
 import pytest
+import yaml
+from scipy import stats
 
+ROOT = Path(__file__).resolve().parents[1]
 DIGITS = "configs/vision/digits.yaml"
 
 
@@ -47,7 +51,9 @@ def test_compare_names_a_folder_without_runs(attnlab, tmp_path):
 @pytest.mark.slow
 def test_report_goes_to_wandb_as_a_table_and_images(attnlab, two_runs, tmp_path, monkeypatch):
     import wandb
-    from wandb.sdk.lib.noop_run import NoopRun  # what wandb.init returns under WANDB_MODE=disabled
+    from wandb.sdk.lib.noop_run import (
+        NoopRun,  # what wandb.init returns under WANDB_MODE=disabled
+    )
 
     logged = {}
     monkeypatch.setattr(NoopRun, "log", lambda self, data, *a, **k: logged.update(data), raising=False)
@@ -55,3 +61,123 @@ def test_report_goes_to_wandb_as_a_table_and_images(attnlab, two_runs, tmp_path,
     assert code == 0, err
     assert isinstance(logged["compare/runs"], wandb.Table) and len(logged["compare/runs"].data) == 2
     assert {"compare/loss", "compare/entropy", "compare/distance", "compare/scaling"} <= set(logged) and "attnlab: W&B:" in out
+
+
+# ---- cells: runs that differ only in the seed, aggregated (synthetic summaries, so the numbers are known)
+
+SCORES = {"scaled_dot": [0.80, 0.85, 0.83], "dot": [0.70, 0.78, 0.71], "general": [0.82, 0.86, 0.80]}
+
+
+def _fake_run(folder, best, entropy, config=None):
+    run = folder / "lightning_logs" / "version_0"
+    run.mkdir(parents=True)
+    layers = [{"name": "encoder.layers.0.self_attn", "kind": "self", "entropy": [entropy, entropy + 0.2], "max_weight": [0.5, 0.7]}]
+    (run / "summary.json").write_text(json.dumps({"status": "finished", "modality": "vision", "experiment": str(folder),
+                                                  "best": {"monitor": "val/acc", "value": best},
+                                                  "attention": {"final": {"unit": "pixels", "layers": layers}}}))
+    if config is not None:
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+@pytest.fixture
+def sweep_root(tmp_path, monkeypatch):
+    """A recorded 3-similarity x 3-seed sweep whose run folders hold summaries with chosen values."""
+    from experiments import sweep as sweeps
+
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "sims", "configs": [DIGITS], "grid": {"model.init_args.similarity": list(SCORES)},
+                                    "seeds": [0, 1, 2], "root": str(tmp_path / "sweep")}))
+    sweep = sweeps.load(path)
+    sweeps.record(sweep)
+    for run in sweep.runs():
+        similarity = run.cell["model.init_args.similarity"]
+        _fake_run(run.folder, SCORES[similarity][run.seed], entropy=1.0 + run.seed + len(similarity) / 10)
+    return sweep.root
+
+
+def _t_interval(values):
+    mean = sum(values) / len(values)
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+    return mean, low, high
+
+
+def test_cells_get_mean_and_95_percent_t_interval_over_seeds(sweep_root, tmp_path):
+    from experiments.compare import build_report, find_runs
+
+    result = build_report(find_runs([str(sweep_root)]), tmp_path / "report")
+    rows = {row[0]: dict(zip(result["cell_columns"], row)) for row in result["cell_rows"]}
+    assert list(rows) == ["digits/similarity=scaled_dot", "digits/similarity=dot", "digits/similarity=general"]  # the grid's order
+    for similarity, values in SCORES.items():
+        row = rows[f"digits/similarity={similarity}"]
+        mean, low, high = _t_interval(values)
+        assert row["n"] == "3" and row["seeds"] == "0,1,2" and row["modality"] == "vision"
+        assert row["best"] == f"val/acc = {mean:.3g} ± {(high - low) / 2:.3g}"
+        entropies = [1.1 + seed + len(similarity) / 10 for seed in range(3)]  # the mean over the layer's two heads
+        mean, low, high = _t_interval(entropies)
+        assert row["entropy (nats)"] == f"{mean:.3g} ± {(high - low) / 2:.3g}"
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "95% t-interval (scipy.stats.t with n - 1 degrees of freedom" in report and "scipy.stats.ttest_rel" in report
+    assert (tmp_path / "report" / "seeds.png").stat().st_size > 10_000
+
+
+def test_each_cell_is_compared_with_the_first_grid_value_over_the_same_seeds(sweep_root, tmp_path):
+    from experiments.compare import build_report, find_runs, interval, paired
+
+    result = build_report(find_runs([str(sweep_root)]), tmp_path / "report")
+    best = [dict(zip(result["paired_columns"], row)) for row in result["paired_rows"] if row[1] == "val/acc"]
+    assert [row["comparison"] for row in best] == ["digits, dot vs scaled_dot", "digits, general vs scaled_dot"]
+    diffs = [a - b for a, b in zip(SCORES["dot"], SCORES["scaled_dot"])]
+    mean, low, high = _t_interval(diffs)
+    p = stats.ttest_rel(SCORES["dot"], SCORES["scaled_dot"]).pvalue
+    assert best[0]["n"] == "3" and best[0]["difference"] == f"{mean:+.3g}" and best[0]["95% CI"] == f"{low:.3g} to {high:.3g}"
+    assert best[0]["p (paired t)"] == f"{p:.2g}"
+    assert result["conclusions"][0] == (f"digits, dot vs scaled_dot: {mean:+.3g} val/acc (95% CI {low:.3g} to {high:.3g}, n=3, "
+                                        f"paired t-test p={p:.2g})")
+    # the helpers themselves, against scipy
+    d = paired(SCORES["dot"], SCORES["scaled_dot"])
+    assert d["mean"] == pytest.approx(mean) and (d["low"], d["high"]) == pytest.approx((low, high)) and d["p"] == pytest.approx(p)
+    assert interval([0.5])["half"] is None  # one seed: no interval
+
+
+def test_baseline_names_the_reference_and_compare_prints_the_cells(attnlab, sweep_root, tmp_path):
+    code, out, err = attnlab("compare", str(sweep_root), "--out", str(tmp_path / "report"), "--baseline", "similarity=dot")
+    assert code == 0, err
+    mean, low, high = _t_interval([a - b for a, b in zip(SCORES["general"], SCORES["dot"])])
+    assert f"- digits, general vs dot: {mean:+.3g} val/acc (95% CI {low:.3g} to {high:.3g}, n=3" in out
+    assert "vs scaled_dot" not in out and "| digits/similarity=dot | vision | 3 | 0,1,2 | val/acc = " in out
+    code, _, err = attnlab("compare", str(sweep_root), "--baseline", "dot")
+    assert code == 2 and "--baseline 'dot': expected KEY=VALUE" in err
+
+
+def test_runs_outside_a_sweep_form_cells_by_their_config_without_the_seed(tmp_path):
+    from experiments.compare import build_report, find_runs
+
+    for similarity in ("scaled_dot", "dot"):
+        for seed in (0, 1):
+            config = {"seed_everything": seed, "trainer": {"default_root_dir": f"x/{seed}", "max_epochs": 3},
+                      "model": {"init_args": {"similarity": similarity}}}
+            _fake_run(tmp_path / "runs" / similarity / f"seed{seed}", SCORES[similarity][seed], 1.0, config)
+    result = build_report(find_runs([str(tmp_path / "runs")]), tmp_path / "report")
+    rows = {row[0]: row for row in result["cell_rows"]}
+    assert set(rows) == {"scaled_dot", "dot"} and {row[2] for row in rows.values()} == {"2"}
+    assert result["conclusions"][0].startswith("vision, scaled_dot vs dot: ")  # outside a sweep the first cell is the reference
+
+
+def test_cells_and_paired_comparisons_go_to_wandb_as_tables(attnlab, sweep_root, tmp_path, monkeypatch):
+    import wandb
+    from wandb.sdk.lib.noop_run import NoopRun
+
+    logged = {}
+    monkeypatch.setattr(NoopRun, "log", lambda self, data, *a, **k: logged.update(data), raising=False)
+    code, _, err = attnlab("compare", str(sweep_root), "--out", str(tmp_path / "report"), "--wandb", "attnlab")  # WANDB_MODE=disabled
+    assert code == 0, err
+    assert len(logged["compare/cells"].data) == 3 and isinstance(logged["compare/paired"], wandb.Table)
+    assert logged["compare/paired"].data[0][:3] == ["digits, dot vs scaled_dot", "val/acc", "3"] and "compare/seeds" in logged
+
+
+def test_a_panel_says_the_modality_once():
+    from experiments.compare import panel_title
+
+    assert panel_title({"label": "vision", "summary": {"modality": "vision"}}) == "vision"
+    assert panel_title({"label": "runs/a", "summary": {"modality": "text"}}) == "runs/a\ntext"

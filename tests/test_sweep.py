@@ -1,0 +1,429 @@
+"""`attnlab sweep`: expansion and names, the status file, checks before any run, skip and resume, failures,
+the SLURM launcher through submitit's local executor, W&B grouping, and the real CLI end to end on the digits.
+
+The fast tests plan and check without training. The `slow` ones launch `python -m experiments.cli fit`
+subprocesses with a 1-layer ViT for one short epoch.
+"""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from scipy import stats
+
+from experiments import sweep as sweeps
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = "configs/vision/digits.yaml"
+TINY = {
+    "trainer.max_epochs": 1,
+    "trainer.limit_train_batches": 2,
+    "trainer.limit_val_batches": 1,
+    "trainer.log_every_n_steps": 1,
+    "model.init_args.depth": 1,
+    "model.init_args.embed_dim": 16,
+    "model.init_args.num_heads": 2,
+}
+
+
+@pytest.fixture(autouse=True)
+def _repository_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # config paths are relative to the repository root
+    monkeypatch.setenv(
+        "PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )  # the runs import this tree
+
+
+def write(tmp_path: Path, name: str = "s", **spec) -> Path:
+    spec = {
+        "name": name,
+        "configs": [DIGITS],
+        "grid": {"model.init_args.similarity": ["scaled_dot", "dot"]},
+        "seeds": [0, 1],
+        "root": str(tmp_path / "root"),
+        **spec,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in spec.items() if v is not None}, sort_keys=False))
+    return path
+
+
+def test_one_run_per_config_cell_and_seed_with_stable_names_and_commands(tmp_path):
+    sweep = sweeps.load(
+        write(
+            tmp_path,
+            grid={"model.init_args.similarity": ["scaled_dot", "dot"], "trainer.max_epochs": [1, 2]},
+            seeds=[0, 7],
+            overrides={"data.init_args.batch_size": 32},
+        )
+    )
+    runs = sweep.runs()
+    assert [r.name for r in runs] == [
+        f"digits/similarity={s},max_epochs={e}/seed={seed}"
+        for s in ("scaled_dot", "dot")
+        for e in (1, 2)
+        for seed in (0, 7)
+    ]
+    run = runs[-1]
+    assert run.folder == tmp_path / "root" / "digits" / "similarity=dot,max_epochs=2" / "seed=7"
+    assert (
+        run.cell == {"model.init_args.similarity": "dot", "trainer.max_epochs": 2}
+        and run.cell_name == "digits/similarity=dot,max_epochs=2"
+    )
+    assert sweep.command(run) == [
+        sys.executable,
+        "-m",
+        "experiments.cli",
+        "fit",
+        "--config",
+        DIGITS,
+        "--seed_everything",
+        "7",
+        "--trainer.default_root_dir",
+        str(run.folder),
+        "--ckpt_path",
+        "last",
+        "--data.init_args.batch_size=32",
+        "--model.init_args.similarity=dot",
+        "--trainer.max_epochs=2",
+    ]
+    assert sweeps.load(write(tmp_path)).runs()[0].name == runs[0].name.replace(
+        ",max_epochs=1", ""
+    )  # names depend on settings only
+
+
+def test_every_sweep_file_in_configs_expands_and_passes_the_parser(attnlab):
+    ablation = sweeps.load("configs/sweeps/ablation.yaml")
+    names = [r.name for r in ablation.runs()]
+    # 3 similarities x (vision, text x 2 positional encodings, detection) x 3 seeds
+    assert len(names) == 36 and len(set(names)) == 36 and "text/similarity=dot,positions=learned/seed=2" in names
+    assert ablation.root == Path("runs/sweeps/ablation")
+    for path in sorted(Path("configs/sweeps").glob("*.yaml")):
+        code, out, err = attnlab("sweep", str(path), "--dry-run")
+        assert code == 0, err
+        assert "nothing started (--dry-run)" in out
+
+
+def test_dry_run_lists_runs_and_commands_and_starts_nothing(attnlab, tmp_path):
+    code, out, err = attnlab("sweep", str(write(tmp_path, overrides=TINY)), "--dry-run")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "digits/similarity=scaled_dot/seed=0: new"
+    assert lines[1].strip().startswith(f"{sys.executable} -m experiments.cli fit --config {DIGITS} --seed_everything 0")
+    assert "attnlab: sweep s: 4 runs, 4 to run (local); nothing started (--dry-run)" in out
+    assert not (tmp_path / "root").exists()
+
+
+def _finished_run(folder: Path, status: str = "finished", last: bool = False) -> Path:
+    run = folder / "lightning_logs" / "version_0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"status": status}))
+    if last:
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    return run
+
+
+def test_finished_runs_are_skipped_and_interrupted_ones_resume_from_last_ckpt(tmp_path):
+    sweep = sweeps.load(write(tmp_path))
+    done, interrupted, failed_early, fresh = sweep.runs()
+    _finished_run(done.folder)
+    run = _finished_run(interrupted.folder, "interrupted", last=True)
+    sweeps.update(sweep.root, failed_early.name, status="done")  # the status file says done: never started again
+    assert [how for _, how in sweeps.plan(sweep)] == [
+        "done",
+        f"resume from {run / 'checkpoints' / 'last.ckpt'}",
+        "done",
+        "new",
+    ]
+    assert (
+        "--ckpt_path" in sweep.command(fresh)
+        and sweep.command(fresh)[sweep.command(fresh).index("--ckpt_path") + 1] == "last"
+    )
+
+
+def test_the_status_file_records_every_run_and_keeps_their_state(tmp_path):
+    sweep = sweeps.load(write(tmp_path, overrides=TINY))
+    sweeps.record(sweep)
+    status = json.loads((sweep.root / "sweep.json").read_text())
+    assert status["name"] == "s" and status["configs"]["digits"]["grid"] == {
+        "model.init_args.similarity": ["scaled_dot", "dot"]
+    }
+    assert list(status["runs"]) == [r.name for r in sweep.runs()] and {
+        e["status"] for e in status["runs"].values()
+    } == {"pending"}
+    entry = status["runs"]["digits/similarity=dot/seed=1"]
+    assert (
+        entry["seed"] == 1
+        and entry["cell"] == {"model.init_args.similarity": "dot"}
+        and "--seed_everything 1" in entry["command"]
+    )
+    sweeps.update(sweep.root, "digits/similarity=dot/seed=1", status="failed", error="attnlab: error: boom")
+    sweeps.record(sweep)  # a second start of the sweep keeps what the first recorded
+    assert sweeps.read_status(sweep.root)["runs"]["digits/similarity=dot/seed=1"]["error"] == "attnlab: error: boom"
+
+
+def test_the_error_line_is_attnlabs_own_or_the_exception_that_ended_the_traceback(tmp_path):
+    log = tmp_path / "sweep.log"
+    log.write_text("Seed set to 0\nattnlab: error: model.init_args.patch_size: 3 does not divide 8\n")
+    assert sweeps.error_line(log, 2) == "attnlab: error: model.init_args.patch_size: 3 does not divide 8"
+    log.write_text(
+        'Traceback (most recent call last):\n  File "x.py", line 1\ntorch.OutOfMemoryError: CUDA out of memory\n'
+    )
+    assert sweeps.error_line(log, 1) == "torch.OutOfMemoryError: CUDA out of memory"
+    log.write_text("Killed\n")
+    assert sweeps.error_line(log, -9) == "exit status -9: Killed"
+
+
+BAD = {
+    "grid key": (
+        {"grid": {"model.init_args.similarty": ["dot"]}},
+        (
+            "grid.model.init_args.similarty=dot (configs/vision/digits.yaml): model: 'similarty' is not an option of "
+            "models.vit_module.ImageClassifier; did you mean 'similarity'?"
+        ),
+    ),
+    "grid value type": (
+        {"grid": {"trainer.max_epochs": [1, "many"]}},
+        "grid.trainer.max_epochs=many (configs/vision/digits.yaml): trainer.max_epochs: expected int, got 'many'",
+    ),
+    "grid value choice": (
+        {"grid": {"model.init_args.similarity": ["cosine"]}},
+        "grid.model.init_args.similarity=cosine",
+    ),
+    "grid not a list": (
+        {"grid": {"model.init_args.similarity": "dot"}},
+        "grid.model.init_args.similarity: expected a non-empty list",
+    ),
+    "override type": (
+        {"overrides": {"trainer.max_epochs": "lots"}},
+        "overrides (configs/vision/digits.yaml): trainer.max_epochs: expected int",
+    ),
+    "empty seeds": ({"seeds": []}, "seeds: expected a non-empty list of integers, got []"),
+    "seed type": ({"seeds": [0, "one"]}, "seeds: expected distinct integers, got 'one'"),
+    "launcher": (
+        {"launcher": "kubernetes"},
+        "launcher: 'kubernetes' is not a launcher; expected one of local, slurm, wandb",
+    ),
+    "sweep key": ({"seed": [0]}, "seed: not a sweep key"),
+    "config": ({"configs": ["configs/vision/digit.yaml"]}, "configs: 'configs/vision/digit.yaml' is not a file"),
+    "slurm parameter": (
+        {"launcher": "slurm", "slurm": {"cluster": "local", "timeout_minutes": 5}},
+        "slurm: Unknown executor 'timeout' in parameter 'timeout_minutes'",
+    ),
+    "max_parallel": ({"max_parallel": 0}, "max_parallel: expected a positive integer, got 0"),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=str)
+def test_bad_sweep_files_fail_before_any_run_with_one_line(attnlab, tmp_path, case):
+    spec, message = BAD[case]
+    path = write(tmp_path, **spec)
+    code, _, err = attnlab("sweep", str(path))
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"attnlab: error: {path}: {message}"), err
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_file_that_is_not_yaml_or_not_a_mapping_is_one_line(attnlab, tmp_path, monkeypatch):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: [unclosed\n")
+    code, _, err = attnlab("sweep", str(path))
+    assert (
+        code == 2
+        and err.startswith(f"attnlab: error: {path}: not a YAML file (line 2)")
+        and len(err.strip().splitlines()) == 1
+    )
+    path.write_text("- configs/vision/digits.yaml\n")
+    code, _, err = attnlab("sweep", str(path))
+    assert (
+        code == 2
+        and err.strip()
+        == f"attnlab: error: {path}: a sweep file is a mapping (name, configs, grid, seeds, ...), got list"
+    )
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    code, _, err = attnlab("sweep", str(write(tmp_path, launcher="wandb")))
+    assert code == 2 and "launcher: wandb needs W&B online" in err and "W&B mode is offline" in err
+
+
+def test_wandb_runs_get_the_sweep_as_group_the_cell_as_job_type_and_settings_as_tags(tmp_path):
+    sweep = sweeps.load(write(tmp_path, wandb={"project": "p", "entity": "team"}, overrides={"trainer.max_epochs": 3}))
+    run = sweep.runs()[3]
+    logger = next(a for a in sweep.command(run) if a.startswith("--trainer.logger="))
+    csv, wandb = json.loads(logger.removeprefix("--trainer.logger="))
+    assert csv == {"class_path": "experiments.tracking.CSVLogger"}
+    assert wandb == {
+        "class_path": "experiments.tracking.WandbLogger",
+        "init_args": {
+            "project": "p",
+            "entity": "team",
+            "name": "digits/similarity=dot/seed=1",
+            "group": "s",
+            "tags": ["similarity=dot", "max_epochs=3", "seed=1"],
+        },
+    }
+    assert sweep.env(run) == {"WANDB_JOB_TYPE": "digits/similarity=dot"}
+    # the W&B sweep's agents run each pending run by name, as command-line arguments of this module
+    config = sweeps.wandb_sweep_config(sweep, sweeps.plan(sweep))
+    assert config["method"] == "grid" and config["parameters"]["run"]["values"] == [r.name for r in sweep.runs()]
+    assert config["command"][1:] == [
+        sys.executable,
+        "-m",
+        "experiments.sweep",
+        str(sweep.file),
+        "--root",
+        str(sweep.root),
+        "--agent",
+        "${args}",
+    ]
+
+
+# ---- the real CLI
+
+
+def _wandb_run_record(folder: Path):
+    """The run record of an offline W&B run (its .wandb file: a LevelDB-style log of protobuf records)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
+    data, block, pos, chunks = path.read_bytes(), 32768, 7, b""  # 7: the file's own header (":W&B", magic, version)
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunks += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = pb.Record()
+            record.ParseFromString(chunks)
+            chunks = b""
+            if record.WhichOneof("record_type") == "run":
+                return record.run
+    return None
+
+
+@pytest.mark.slow
+def test_submitit_runs_each_cell_a_failing_cell_is_recorded_and_wandb_groups_the_runs(attnlab, tmp_path, monkeypatch):
+    """launcher: slurm through submitit's local executor (the SLURM stand-in); patch_size 3 fails on 8x8 digits."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    path = write(
+        tmp_path,
+        name="patch",
+        grid={"model.init_args.patch_size": [2, 3]},
+        seeds=[0],
+        overrides=TINY,
+        launcher="slurm",
+        slurm={"cluster": "local", "timeout_min": 5},
+        wandb={"project": "attnlab"},
+    )
+    code, out, err = attnlab("sweep", str(path))
+    assert code == 1, err  # a failed run: the sweep says so in its status
+    status = json.loads((tmp_path / "root" / "sweep.json").read_text())["runs"]
+    good, bad = status["digits/patch_size=2/seed=0"], status["digits/patch_size=3/seed=0"]
+    assert good["status"] == "done" and good["job_id"] and good["returncode"] == 0
+    assert bad["status"] == "failed" and bad["error"].startswith("attnlab: error: ") and "patch_size" in bad["error"]
+    assert f"digits/patch_size=3/seed=0 failed: {bad['error']}" in out
+    assert "1 done, 1 failed, 0 interrupted of 2" in out
+    folder = tmp_path / "root" / "digits" / "patch_size=2" / "seed=0"
+    assert json.loads((folder / "lightning_logs" / "version_0" / "summary.json").read_text())["status"] == "finished"
+    run = _wandb_run_record(folder)
+    assert (
+        run.run_group == "patch"
+        and run.job_type == "digits/patch_size=2"
+        and run.display_name == "digits/patch_size=2/seed=0"
+    )
+    assert list(run.tags) == ["patch_size=2", *(f"{k.rpartition('.')[2]}={v}" for k, v in TINY.items()), "seed=0"]
+
+
+def _tiny_sweep(tmp_path: Path, name: str, **spec) -> Path:
+    return write(tmp_path, name=name, **{"overrides": TINY, **spec})
+
+
+@pytest.mark.slow
+def test_digits_sweep_end_to_end_then_compare_gives_a_row_per_cell(attnlab, tmp_path):
+    path = _tiny_sweep(tmp_path, "digits_similarity", max_parallel=2)
+    code, out, err = attnlab("sweep", str(path))
+    assert code == 0, err
+    root = tmp_path / "root"
+    status = json.loads((root / "sweep.json").read_text())["runs"]
+    assert {e["status"] for e in status.values()} == {"done"} and len(status) == 4
+    best = {}
+    for name, entry in status.items():
+        run = root / name / "lightning_logs" / "version_0"
+        assert yaml.safe_load((run / "config.yaml").read_text())["seed_everything"] == entry["seed"]
+        best[name] = json.loads((run / "summary.json").read_text())["best"]["value"]
+    code, out, err = attnlab("compare", str(root), "--out", str(tmp_path / "report"))
+    assert code == 0, err
+    table = json.loads((tmp_path / "report" / "table.json").read_text())
+    rows = {row[0]: dict(zip(table["cell_columns"], row)) for row in table["cell_rows"]}
+    assert list(rows) == ["digits/similarity=scaled_dot", "digits/similarity=dot"]
+    for cell, row in rows.items():
+        values = [best[f"{cell}/seed={s}"] for s in (0, 1)]
+        low, high = stats.t.interval(0.95, 1, loc=sum(values) / 2, scale=stats.sem(values))
+        assert row["n"] == "2" and row["seeds"] == "0,1"
+        assert row["best"] == f"val/acc = {sum(values) / 2:.3g} ± {(high - low) / 2:.3g}"
+        assert f"| {cell} | vision | 2 | 0,1 | {row['best']} |" in out
+    assert "digits, dot vs scaled_dot: " in out and (tmp_path / "report" / "seeds.png").stat().st_size > 10_000
+    # a second start skips every finished run and leaves their folders as they were
+    stamps = {p: p.stat().st_mtime for p in root.glob("**/summary.json")}
+    code, out, err = attnlab("sweep", str(path))
+    assert code == 0, err
+    assert out.count("is done, skipped") == 4 and "started" not in out
+    assert {p: p.stat().st_mtime for p in root.glob("**/summary.json")} == stamps
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(tmp_path):
+    """SIGTERM to the sweep stops its running fit (which saves last.ckpt); the next start resumes that run."""
+    path = _tiny_sweep(
+        tmp_path,
+        "stop",
+        grid={"trainer.max_epochs": [1, 30]},
+        seeds=[0],  # the grid's max_epochs wins over TINY's
+        overrides={**TINY, "trainer.limit_train_batches": 1},
+    )
+    root = tmp_path / "root"
+    first, long = root / "digits" / "max_epochs=1" / "seed=0", root / "digits" / "max_epochs=30" / "seed=0"
+    command = [sys.executable, "-m", "experiments.cli", "sweep", str(path)]
+    sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while (
+        not list(long.glob("lightning_logs/version_0/checkpoints/last.ckpt"))
+        and sweep.poll() is None
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    sweep.send_signal(signal.SIGTERM)
+    out = sweep.communicate(timeout=120)[0]
+    assert sweep.returncode == 128 + signal.SIGTERM, out
+    status = json.loads((root / "sweep.json").read_text())["runs"]
+    assert status["digits/max_epochs=1/seed=0"]["status"] == "done"
+    assert status["digits/max_epochs=30/seed=0"]["status"] == "interrupted"
+    run = long / "lightning_logs" / "version_0"
+    stopped = json.loads((run / "summary.json").read_text())
+    assert stopped["status"] == "interrupted"
+    stamp = (first / "lightning_logs" / "version_0" / "summary.json").stat().st_mtime
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "digits/max_epochs=1/seed=0 is done, skipped" in resumed.stdout
+    assert f"digits/max_epochs=30/seed=0 started (resume from {run / 'checkpoints' / 'last.ckpt'})" in resumed.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert (
+        summary["status"] == "finished"
+        and summary["resumed_from"].endswith("last.ckpt")
+        and summary["global_step"] == 30
+    )
+    assert sorted(p.name for p in (long / "lightning_logs").iterdir()) == ["version_0"]  # the same run folder
+    assert (
+        first / "lightning_logs" / "version_0" / "summary.json"
+    ).stat().st_mtime == stamp  # the finished run was left alone
+    assert json.loads((root / "sweep.json").read_text())["runs"]["digits/max_epochs=30/seed=0"]["status"] == "done"
