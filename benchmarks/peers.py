@@ -330,9 +330,19 @@ def seq2seq_bench(size: str, s: Settings, length: tuple[int, int] = (16, 40), ba
     return Bench(steps, items=int(labels.ne(0).sum()), unit="tokens", check=check)
 
 
+@dataclass
+class PrefixCache:
+    """The whole prefix (N, t) in place of a key/value cache, reordered with the beams like one."""
+
+    tokens: Tensor | None = None
+
+    def reorder(self, index: Tensor, static_index: Tensor | None) -> None:
+        self.tokens = self.tokens.index_select(0, index)
+
+
 class WithoutCache(nn.Module):
     """Our model seen by `beam_search` as one without a key/value cache: each step re-runs the decoder
-    over the whole prefix (kept in the "cache" dict, so the search's reordering moves it along with the
+    over the whole prefix (kept in a `PrefixCache`, so the search's reordering moves it along with the
     beams) and projects the last position only."""
 
     def __init__(self, model: Seq2SeqTransformer):
@@ -342,12 +352,12 @@ class WithoutCache(nn.Module):
     def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
         return self.model.encode(src, src_key_padding_mask)
 
-    def init_cache(self) -> list[dict]:
-        return [{}]
+    def init_cache(self) -> list[PrefixCache]:
+        return [PrefixCache()]
 
-    def decode(self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None, cache: list[dict], start_pos: int = 0) -> Tensor:
-        prefix = tgt if "prefix" not in cache[0] else torch.cat([cache[0]["prefix"], tgt], dim=1)  # (N, t + 1)
-        cache[0]["prefix"] = prefix
+    def decode(self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None, cache: list[PrefixCache], start_pos: int = 0) -> Tensor:
+        prefix = tgt if cache[0].tokens is None else torch.cat([cache[0].tokens, tgt], dim=1)  # (N, t + 1)
+        cache[0].tokens = prefix
         m = self.model
         h = m.decoder(m._embed(m.tgt_embed, prefix), memory, memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=True)
         return m.generator(h[:, -1:])  # (N, 1, V)

@@ -29,6 +29,7 @@ from pytorch_lightning.loggers import WandbLogger
 from torch import Tensor
 
 from models.attention import capture_attention
+from models.distributed import full_weights
 
 Maps = Mapping[str, Sequence[Tensor]] | Sequence[Tensor]
 
@@ -115,7 +116,9 @@ class AttentionMapLogger(pl.Callback):
     written under ``<trainer.log_dir or default_root_dir>/attention_maps/epoch_<N>/`` (or
     ``.../predict/``) and, when a W&B logger is attached, logged as ``val/attention_maps``.
     The LightningModule's ``model`` (or the module itself) must attend through the shared core;
-    rollout reads the class token, or the patch mean for ``global_pool="avg"``.
+    rollout reads the class token, or the patch mean for ``global_pool="avg"``. Every process runs
+    the forward pass on its own images, which FSDP needs (`models.distributed.full_weights`); rank 0
+    draws its own.
 
     To write maps from a config that lacks this callback::
 
@@ -137,11 +140,13 @@ class AttentionMapLogger(pl.Callback):
 
     @torch.no_grad()
     def render(self, trainer: pl.Trainer, pl_module: pl.LightningModule, images: Tensor, labels: Tensor | None, folder: str, first: int = 0) -> list[str]:
-        """Run ``pl_module`` on ``images`` (B, C, H, W) with weights captured; write one PNG per
-        image, numbered from ``first``; return the paths."""
+        """Run ``pl_module`` on ``images`` (B, C, H, W) with weights captured, on every process; on rank 0,
+        write one PNG per image, numbered from ``first``; return the paths (none on the other ranks)."""
         model = getattr(pl_module, "model", pl_module)
-        with capture_attention(model) as maps:
+        with full_weights(trainer.model), capture_attention(model) as maps:
             logits = model(images)
+        if not trainer.is_global_zero:
+            return []
         token = "mean" if getattr(model, "global_pool", "token") == "avg" else "cls"
         rollout, heads = attention_rollout(maps, token=token), cls_attention(maps, self.layer)
         names = getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
@@ -158,7 +163,7 @@ class AttentionMapLogger(pl.Callback):
         return paths
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        if batch_idx or dataloader_idx or trainer.sanity_checking or not trainer.is_global_zero:
+        if batch_idx or dataloader_idx or trainer.sanity_checking:
             return
         if trainer.current_epoch % self.every_n_epochs:
             return
@@ -173,13 +178,14 @@ class AttentionMapLogger(pl.Callback):
         self._predicted = 0
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        if not self.predict or self._predicted >= self.num_images or not trainer.is_global_zero:
+        if not self.predict or self._predicted >= self.num_images:
             return
         labelled = isinstance(batch, (tuple, list))
         images = (batch[0] if labelled else batch)[: self.num_images - self._predicted]
         labels = batch[1][: len(images)] if labelled else None
-        self._predicted += len(self.render(trainer, pl_module, images, labels, "predict", first=self._predicted))
+        self.render(trainer, pl_module, images, labels, "predict", first=self._predicted)
+        self._predicted += len(images)  # on every rank: each renders as many batches
 
     def on_predict_end(self, trainer, pl_module) -> None:
-        if self.predict and self._predicted:
+        if self.predict and self._predicted and trainer.is_global_zero:
             print(f"attnlab: attention maps of {self._predicted} images written to {self._root / 'predict'}", file=sys.stderr)

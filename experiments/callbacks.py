@@ -16,6 +16,8 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from experiments import stats as summary_stats
+from models.attention import capture_attention
+from models.distributed import full_weights
 
 
 def _rows(output: dict[str, Any]) -> list[dict[str, Any]]:
@@ -213,7 +215,8 @@ class RunSummary(Callback):
     fixed batch: the inputs of the model's first call in the fit, i.e. the first validation batch of
     the sanity check, or the first training batch when the sanity check is off), hardware and versions.
     Also saves ``attention.png`` (each layer's head-mean attention on the first sample) and logs it
-    to image-capable loggers (W&B) as ``val/attention``. Only rank 0 writes.
+    to image-capable loggers (W&B) as ``val/attention``. Every process runs the measuring forward passes
+    on its own fixed batch, which FSDP needs (`models.distributed.full_weights`); only rank 0 writes.
     """
 
     def __init__(self, filename: str = "summary.json", attention_figure: bool = True):
@@ -259,34 +262,40 @@ class RunSummary(Callback):
     def _special_ids(self, pl_module: pl.LightningModule) -> tuple[int, ...]:
         return tuple(int(pl_module.hparams[k]) for k in ("bos_id", "eos_id") if k in pl_module.hparams)
 
-    def _measure(self, pl_module: pl.LightningModule) -> dict[str, Any] | None:
+    def _measure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any] | None:
+        """The attention statistics on the fixed batch; a forward pass on every process (FSDP)."""
         if self._inputs is None or self._inputs.args is None:
             return None
         try:
-            return summary_stats.attention_statistics(self._model, self._inputs.args, self._inputs.kwargs, self._special_ids(pl_module))
+            with full_weights(trainer.model):
+                return summary_stats.attention_statistics(self._model, self._inputs.args, self._inputs.kwargs, self._special_ids(pl_module))
         except Exception as err:  # statistics must never cost a finished training run
             rank_zero_warn(f"attention statistics failed: {err!r}")
             return None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self._active or not trainer.is_global_zero:
+        if not self._active:
             return
         self._resumed = self._previous if trainer.ckpt_path else None  # the checkpoint is restored by now
-        if self._resumed is not None:
+        if self._resumed is None:
+            self._init_stats = self._measure(trainer, pl_module)  # the weights are still the initial ones
+        elif trainer.is_global_zero:
             self._summary.update(resumed_from=str(trainer.ckpt_path), started=self._resumed.get("started", self._summary["started"]))
             self._write()
-        else:
-            self._init_stats = self._measure(pl_module)  # the weights are still the initial ones
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
         # without a sanity check the fixed batch is the first training batch: measure before the first update
-        if self._active and trainer.is_global_zero and self._init_stats is None and trainer.global_step == 0 and not trainer.ckpt_path:
-            self._init_stats = self._measure(pl_module)
+        if self._active and self._init_stats is None and trainer.global_step == 0 and not trainer.ckpt_path:
+            self._init_stats = self._measure(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self._active or not trainer.is_global_zero:
+        if not self._active:
             return
-        final = self._measure(pl_module)
+        final = self._measure(trainer, pl_module)
+        flops = self._flops_per_sample(trainer)
+        figure = self._attention_maps(trainer) if self.attention_figure and final is not None else None
+        if not trainer.is_global_zero:
+            return
         throughput = next((cb for cb in trainer.callbacks if isinstance(cb, Throughput)), None)
         grad = next((cb for cb in trainer.callbacks if isinstance(cb, GradientNorm)), None)
         ckpt = trainer.checkpoint_callback
@@ -302,7 +311,7 @@ class RunSummary(Callback):
             train_time_s=previous_time + time.perf_counter() - self._start,
             global_step=trainer.global_step,
             epochs=trainer.current_epoch,
-            flops_per_sample=self._flops_per_sample(),
+            flops_per_sample=flops,
             throughput={"samples_per_s": getattr(throughput, "fit_samples_per_s", None), "tokens_per_s": getattr(throughput, "fit_tokens_per_s", None)},
             grad_norm={"first": getattr(grad, "first", None), "mean": getattr(grad, "mean", None)},
             best=best,
@@ -311,8 +320,8 @@ class RunSummary(Callback):
         init = self._init_stats or (previous.get("attention") or {}).get("init")  # a resumed run keeps its first start's
         self._summary["attention"] = {"init": init, "final": final}
         self._write()
-        if self.attention_figure and final is not None:
-            self._log_figure(trainer, pl_module)
+        if figure is not None:
+            self._log_figure(trainer, figure)
         for run in self._summary.get("wandb") or []:
             if run.get("mode") == "offline" and run.get("dir"):
                 print(f"attnlab: W&B run saved offline in {run['dir']}; upload it with `wandb sync {run['dir']}`")
@@ -323,7 +332,8 @@ class RunSummary(Callback):
             self._summary.update(status="interrupted" if stopped else "failed", error=repr(exception)[:500])
             self._write()
 
-    def _flops_per_sample(self) -> float | None:
+    def _flops_per_sample(self, trainer: pl.Trainer) -> float | None:
+        """FLOPs of one forward pass per sample of the fixed batch; a forward pass on every process (FSDP)."""
         from torch.utils.flop_counter import FlopCounterMode
 
         if self._inputs is None or self._inputs.args is None:
@@ -332,7 +342,7 @@ class RunSummary(Callback):
         was_training = self._model.training
         self._model.eval()
         try:  # with autograd on: FlopCounterMode's module tracker fails under no_grad on some models (DETR)
-            with FlopCounterMode(display=False) as counter:
+            with full_weights(trainer.model), FlopCounterMode(display=False) as counter:
                 self._model(*self._inputs.args, **self._inputs.kwargs)
         except Exception as err:
             rank_zero_warn(f"FLOP counting failed: {err!r}")
@@ -341,18 +351,20 @@ class RunSummary(Callback):
             self._model.train(was_training)
         return counter.get_total_flops() / n if n else None
 
-    def _log_figure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from models.attention import capture_attention
-
-        with torch.no_grad(), capture_attention(self._model) as maps:
+    def _attention_maps(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
+        """Each layer's head-mean attention (Lq, Lk) on the first sample of the fixed batch; a forward pass on every process (FSDP)."""
+        with torch.no_grad(), full_weights(trainer.model), capture_attention(self._model) as maps:
             was_training = self._model.training
             self._model.eval()
             try:
                 self._model(*self._inputs.args, **self._inputs.kwargs)
             finally:
                 self._model.train(was_training)
+        return {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}
+
+    def _log_figure(self, trainer: pl.Trainer, maps: dict[str, torch.Tensor]) -> None:
         path = self.path.parent / "attention.png"
-        plot_attention_maps({name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}, path)
+        plot_attention_maps(maps, path)
         for logger in trainer.loggers:
             if hasattr(logger, "log_image"):
                 logger.log_image(key="val/attention", images=[str(path)], step=trainer.global_step)

@@ -5,7 +5,8 @@ Per attention layer and head:
     max_weight   mean over queries of max_k p_k: softmax saturation (1 = one-hot)
     saturated    share of queries whose largest weight exceeds 0.9
     logit_var    mean over queries of the variance, over the keys a query may see, of its logits
-                 (the similarity after scaling, before softmax): the quantity √d keeps near 1
+                 (the similarity after scaling, before softmax, as the core reports it): the quantity
+                 √d keeps near 1
     distance     attention-weighted mean distance between a query and its keys, in tokens for text
                  (|i - j|, also between target and source positions in cross-attention) and in pixels
                  for ViT patches and DETR's memory cells ([CLS] and DETR's object queries have no
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models.attention import MultiHeadAttention, capture_attention, merge_masks
+from models.attention import MultiHeadAttention, capture_attention
 
 SATURATION = 0.9  # a query whose largest weight exceeds this attends, in effect, to one key
 
@@ -145,16 +146,19 @@ def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = No
     """
     kind = modality(model)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    calls: dict[str, tuple[tuple, dict]] = {}
-    handles = [m.register_forward_pre_hook(lambda m, a, kw, name=name: calls.setdefault(name, (a, kw)) and None, with_kwargs=True)
-               for name, m in layers.items()]
+    padding: dict[str, Tensor | None] = {}  # key_padding_mask of each layer's first call: which queries are real
+
+    def record_padding(name: str, kwargs: dict) -> None:
+        padding.setdefault(name, kwargs.get("key_padding_mask"))
+
+    handles = [m.register_forward_pre_hook(lambda m, a, kw, name=name: record_padding(name, kw), with_kwargs=True) for name, m in layers.items()]
     feature_hw: list[tuple[int, int]] = []
     if kind == "detection":
         handles.append(model.backbone.register_forward_hook(lambda m, a, out: feature_hw.append(tuple(out.shape[-2:]))))
     was_training = model.training
     model.eval()
     try:
-        with capture_attention(model) as maps:
+        with capture_attention(model, scores=True) as maps:
             model(*args, **(kwargs or {}))
     finally:
         model.train(was_training)
@@ -164,32 +168,20 @@ def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = No
     dec_valid = None
     stats = []
     for name, m in layers.items():
-        if name not in calls or not maps[name]:
+        if not maps[name]:
             continue
-        (a, kw), weights = calls[name], maps[name][0]  # the first call: one forward pass
-        query = a[0] if a else kw["query"]
-        key = a[1] if len(a) > 1 else kw.get("key")
-        key = query if key is None else key
-        value = a[2] if len(a) > 2 else kw.get("value")
-        value = key if value is None else value
-        q, k, _ = m._project(query, key, value)  # (B, H, L, d)
-        if m.similarity == "general":
-            q = torch.einsum("bhld,hde->bhle", q, m.general_weight)
-        logits = (q @ k.transpose(-2, -1)) * m.scale  # (B, H, Lq, Lk)
-        b, _, lq, lk = logits.shape
-        mask = merge_masks(b, lq, lk, attn_mask=kw.get("attn_mask"), key_padding_mask=kw.get("key_padding_mask"),
-                           is_causal=kw.get("is_causal", False), device=logits.device, dtype=logits.dtype)
-        blocked = torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=logits.device) if mask is None else (
-            mask if mask.dtype == torch.bool else torch.isneginf(mask))
-        kpm = kw.get("key_padding_mask")
+        scores = maps[name][0]  # the first call: one forward pass
+        b, _, lq, lk = scores.logits.shape
+        blocked = scores.blocked if scores.blocked is not None else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=scores.logits.device)
+        kpm = padding[name]
         cross = name.endswith("multihead_attn")
         in_decoder = "decoder" in name.split(".")
         if cross:
             q_seq, k_seq = dec, enc
-            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else torch.ones(b, lq, dtype=torch.bool, device=logits.device)
+            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else torch.ones(b, lq, dtype=torch.bool, device=blocked.device)
         else:
             q_seq = k_seq = dec if in_decoder and dec is not None else enc
-            valid_q = ~kpm if kpm is not None else torch.ones(b, lq, dtype=torch.bool, device=logits.device)
+            valid_q = ~kpm if kpm is not None else torch.ones(b, lq, dtype=torch.bool, device=blocked.device)
             if in_decoder:
                 dec_valid = valid_q
         if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:
@@ -197,7 +189,6 @@ def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = No
         if k_seq is not None and k_seq.positions is not None and len(k_seq.positions) != lk:
             k_seq = None
         layer = {"name": name, "kind": "cross" if cross else "self", "heads": m.num_heads}
-        layer.update(_layer_stats(weights, logits, blocked, valid_q, q_seq, k_seq))
+        layer.update(_layer_stats(scores.weights, scores.logits, blocked, valid_q, q_seq, k_seq))
         stats.append(layer)
     return {"modality": kind, "unit": unit(kind), "batch_size": int(args[0].shape[0]) if args and isinstance(args[0], Tensor) else None, "layers": stats}
-

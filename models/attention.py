@@ -24,6 +24,8 @@ Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels 
 weights are not needed. Reference path: explicit softmax, used when weights are requested
 (``need_weights=True`` or inside `capture_attention`) and as the test oracle.
 
+Incremental decoding keeps each layer's projected keys and values in a `KVCache`.
+
 Parameters use the layout of ``torch.nn.MultiheadAttention`` (packed ``in_proj_weight`` of shape
 (3D, D), ``in_proj_bias``, ``out_proj``), so its state dict loads unchanged and timm's ``attn.qkv``
 / DETR's checkpoints load by renaming keys.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -113,18 +116,21 @@ def _split_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
     return mask.masked_fill(empty, 0.0), empty
 
 
-def attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
-    """Explicit softmax attention. q (B, H, Lq, d), k/v (B, H, Lk, d) -> out (B, H, Lq, d), weights (B, H, Lq, Lk)."""
+def attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Explicit softmax attention. q (B, H, Lq, d), k/v (B, H, Lk, d) -> out (B, H, Lq, d), weights (B, H, Lq, Lk)
+    and logits (B, H, Lq, Lk): the scaled similarities before the mask and the softmax."""
     logits = (q @ k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
-    empty = None
+    scores, empty = logits, None
     if mask is not None:
         mask, empty = _split_empty_rows(mask)
-        logits = logits.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-    weights = logits.softmax(dim=-1)
+        scores = logits.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+    weights = scores.softmax(dim=-1)
     if empty is not None:
         weights = weights.masked_fill(empty, 0.0)
     out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v
-    return out, weights
+    return out, weights, logits
 
 
 def _cpu_sdpa_zeroes_empty_rows() -> bool:
@@ -158,6 +164,45 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: 
     return torch.where(empty, 0.0, out)
 
 
+@dataclass
+class KVCache:
+    """One attention layer's projected keys and values, (B, H, L, d) each, kept between decoding steps.
+
+    Self-attention appends each step's keys and values. A ``static`` cache (cross-attention) is filled
+    once from the memory, then only read; it may hold one row per sentence for all of its beams.
+    """
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+    static: bool = False
+
+    def reorder(self, index: Tensor, static_index: Tensor | None) -> None:
+        """Keep rows ``index`` (dim 0), in this order (beam search). A static cache takes ``static_index``
+        instead, or stays as it is when that is None (beams reordered within their sentences). Each tensor
+        is replaced as soon as its copy exists, so the cache is never held twice."""
+        if self.static:
+            if static_index is None:
+                return
+            index = static_index
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+@dataclass
+class AttentionScores:
+    """What one call of a layer computed, recorded by ``capture_attention(model, scores=True)``.
+
+    weights (B, H, Lq, Lk): the attention; logits (B, H, Lq, Lk): the scaled similarities before the
+    mask and the softmax; blocked: the mask, True where attention is blocked, broadcastable to the
+    weights ((B|1, H|1, Lq, Lk)), or None when nothing was masked.
+    """
+
+    weights: Tensor
+    logits: Tensor
+    blocked: Tensor | None
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention for self- and cross-attention, with a choice of similarity.
 
@@ -185,7 +230,8 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         if similarity == "general":
             self.general_weight = nn.Parameter(torch.eye(self.head_dim).repeat(num_heads, 1, 1))  # (H, d, d)
-        self._captured: list[Tensor] | None = None
+        self._captured: list[Tensor] | list[AttentionScores] | None = None
+        self._capture_scores = False
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
@@ -232,15 +278,13 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
-        cache: dict[str, Tensor] | None = None,
-        static_kv: bool = False,
+        cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (both default to ``query``: self-attention).
 
-        ``cache`` enables incremental decoding: a dict the module fills with this layer's projected
-        keys and values (B, H, Lk, d). For self-attention (``static_kv=False``) new keys are appended
-        each call; for cross-attention (``static_kv=True``) they are computed once from the memory, and
-        the dict is marked ``static`` (see `models.text.reorder_cache`).
+        ``cache`` enables incremental decoding: the module fills it with this layer's projected keys
+        and values (B, H, Lk, d). New keys are appended each call, unless the cache is ``static``
+        (cross-attention): then they are computed once from the memory and read afterwards.
 
         ``key``/``value`` may hold fewer rows than ``query`` (cross-attention only, ``key_padding_mask``
         (B_kv, Lk) the only mask): each of their rows then serves ``B // B_kv`` consecutive query rows, so
@@ -250,15 +294,15 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        if cache is not None and static_kv and "k" in cache:
+        if cache is not None and cache.static and cache.k is not None:
             q = self._heads(F.linear(query, self.in_proj_weight[: self.embed_dim], None if self.in_proj_bias is None else self.in_proj_bias[: self.embed_dim]))[0]
-            k, v = cache["k"], cache["v"]
+            k, v = cache.k, cache.v
         else:
             q, k, v = self._project(query, key, value)
             if cache is not None:
-                if not static_kv and "k" in cache:
-                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"], cache["static"] = k, v, static_kv
+                if cache.k is not None:
+                    k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
         if self.similarity == "general":
             q = torch.einsum("bhld,hde->bhle", q, self.general_weight)  # qᵀW, then ·k below
         bsz, _, lq, _ = q.shape
@@ -276,23 +320,29 @@ class MultiHeadAttention(nn.Module):
         mask = None if plain_causal and not want_weights else merge_masks(
             kv_bsz, q.shape[2], lk, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, device=q.device, dtype=q.dtype
         )
-        weights = None
+        weights = logits = None
         if want_weights:
-            out, weights = attention_reference(q, k, v, mask, self.scale, dropout_p)
+            out, weights, logits = attention_reference(q, k, v, mask, self.scale, dropout_p)
         else:
             out = attention_fast(q, k, v, mask, self.scale, dropout_p, is_causal=plain_causal)
         if group > 1:  # (B_kv, H, group·Lq, ·) -> (B, H, Lq, ·)
             out = out.view(kv_bsz, self.num_heads, group, lq, -1).transpose(1, 2).reshape(bsz, self.num_heads, lq, -1)
             if weights is not None:
-                weights = weights.view(kv_bsz, self.num_heads, group, lq, lk).transpose(1, 2).reshape(bsz, self.num_heads, lq, lk)
+                weights, logits = (x.view(kv_bsz, self.num_heads, group, lq, lk).transpose(1, 2).reshape(bsz, self.num_heads, lq, lk)
+                                   for x in (weights, logits))
+                mask = None if mask is None else mask.repeat_interleave(group, 0)  # key padding only: (B_kv, 1, 1, Lk) -> (B, 1, 1, Lk)
         if self._captured is not None:
-            self._captured.append(weights.detach())
+            if self._capture_scores:
+                blocked = None if mask is None else mask if mask.dtype == torch.bool else torch.isneginf(mask)
+                self._captured.append(AttentionScores(weights.detach(), logits.detach(), blocked))
+            else:
+                self._captured.append(weights.detach())
         out = out.transpose(1, 2).reshape(bsz, lq, self.embed_dim)  # (B, Lq, D)
         return self.out_proj(out), (weights if need_weights else None)
 
 
 @contextmanager
-def capture_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
+def capture_attention(model: nn.Module, scores: bool = False) -> Iterator[dict[str, list[Tensor]] | dict[str, list[AttentionScores]]]:
     """Record the attention weights of every `MultiHeadAttention` in ``model``, unedited.
 
     Inside the block every attention layer takes the reference path and appends its weights
@@ -301,13 +351,16 @@ def capture_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
         with capture_attention(vit) as maps:
             vit(images)
         maps["blocks.0.attn"][0]  # (B, H, 1 + N, 1 + N)
+
+    With ``scores=True`` each call appends an `AttentionScores` instead: the weights together with
+    the logits and the blocked mask, as the layer computed them (for the attention statistics).
     """
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    maps: dict[str, list[Tensor]] = {name: [] for name in layers}
+    maps: dict[str, list] = {name: [] for name in layers}
     for name, m in layers.items():
-        m._captured = maps[name]
+        m._captured, m._capture_scores = maps[name], scores
     try:
         yield maps
     finally:
         for m in layers.values():
-            m._captured = None
+            m._captured, m._capture_scores = None, False

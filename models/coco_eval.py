@@ -1,5 +1,4 @@
-"""COCO evaluation of detections: results records, COCOeval (pycocotools or faster-coco-eval), and
-gathering every process's detections before evaluating once."""
+"""COCO evaluation of detections: results records and COCOeval (pycocotools or faster-coco-eval)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,7 +6,6 @@ import io
 import warnings
 from typing import Any
 
-import torch.distributed as dist
 from torch import Tensor
 
 from models.box_ops import box_xyxy_to_xywh
@@ -57,16 +55,3 @@ def coco_evaluate(coco_gt, results: list[dict[str, Any]], image_ids: list[int], 
     if verbose:
         print("\n".join(line for line in out.getvalue().splitlines() if line.startswith(" Average")))
     return {k: float(v) for k, v in zip(COCO_STATS, evaluator.stats)}
-
-
-def gather_detections(detections: Detections) -> Detections:
-    """Every process's detections merged (on every process); an image the distributed sampler
-    repeated to even out the ranks is counted once."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return detections
-    parts: list[Detections | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, detections)
-    merged: Detections = {}
-    for part in parts:
-        merged.update(part)
-    return merged

@@ -2,9 +2,10 @@
 
 Both work with any model that has ``encode(src, src_key_padding_mask) -> memory``,
 ``decode(tgt, memory, memory_key_padding_mask, cache=, start_pos=) -> logits`` and
-``init_cache()`` (see `models.text.Seq2SeqTransformer`). The encoder runs once; the decoder runs
-one token per step on its cache of keys and values, so a step costs one position, not a re-run of
-the whole prefix. ``max_len`` counts generated tokens, EOS included; the last step is forced to
+``init_cache()`` (see `models.text.Seq2SeqTransformer`): a list of per-layer caches, each with
+``reorder(index, static_index)`` (see `models.attention.KVCache`). The encoder runs once; the decoder
+runs one token per step on its cache of keys and values, so a step costs one position, not a re-run
+of the whole prefix. ``max_len`` counts generated tokens, EOS included; the last step is forced to
 EOS, so every hypothesis ends with EOS. Outputs exclude BOS and are padded with PAD after EOS.
 """
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from models.text import reorder_cache
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -138,13 +137,15 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
         if n_open == 0:
             break
         if n_open == n:  # follow the chosen prefixes; cross-attention keys are one per sentence
-            reorder_cache(cache, next_rows, static_index=None)
+            for layer in cache:
+                layer.reorder(next_rows, static_index=None)
             continue
         still = open_.nonzero().squeeze(1)
         rows_kept = (still[:, None] * k + torch.arange(k, device=device)).view(-1)  # rows of open sentences
         alive, scores, active = alive[rows_kept], scores[still], active[still]
         memory, src_mask = memory[still], src_mask[still]
-        reorder_cache(cache, next_rows[rows_kept], static_index=still)  # and drop done sentences
+        for layer in cache:  # and drop done sentences
+            layer.reorder(next_rows[rows_kept], static_index=still)
 
     tokens = done_tokens[:, 0]  # (B, max_len), best first
     length = int(tokens.ne(pad_id).sum(1).max())

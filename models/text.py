@@ -7,7 +7,7 @@ causally to its own prefix ("masked attention") and to the encoder memory ("enco
 attention": queries from the decoder, keys and values from the encoder). Training feeds the target
 shifted right (`teacher_forcing`) and predicts the next token, up to EOS.
 
-Both models decode incrementally: pass ``cache`` (one dict per layer, from ``init_cache()``) and
+Both models decode incrementally: pass ``cache`` (one cache per layer, from ``init_cache()``) and
 the position of the new tokens, and each step attends to the cached keys/values of the prefix.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from models.attention import Similarity
+from models.attention import KVCache, Similarity
 from models.position import LearnedPositionalEncoding, SinusoidalPositionalEncoding
-from models.transformer import Activation, TransformerDecoder, TransformerEncoder
+from models.transformer import Activation, DecoderLayerCache, TransformerDecoder, TransformerEncoder
 
 Positions = Literal["sinusoidal", "sinusoidal_concat", "learned"]
 
@@ -81,29 +81,6 @@ def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Modul
     if kind == "learned":
         return LearnedPositionalEncoding(d_model, max_len)
     raise ValueError(f"model.positions={kind!r} is not known; choose sinusoidal, sinusoidal_concat or learned")
-
-
-def reorder_cache(cache: list | dict, index: Tensor, static_index: Tensor | None) -> None:
-    """Select rows ``index`` (dim 0) of every tensor in a decoding cache (beam search, finished rows), in
-    place: each tensor is replaced as soon as its reordered copy exists, so the cache is never held twice.
-
-    Keys/values computed once from the memory (cross-attention; dicts marked ``static``, one row per
-    sentence) take ``static_index`` instead, or stay as they are when it is None: beam search reorders
-    beams within their sentences with None, and drops finished sentences with the rows of those left.
-    """
-    if isinstance(cache, list):
-        for layer in cache:
-            reorder_cache(layer, index, static_index)
-        return
-    if cache.get("static") is True:
-        if static_index is None:
-            return
-        index = static_index
-    for key, value in cache.items():
-        if isinstance(value, Tensor):
-            cache[key] = value.index_select(0, index)
-        elif isinstance(value, (dict, list)):
-            reorder_cache(value, index, static_index)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -170,8 +147,8 @@ class Seq2SeqTransformer(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"src_embed.embedding.weight", "tgt_embed.embedding.weight", "pos.weight"}
 
-    def init_cache(self) -> list[dict]:
-        return [{} for _ in self.decoder.layers]
+    def init_cache(self) -> list[DecoderLayerCache]:
+        return [DecoderLayerCache() for _ in self.decoder.layers]
 
     def _embed(self, embed: TokenEmbedding, tokens: Tensor, start_pos: int = 0) -> Tensor:
         return self.dropout(embed(tokens) + self.pos(tokens.size(1), start_pos))  # (B, L, D)
@@ -188,7 +165,7 @@ class Seq2SeqTransformer(nn.Module):
         memory: Tensor,
         memory_key_padding_mask: Tensor | None,
         tgt_key_padding_mask: Tensor | None = None,
-        cache: list[dict] | None = None,
+        cache: list[DecoderLayerCache] | None = None,
         start_pos: int = 0,
     ) -> Tensor:
         """tgt (B, T) decoder input (BOS first), memory (B, S, D) -> logits (B, T, V).
@@ -261,10 +238,10 @@ class DecoderOnlyLM(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"tok_embed.embedding.weight", "pos.weight"}
 
-    def init_cache(self) -> list[dict]:
-        return [{} for _ in self.blocks.layers]
+    def init_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.blocks.layers]
 
-    def forward(self, tokens: Tensor, cache: list[dict] | None = None, start_pos: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, cache: list[KVCache] | None = None, start_pos: int = 0) -> Tensor:
         """tokens (B, T) at positions ``start_pos``.. -> logits (B, T, V); with ``cache``, earlier tokens are cached."""
         x = self.dropout(self.tok_embed(tokens) + self.pos(tokens.size(1), start_pos))  # (B, T, D)
         return self.lm_head(self.blocks(x, is_causal=True, cache=cache))

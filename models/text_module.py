@@ -2,16 +2,14 @@
 
 Vocabulary sizes and special-token ids are linked from the DataModule. Text comes back through
 the DataModule's tokenizer (``trainer.datamodule.decode_target`` / ``decode``), so BLEU and chrF
-are computed by sacreBLEU on detokenized text against the raw reference sentences.
+are computed by sacreBLEU on detokenized text against the raw reference sentences. Sample
+translations and generated text are shown by callbacks (`experiments.text_callbacks`).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import pytorch_lightning as pl
-import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from sacrebleu.metrics import BLEU, CHRF
 from torch import Tensor, nn
@@ -20,6 +18,7 @@ from torchmetrics import MeanMetric
 from models import optim
 from models.attention import Similarity
 from models.decoding import beam_search, greedy_decode
+from models.distributed import clip_gradients, gather_objects
 from models.hf_text import gpt2_from_pretrained, marian_from_pretrained
 from models.text import DecoderOnlyLM, Positions, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 from models.transformer import Activation
@@ -45,32 +44,6 @@ def configure_adamw(module: pl.LightningModule, model: nn.Module) -> dict:
     return {"optimizer": optimizer, "lr_scheduler": optim.schedule(optimizer, module.trainer, hp.schedule, hp.warmup_steps, min_ratio=hp.min_lr_ratio)}
 
 
-def log_table(module: pl.LightningModule, key: str, columns: list[str], rows: list[list[str]]) -> None:
-    """A small table of text for people: W&B table, TensorBoard text, or a Markdown file in the log folder."""
-    logger = module.logger
-    if logger is None or not rows:
-        return
-    markdown = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-                         + ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows])
-    if hasattr(logger, "log_text"):  # WandbLogger
-        logger.log_text(key=key, columns=columns, data=rows, step=module.global_step)
-    elif hasattr(logger.experiment, "add_text"):  # TensorBoard
-        logger.experiment.add_text(key, markdown, module.global_step)
-    elif logger.log_dir:
-        path = Path(logger.log_dir) / (key.replace("/", "_") + ".md")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(f"\n### epoch {module.current_epoch}, step {module.global_step}\n\n{markdown}\n")
-
-
-def _gather(rows: list) -> list:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, rows)
-        return [r for part in parts for r in part]
-    return rows
-
-
 class TranslationModule(pl.LightningModule):
     """`Seq2SeqTransformer` trained with teacher forcing and label smoothing; BLEU/chrF by decoding.
 
@@ -84,9 +57,11 @@ class TranslationModule(pl.LightningModule):
         "cosine" (warmup, then cosine decay to ``min_lr_ratio``·lr).
     Args (decoding): ``val_beam_size`` for validation (1 = greedy), ``beam_size`` for test and
         predict, ``length_penalty`` α; at most ``max_len_a``·|source| + ``max_len_b`` tokens.
-        ``num_samples`` sample translations are logged as a table.
     Logged: ``train/loss`` (smoothed), ``val|test/loss`` (NLL per token), ``val|test/ppl``,
     ``val|test/bleu`` and ``val|test/chrf`` (sacreBLEU, detokenized).
+    After each evaluation, ``translations`` holds its (source, reference, hypothesis) triples, every
+    process's, in dataset order, and ``sacrebleu_signatures`` how the scores were made (for
+    `experiments.text_callbacks.TranslationSamples`).
     """
 
     def __init__(
@@ -122,7 +97,6 @@ class TranslationModule(pl.LightningModule):
         length_penalty: float = 0.6,
         max_len_a: float = 1.5,
         max_len_b: int = 10,
-        num_samples: int = 5,
         init_from: str | None = None,
     ):
         super().__init__()
@@ -145,7 +119,8 @@ class TranslationModule(pl.LightningModule):
             )
         self.val_nll, self.test_nll = MeanMetric(), MeanMetric()
         self._outputs: list[tuple[int, str, str, str]] = []  # (index, source, reference, hypothesis)
-        self._signature_shown = False
+        self.translations: list[tuple[str, str, str]] = []
+        self.sacrebleu_signatures: dict[str, str] = {}
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         return self.model(src, tgt)
@@ -197,22 +172,14 @@ class TranslationModule(pl.LightningModule):
     def _eval_epoch_end(self, stage: str, metric: MeanMetric) -> None:
         nll = metric.compute()
         metric.reset()
-        rows = sorted({r[0]: r for r in _gather(self._outputs)}.values())  # DDP may repeat samples to even out ranks
+        rows = sorted({r[0]: r for part in gather_objects(self._outputs) for r in part}.values())  # DDP may repeat samples to even out ranks
         self._outputs = []
+        self.translations = [(src, ref, hyp) for _, src, ref, hyp in rows]
         hyps, refs = [r[3] for r in rows], [r[2] for r in rows]
         bleu, chrf = BLEU(), CHRF()
         self.log_dict({f"{stage}/loss": nll, f"{stage}/ppl": nll.exp(), f"{stage}/bleu": bleu.corpus_score(hyps, [refs]).score,
                        f"{stage}/chrf": chrf.corpus_score(hyps, [refs]).score}, prog_bar=True)
-        if self.trainer.sanity_checking:
-            return
-        samples = [[src, ref, hyp] for _, src, ref, hyp in rows[: self.hparams.num_samples]]
-        log_table(self, f"{stage}/samples", ["source", "reference", "hypothesis"], samples)
-        if stage == "test" or not self._signature_shown:
-            self._signature_shown = True
-            self.print(f"sacreBLEU signatures: {bleu.get_signature()} | {chrf.get_signature()}")
-            log_table(self, f"{stage}/sacrebleu_signature", ["metric", "signature"], [["BLEU", str(bleu.get_signature())], ["chrF", str(chrf.get_signature())]])
-        if stage == "test":
-            self.print("\n".join(f"  {src}\n  -> {hyp}\n  (ref {ref})" for src, ref, hyp in samples))
+        self.sacrebleu_signatures = {"BLEU": str(bleu.get_signature()), "chrF": str(chrf.get_signature())}
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val", self.val_nll)
@@ -230,6 +197,9 @@ class TranslationModule(pl.LightningModule):
     def configure_optimizers(self) -> dict:
         return configure_adamw(self, self.model)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         check_vocabulary(checkpoint, self.hparams, ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"))
 
@@ -243,8 +213,8 @@ class LanguageModelModule(pl.LightningModule):
         data must use its tokenizer.json (``data.tokenizer: pretrained``); see `models.hf_text`.
     Args (training): AdamW ``lr``, ``betas``, ``eps``, ``weight_decay`` (matrices only), ``schedule``
         with ``warmup_steps`` and ``min_lr_ratio``.
-    Args (generation): ``max_new_tokens``, ``temperature``, ``top_k`` for `attnlab predict`;
-        ``sample_tokens`` generated after each validation and logged (0: none).
+    Args (generation): ``max_new_tokens``, ``temperature``, ``top_k`` for `attnlab predict` (and
+        `experiments.text_callbacks.LanguageModelSamples`).
     Logged: ``train/loss``, ``val/loss`` (nats per token), ``val/ppl``.
     """
 
@@ -272,7 +242,6 @@ class LanguageModelModule(pl.LightningModule):
         max_new_tokens: int = 200,
         temperature: float = 0.8,
         top_k: int | None = 200,
-        sample_tokens: int = 200,
         init_from: str | None = None,
     ):
         super().__init__()
@@ -312,20 +281,12 @@ class LanguageModelModule(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._epoch_end("val")
-        trainer = self.trainer
-        if self.hparams.sample_tokens and not (trainer.sanity_checking or trainer.fast_dev_run) and trainer.is_global_zero:
-            start = torch.full((1, 1), self._newline_id(), dtype=torch.long, device=self.device)
-            text = self._complete(start, self.hparams.sample_tokens)
-            log_table(self, "val/samples", ["step", "sample"], [[str(self.global_step), text]])
 
     def on_test_epoch_end(self) -> None:
         self._epoch_end("test")
 
-    def _newline_id(self) -> int:
-        ids = self.trainer.datamodule.tokenizer.encode("\n", add_special_tokens=False).ids
-        return ids[0] if ids else 0
-
-    def _complete(self, prompt: Tensor, max_new_tokens: int) -> str:
+    def complete(self, prompt: Tensor, max_new_tokens: int) -> str:
+        """The text of ``prompt`` (1, T) continued by ``max_new_tokens`` tokens (``temperature``, ``top_k``)."""
         hp = self.hparams
         out = self.model.generate(prompt, max_new_tokens, temperature=hp.temperature, top_k=hp.top_k)
         return self.trainer.datamodule.decode(out.tolist())[0]
@@ -334,12 +295,15 @@ class LanguageModelModule(pl.LightningModule):
         """The prompt and its continuation, printed on standard output."""
         if batch["prompt"].size(1) == 0:
             raise ValueError(f"prompt {batch['prompt_text'][0]!r} has no tokens; give at least one character")
-        text = self._complete(batch["prompt"], self.hparams.max_new_tokens)
+        text = self.complete(batch["prompt"], self.hparams.max_new_tokens)
         print(text, flush=True)
         return {"prompt": batch["prompt_text"], "completion": [text]}
 
     def configure_optimizers(self) -> dict:
         return configure_adamw(self, self.model)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         check_vocabulary(checkpoint, self.hparams, ("vocab_size",))

@@ -7,6 +7,7 @@ DETR). Optional positional terms (DETR) are added to queries and keys only, neve
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
@@ -15,11 +16,25 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import Tensor, nn
 
-from models.attention import MultiHeadAttention, Similarity
+from models.attention import KVCache, MultiHeadAttention, Similarity
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 # gelu_tanh: GPT-2's tanh approximation of GELU ("gelu_new"); silu: x·sigmoid(x), Marian's "swish"
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "silu": F.silu}
+
+
+@dataclass
+class DecoderLayerCache:
+    """A decoder layer's keys and values between decoding steps: its self-attention's, which grow by a
+    step each call, and its cross-attention's, computed once from the memory."""
+
+    self_attn: KVCache = field(default_factory=KVCache)
+    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
+
+    def reorder(self, index: Tensor, static_index: Tensor | None) -> None:
+        """See `KVCache.reorder`."""
+        self.self_attn.reorder(index, static_index)
+        self.cross_attn.reorder(index, static_index)
 
 
 def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
@@ -69,7 +84,7 @@ class TransformerEncoderLayer(nn.Module):
         self.activation = _activation(activation)
         self.norm_first = norm_first
 
-    def _sa(self, x: Tensor, pos: Tensor | None, mask: Tensor | None, kpm: Tensor | None, is_causal: bool, cache: dict | None) -> Tensor:
+    def _sa(self, x: Tensor, pos: Tensor | None, mask: Tensor | None, kpm: Tensor | None, is_causal: bool, cache: KVCache | None) -> Tensor:
         qk = _with_pos(x, pos)
         out = self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=cache)[0]
         return self.drop_path(self.dropout1(out))
@@ -84,10 +99,10 @@ class TransformerEncoderLayer(nn.Module):
         src_key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
         pos: Tensor | None = None,
-        cache: dict | None = None,
+        cache: KVCache | None = None,
     ) -> Tensor:
-        """``cache``: a dict this layer fills with its keys/values, for causal decoding step by step
-        (a decoder-only LM's blocks are encoder layers with ``is_causal=True``)."""
+        """``cache``: this layer's keys/values, for causal decoding step by step (a decoder-only LM's
+        blocks are encoder layers with ``is_causal=True``)."""
         x = src
         if self.norm_first:
             x = x + self._sa(self.norm1(x), pos, src_mask, src_key_padding_mask, is_causal, cache)
@@ -102,7 +117,7 @@ class TransformerDecoderLayer(nn.Module):
     Queries of the cross-attention come from the decoder, keys and values from the memory.
     ``query_pos`` (DETR's object queries) is added to the queries and keys of the self-attention
     and to the queries of the cross-attention; ``pos`` is added to the memory keys.
-    ``cache`` (a dict this layer fills) enables incremental decoding one token at a time.
+    ``cache`` (a `DecoderLayerCache`) enables incremental decoding one token at a time.
     Shapes: tgt (B, T, D), memory (B, S, D) -> (B, T, D).
     """
 
@@ -134,13 +149,13 @@ class TransformerDecoderLayer(nn.Module):
 
     def _sa(self, x, query_pos, mask, kpm, is_causal, cache):
         qk = _with_pos(x, query_pos)
-        sub = None if cache is None else cache.setdefault("self", {})
+        sub = None if cache is None else cache.self_attn
         return self.dropout1(self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=sub)[0])
 
     def _ca(self, x, memory, query_pos, pos, mask, kpm, cache):
-        sub = None if cache is None else cache.setdefault("cross", {})
+        sub = None if cache is None else cache.cross_attn
         key = _with_pos(memory, pos)
-        out = self.multihead_attn(_with_pos(x, query_pos), key, memory, attn_mask=mask, key_padding_mask=kpm, cache=sub, static_kv=True)[0]
+        out = self.multihead_attn(_with_pos(x, query_pos), key, memory, attn_mask=mask, key_padding_mask=kpm, cache=sub)[0]
         return self.dropout2(out)
 
     def _ff(self, x: Tensor) -> Tensor:
@@ -157,7 +172,7 @@ class TransformerDecoderLayer(nn.Module):
         tgt_is_causal: bool = False,
         pos: Tensor | None = None,
         query_pos: Tensor | None = None,
-        cache: dict | None = None,
+        cache: DecoderLayerCache | None = None,
     ) -> Tensor:
         x = tgt
         if self.norm_first:
@@ -188,9 +203,9 @@ class TransformerEncoder(nn.Module):
         src_key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
         pos: Tensor | None = None,
-        cache: list[dict] | None = None,
+        cache: list[KVCache] | None = None,
     ) -> Tensor:
-        """``cache``: a list with one dict per layer, for incremental causal decoding."""
+        """``cache``: one `KVCache` per layer, for incremental causal decoding."""
         x = src
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, src_key_padding_mask, is_causal, pos, None if cache is None else cache[i])
@@ -218,9 +233,9 @@ class TransformerDecoder(nn.Module):
         tgt_is_causal: bool = False,
         pos: Tensor | None = None,
         query_pos: Tensor | None = None,
-        cache: list[dict] | None = None,
+        cache: list[DecoderLayerCache] | None = None,
     ) -> Tensor:
-        """``cache``: a list with one dict per layer (e.g. ``[{} for _ in decoder.layers]``)."""
+        """``cache``: one `DecoderLayerCache` per layer (e.g. ``[DecoderLayerCache() for _ in decoder.layers]``)."""
         x, intermediate = tgt, []
         norm = self.norm if self.norm is not None else nn.Identity()
         for i, layer in enumerate(self.layers):

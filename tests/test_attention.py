@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from models import attention
-from models.attention import SIMILARITIES, MultiHeadAttention, capture_attention, subsequent_mask
+from models.attention import SIMILARITIES, KVCache, MultiHeadAttention, capture_attention, subsequent_mask
 
 B, LQ, LK, D, H = 3, 5, 7, 16, 4
 
@@ -172,7 +172,7 @@ def test_incremental_decoding_with_cache_equals_full_causal_pass():
     _, ours = _pair()
     x = torch.randn(B, 6, D)
     full = ours(x, is_causal=True)[0]
-    cache: dict = {}
+    cache = KVCache()
     steps = [ours(x[:, t : t + 1], is_causal=True, cache=cache)[0] for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
 
@@ -225,9 +225,23 @@ def test_query_rows_share_a_key_row_when_the_key_batch_is_smaller():
     torch.testing.assert_close(shared, repeated)
     torch.testing.assert_close(shared_weights, weights)
     torch.testing.assert_close(mha(query, memory, key_padding_mask=kpm)[0], repeated)  # the fast path
-    cache: dict = {}
-    mha(query, memory, key_padding_mask=kpm, cache=cache, static_kv=True)
-    assert cache["k"].shape[0] == 3  # keys/values kept once per memory row
-    torch.testing.assert_close(mha(query, memory, key_padding_mask=kpm, cache=cache, static_kv=True)[0], repeated)
+    cache = KVCache(static=True)
+    mha(query, memory, key_padding_mask=kpm, cache=cache)
+    assert cache.k.shape[0] == 3  # keys/values kept once per memory row
+    torch.testing.assert_close(mha(query, memory, key_padding_mask=kpm, cache=cache)[0], repeated)
     with pytest.raises(ValueError, match="query batch 5 is not a multiple of the key/value batch 3"):
         mha(torch.randn(5, 2, 16), memory)
+
+
+def test_cache_reorder_follows_the_beams_and_keeps_a_static_cache_per_sentence():
+    rows = torch.arange(4.0).view(4, 1, 1, 1)  # (B=4, H, L, d): row i holds i
+    grown, static = KVCache(rows.clone(), rows.clone() + 10), KVCache(rows[:2].clone(), rows[:2].clone() + 10, static=True)
+    k_before = static.k
+    for cache in (grown, static):
+        cache.reorder(torch.tensor([1, 1, 3, 2]), static_index=None)  # beams reordered within their sentences
+    assert grown.k.flatten().tolist() == [1, 1, 3, 2] and grown.v.flatten().tolist() == [11, 11, 13, 12]
+    assert static.k is k_before  # one row per sentence: untouched
+    for cache in (grown, static):
+        cache.reorder(torch.tensor([2, 3]), static_index=torch.tensor([1]))  # sentence 0 done: its rows leave
+    assert grown.k.flatten().tolist() == [3, 2] and static.k.flatten().tolist() == [1] and static.v.flatten().tolist() == [11]
+    KVCache().reorder(torch.tensor([0]), None)  # an empty cache (no step yet) has nothing to move

@@ -87,9 +87,7 @@ def test_vit_two_processes_with_half_batches_follow_one_process_with_full_batche
 MODALITIES = {
     "text": ("configs/text/toy_en_de.yaml", ()),
     "detection": ("configs/detection/shapes.yaml", ("--data.init_args.num_train=32", "--data.init_args.num_val=8", "--data.init_args.num_test=8",
-                                                     "--data.init_args.batch_size=4", "--trainer.check_val_every_n_epoch=1",
-                                                     # drawing asks trainer.log_dir (a collective) on rank 0 only: it would hang
-                                                     "--model.init_args.num_log_images=0")),
+                                                     "--data.init_args.batch_size=4", "--trainer.check_val_every_n_epoch=1")),
 }
 
 

@@ -15,7 +15,7 @@ def test_fit_test_predict_on_tiny_shapes(attnlab, tmp_path):
         "--config", SHAPES, f"--trainer.default_root_dir={tmp_path / 'run'}", f"--data.data_dir={tmp_path / 'data'}",
         "--data.num_train=8", "--data.num_val=4", "--data.num_test=3", "--data.batch_size=4",
     )
-    code, out, err = attnlab("fit", *common, "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=1", "--model.num_log_images=2")
+    code, out, err = attnlab("fit", *common, "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=1", "--trainer.callbacks.num_images=2")
     assert code == 0, err
     assert "attnlab: best val/AP50=" in out
     version = tmp_path / "run" / "lightning_logs" / "version_0"

@@ -1,5 +1,5 @@
 """Two real processes (gloo, CPU, torch.multiprocessing): the set loss's all-reduced box
-normalisation, and the gathering of detections for COCO evaluation.
+normalisation, and the gathering of detections for COCO evaluation (`models.distributed.gather_objects`).
 
 Kept apart from test_detr.py so that the spawned processes import only what they need.
 """
@@ -41,11 +41,13 @@ def _worker(rank: int, port: int, folder: str) -> None:
         outputs, targets = problem()
         mine = {k: v[rank : rank + 1] for k, v in outputs.items()}  # one image per process
         losses = SetCriterion(3, HungarianMatcher())(mine, [targets[rank]])
-        from models.coco_eval import gather_detections
+        from models.distributed import gather_objects
 
         # a DistributedSampler over 3 images gives rank 0 images 1, 3 and rank 1 images 2, 1 (repeated to even out)
         mine_ids = [1, 3] if rank == 0 else [2, 1]
-        gathered = gather_detections({i: {"scores": torch.tensor([float(i)])} for i in mine_ids})
+        parts = gather_objects({i: {"scores": torch.tensor([float(i)])} for i in mine_ids})
+        assert [sorted(p) for p in parts] == [[1, 3], [1, 2]]  # in rank order
+        gathered = {i: d for part in parts for i, d in part.items()}  # as the detector merges them
         with open(f"{folder}/rank{rank}.json", "w") as f:
             json.dump({**{k: float(losses[k]) for k in ("loss_bbox", "loss_giou")},
                        "gathered": {str(i): float(d["scores"]) for i, d in sorted(gathered.items())}}, f)

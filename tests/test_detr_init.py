@@ -37,7 +37,7 @@ def offline_hub(tmp_path, monkeypatch):
 
 def detector(init_from=None, num_classes=3, num_queries=5, backbone_kwargs=None, **kwargs) -> ObjectDetector:
     return ObjectDetector(num_classes, backbone="resnet18", backbone_out_index=4, backbone_kwargs=backbone_kwargs,
-                          num_queries=num_queries, init_from=init_from, num_log_images=0, **{**SMALL, **kwargs}).eval()
+                          num_queries=num_queries, init_from=init_from, **{**SMALL, **kwargs}).eval()
 
 
 def padded_batch():

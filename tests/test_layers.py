@@ -5,13 +5,20 @@ import pytest
 import torch
 from torch import nn
 
+from models.attention import KVCache
 from models.position import (
     LearnedPositionalEncoding,
     PositionEmbeddingSine2D,
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
-from models.transformer import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+from models.transformer import (
+    DecoderLayerCache,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 
 D, H, FF = 16, 4, 32
 
@@ -124,10 +131,10 @@ def test_decoder_returns_every_layer_and_decodes_incrementally():
     out = dec(tgt, mem, tgt_is_causal=True)
     assert out.shape == (3, 2, 5, D)
     dec.return_intermediate = False
-    cache = [{} for _ in dec.layers]
+    cache = [DecoderLayerCache() for _ in dec.layers]
     steps = [dec(tgt[:, t : t + 1], mem, tgt_is_causal=True, cache=cache) for t in range(5)]
     torch.testing.assert_close(torch.cat(steps, 1), out[-1], atol=1e-5, rtol=1e-5)
     enc = TransformerEncoder(2, D, H, final_norm=True, norm_first=True, dim_feedforward=FF, dropout=0.0).eval()
     full = enc(tgt, is_causal=True)
-    cache = [{} for _ in enc.layers]
+    cache = [KVCache() for _ in enc.layers]
     torch.testing.assert_close(torch.cat([enc(tgt[:, t : t + 1], is_causal=True, cache=cache) for t in range(5)], 1), full, atol=1e-5, rtol=1e-5)

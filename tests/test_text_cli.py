@@ -60,6 +60,8 @@ def test_language_model_fit_and_complete_a_prompt(attnlab, tmp_path):
     assert code == 0, err
     loss = metric(tmp_path / "lightning_logs" / "version_0", "val/loss")
     assert len(loss) == 2 and loss[1] < loss[0] < 4.0  # below log(vocabulary) ≈ 4.2 after 20 steps
+    samples = (tmp_path / "lightning_logs" / "version_0" / "val_samples.md").read_text()  # LanguageModelSamples, at each validation
+    assert "| step | sample |" in samples and samples.count("### epoch") == 2
     code, out, err = attnlab("predict", *args, "--ckpt_path", "best", "--data.init_args.prompt=Two dogs", "--model.init_args.max_new_tokens=20")
     assert code == 0, err
     completion = json.loads((tmp_path / "predictions.jsonl").read_text())["completion"]

@@ -1,0 +1,163 @@
+"""What a detection run shows and writes: validation images with DETR's predictions and decoder
+cross-attention (`DetectionImages`), and `attnlab predict`'s COCO results and drawings
+(`DetectionWriter`).
+
+Both read the images, class names and COCO ids from the dataset of the running dataloader
+(``image_path(image_id)``, ``class_names``, ``category_ids``), as `models.detr_module` does.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from PIL import Image
+from pytorch_lightning.callbacks import BasePredictionWriter
+from torch import Tensor
+from torchvision.utils import draw_bounding_boxes
+
+from models.attention import capture_attention
+from models.coco_eval import Detections, to_coco_results
+from models.detr import post_process
+from models.distributed import full_weights, gather_objects
+
+
+def draw_detections(image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float) -> Image.Image:
+    """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small
+    images are enlarged (pixels repeated) so that the labels stay readable."""
+    scale = max(1, 256 // min(image.size))
+    image = image.convert("RGB").resize((image.width * scale, image.height * scale), Image.NEAREST)
+    keep = det["scores"] >= score_threshold
+    if not keep.any():
+        return image
+    pixels = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)  # (3, H, W) uint8
+    labels = [f"{class_names[l]} {s:.2f}" for l, s in zip(det["labels"][keep].tolist(), det["scores"][keep].tolist())]
+    drawn = draw_bounding_boxes(pixels, det["boxes"][keep].float() * scale, labels=labels, colors="yellow", width=2)
+    return Image.fromarray(drawn.permute(1, 2, 0).numpy())
+
+
+class DetectionImages(pl.Callback):
+    """At each validation (not the sanity check), the first ``num_images`` images of the first batch
+    with the predictions scoring at least ``score_threshold``, and the last decoder layer's
+    cross-attention (head mean) of the 3 best queries over the image: one PNG per image,
+    ``<log dir>/val_images/epoch<E>_image<id>.png``, also logged to W&B as ``val/detections``.
+
+    The forward pass runs on every process, which FSDP needs (`models.distributed.full_weights`);
+    rank 0 draws.
+    """
+
+    def __init__(self, num_images: int = 4, score_threshold: float = 0.5):
+        if num_images < 1:
+            raise ValueError(f"DetectionImages: num_images={num_images} must be >= 1 (leave the callback out for none)")
+        self.num_images, self.score_threshold = num_images, score_threshold
+        self._batch: tuple[Tensor, Tensor, list[dict]] | None = None
+        self._folder = Path("val_images")
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # trainer.log_dir broadcasts from rank 0: resolve it on every rank, never in rank-0-only code
+        self._folder = Path(trainer.log_dir or trainer.default_root_dir) / "val_images"
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._batch = None
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if batch_idx == 0 and dataloader_idx == 0:
+            images, mask, targets = batch
+            self._batch = (images[: self.num_images], mask[: self.num_images], targets[: self.num_images])
+
+    @torch.no_grad()
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        dataset = trainer.val_dataloaders.dataset
+        if trainer.sanity_checking or self._batch is None or not hasattr(dataset, "image_path"):
+            return
+        images, mask, targets = self._batch
+        model = pl_module.model
+        feature_hw: list[tuple[int, int]] = []
+        handle = model.backbone.register_forward_hook(lambda m, args, out: feature_hw.append(tuple(out.shape[-2:])))
+        try:
+            with full_weights(trainer.model), capture_attention(model.transformer.decoder.layers[-1].multihead_attn, scores=True) as maps:
+                outputs = model(images, mask)
+        finally:
+            handle.remove()
+        if trainer.is_global_zero:
+            scores = maps[""][0]
+            padded = scores.blocked[:, 0, 0].view(-1, *feature_hw[0])  # (B, h, w) True at the padding's cells
+            results = post_process(outputs, torch.stack([t["orig_size"] for t in targets]))
+            paths = [self._draw(dataset, t, r, weights, cells, trainer.current_epoch)
+                     for t, r, weights, cells in zip(targets, results, scores.weights.mean(1), padded)]  # weights (N, h·w)
+            for logger in trainer.loggers:
+                if hasattr(logger, "log_image"):  # W&B
+                    logger.log_image(key="val/detections", images=paths, step=trainer.global_step)
+
+    def _draw(self, dataset, target: dict, result: dict[str, Tensor], weights: Tensor, padded: Tensor, epoch: int) -> str:
+        """One image's PNG: the detections, then one panel per best query with its attention over the image."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        image_id = int(target["image_id"])
+        with Image.open(dataset.image_path(image_id)) as raw:
+            image = raw.convert("RGB")
+        top = result["scores"].topk(min(3, len(result["scores"]))).indices
+        h, w = int((~padded[:, 0]).sum()), int((~padded[0, :]).sum())  # the image's cells, padding cut off
+        fig, axes = plt.subplots(1, 1 + len(top), figsize=(3 * (1 + len(top)), 3))
+        axes[0].imshow(draw_detections(image, {k: v.cpu() for k, v in result.items()}, dataset.class_names, self.score_threshold))
+        axes[0].set_title(f"image {image_id}")
+        for ax, q in zip(axes[1:], top.tolist()):
+            attn = weights[q].view(padded.shape)[:h, :w].cpu()
+            ax.imshow(image)
+            ax.imshow(attn, cmap="viridis", alpha=0.6, extent=(0, image.width, image.height, 0), interpolation="bilinear")
+            ax.set_title(f"query {q}: {dataset.class_names[int(result['labels'][q])]} {float(result['scores'][q]):.2f}", fontsize=8)
+        for ax in axes:
+            ax.axis("off")
+        self._folder.mkdir(parents=True, exist_ok=True)
+        path = self._folder / f"epoch{epoch:04d}_image{image_id}.png"
+        fig.savefig(path, dpi=80, bbox_inches="tight")
+        plt.close(fig)
+        return str(path)
+
+
+class DetectionWriter(BasePredictionWriter):
+    """`attnlab predict` output: a COCO results JSON of every query's detection and, per image, a PNG
+    with the detections scoring at least ``score_threshold``.
+
+    Args:
+        output_dir: folder for ``results.json`` and ``images/``; relative to trainer.default_root_dir.
+        score_threshold: the lowest score drawn (the JSON keeps all, as COCO evaluation expects).
+        max_images: how many images to draw (None: all).
+    """
+
+    def __init__(self, output_dir: str = "predictions", score_threshold: float = 0.5, max_images: int | None = None):
+        super().__init__(write_interval="batch")
+        self.output_dir, self.score_threshold, self.max_images = output_dir, score_threshold, max_images
+        self._detections: Detections = {}
+
+    def _folder(self, trainer: pl.Trainer) -> Path:
+        folder = Path(self.output_dir)
+        return folder if folder.is_absolute() else Path(trainer.default_root_dir) / folder
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self._detections = {}
+        (self._folder(trainer) / "images").mkdir(parents=True, exist_ok=True)
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
+        dataset = trainer.predict_dataloaders.dataset
+        for det in prediction:
+            image_id = det.pop("image_id")
+            self._detections[image_id] = det
+            if self.max_images is None or len(self._detections) <= self.max_images:
+                with Image.open(dataset.image_path(image_id)) as raw:
+                    drawn = draw_detections(raw, det, dataset.class_names, self.score_threshold)
+                drawn.save(self._folder(trainer) / "images" / f"{Path(dataset.image_path(image_id)).stem}.png")
+
+    def on_predict_epoch_end(self, trainer, pl_module) -> None:
+        # an image the distributed sampler repeated to even out the ranks is counted once
+        detections = {i: d for part in gather_objects(self._detections) for i, d in part.items()}
+        if trainer.is_global_zero:
+            dataset = trainer.predict_dataloaders.dataset
+            path = self._folder(trainer) / "results.json"
+            path.write_text(json.dumps(to_coco_results(detections, dataset.category_ids)))
+            print(f"attnlab: {len(detections)} images, detections written to {path} and {path.parent / 'images'}/")

@@ -1,0 +1,140 @@
+"""experiments.stats: the statistics against a hand computation, and against the computation they had before
+the core reported its own logits and blocked mask (the oracle below re-derives both from the layer's inputs)."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from experiments.stats import Sequence, _layer_stats, attention_statistics
+from models.attention import MultiHeadAttention, capture_attention, merge_masks
+from models.backbone import Backbone
+from models.detr import DETR
+from models.text import DecoderOnlyLM, Seq2SeqTransformer
+from models.vit import VisionTransformer
+
+TINY_TRUNK = dict(name="resnet18", out_index=3, norm="bn", trainable_layers=5, layers=[1, 1, 1, 1], channels=[8, 16, 32, 64], stem_width=8)
+
+
+def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, ...] = ()) -> list[dict]:
+    """The statistics as experiments/stats.py computed them until the core reported its scores: the logits re-derived
+    from each layer's recorded inputs (projection, `general` map, scale) and the masks rebuilt with `merge_masks`."""
+    from experiments import stats
+
+    kind = stats.modality(model)
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    calls, feature_hw = {}, []
+    handles = [m.register_forward_pre_hook(lambda m, a, kw, name=name: calls.setdefault(name, (a, kw)) and None, with_kwargs=True)
+               for name, m in layers.items()]
+    if kind == "detection":
+        handles.append(model.backbone.register_forward_hook(lambda m, a, out: feature_hw.append(tuple(out.shape[-2:]))))
+    model.eval()
+    with torch.no_grad(), capture_attention(model) as maps:
+        model(*args)
+    for h in handles:
+        h.remove()
+    enc, dec = stats._sequences(kind, model, args, feature_hw[0] if feature_hw else None, special_ids)
+    dec_valid, out = None, []
+    for name, m in layers.items():
+        (a, kw), weights = calls[name], maps[name][0]
+        query = a[0] if a else kw["query"]
+        key = a[1] if len(a) > 1 else kw.get("key")
+        key = query if key is None else key
+        value = a[2] if len(a) > 2 else kw.get("value")
+        value = key if value is None else value
+        with torch.no_grad():
+            q, k, _ = m._project(query, key, value)
+            if m.similarity == "general":
+                q = torch.einsum("bhld,hde->bhle", q, m.general_weight)
+            logits = (q @ k.transpose(-2, -1)) * m.scale
+        b, _, lq, lk = logits.shape
+        mask = merge_masks(b, lq, lk, attn_mask=kw.get("attn_mask"), key_padding_mask=kw.get("key_padding_mask"),
+                           is_causal=kw.get("is_causal", False), device=logits.device, dtype=logits.dtype)
+        blocked = torch.zeros(1, 1, lq, lk, dtype=torch.bool) if mask is None else mask if mask.dtype == torch.bool else torch.isneginf(mask)
+        kpm, cross = kw.get("key_padding_mask"), name.endswith("multihead_attn")
+        in_decoder = "decoder" in name.split(".")
+        if cross:
+            q_seq, k_seq = dec, enc
+            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else torch.ones(b, lq, dtype=torch.bool)
+        else:
+            q_seq = k_seq = dec if in_decoder and dec is not None else enc
+            valid_q = ~kpm if kpm is not None else torch.ones(b, lq, dtype=torch.bool)
+            if in_decoder:
+                dec_valid = valid_q
+        if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:
+            q_seq = None
+        if k_seq is not None and k_seq.positions is not None and len(k_seq.positions) != lk:
+            k_seq = None
+        out.append({"name": name, "kind": "cross" if cross else "self", "heads": m.num_heads,
+                    **_layer_stats(weights, logits, blocked, valid_q, q_seq, k_seq)})
+    return out
+
+
+def _cases():
+    torch.manual_seed(0)
+    src = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 2, 0, 0]])
+    tgt = torch.tensor([[1, 9, 4, 2], [1, 3, 0, 0]])
+    for similarity in ("scaled_dot", "general"):
+        s2s = Seq2SeqTransformer(12, 12, d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32,
+                                 similarity=similarity, pad_id=0)
+        if similarity == "general":  # away from the identity, so that the map counts
+            for m in s2s.modules():
+                if isinstance(m, MultiHeadAttention):
+                    nn.init.normal_(m.general_weight)
+        yield f"seq2seq-{similarity}", s2s, (src, tgt), (1, 2)
+    yield "lm", DecoderOnlyLM(12, d_model=16, nhead=2, num_layers=2), (torch.randint(0, 12, (2, 6)),), ()
+    vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=16, depth=2, num_heads=2)
+    yield "vit", vit, (torch.randn(2, 1, 8, 8),), ()
+    detr = DETR(Backbone(**TINY_TRUNK), 3, 4, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32)
+    mask = torch.zeros(2, 64, 64, dtype=torch.bool)
+    mask[1, :, 40:] = True  # the second image is padded on the right
+    yield "detr", detr, (torch.randn(2, 3, 64, 64), mask), ()
+
+
+@pytest.mark.parametrize("name,model,args,special", list(_cases()), ids=lambda c: c if isinstance(c, str) else "")
+def test_statistics_equal_those_computed_from_rescored_inputs(name, model, args, special):
+    expected = rescored_statistics(model, args, special)
+    got = attention_statistics(model, args, special_ids=special)["layers"]
+    assert [layer["name"] for layer in got] == [layer["name"] for layer in expected] and len(got) >= 2
+    for g, e in zip(got, expected):
+        assert g.keys() == e.keys()
+        for key, value in e.items():
+            if isinstance(value, list):
+                assert g[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (g["name"], key)
+            else:
+                assert g[key] == value, (g["name"], key)
+    assert any(layer["logit_var"][0] > 0 for layer in got)
+
+
+def _entropy(p: list[float]) -> float:
+    return -sum(x * math.log(x) for x in p if x > 0)
+
+
+def test_statistics_of_one_head_equal_a_hand_computation():
+    """One head of width 1, identity projections: logits are q·k/√1 = x_i·x_j, written out below by hand."""
+    m = MultiHeadAttention(1, 1, bias=False)
+    with torch.no_grad():
+        m.in_proj_weight.fill_(1.0)
+        m.out_proj.weight.fill_(1.0)
+    x = torch.tensor([[[1.0], [3.0], [0.0]]])  # (B=1, L=3, D=1); the third token is padding
+    kpm = torch.tensor([[False, False, True]])
+    with capture_attention(m, scores=True) as maps:
+        m(x, key_padding_mask=kpm)
+    weights, logits, blocked = maps[""][0].weights, maps[""][0].logits, maps[""][0].blocked
+    logit_rows = [[1.0, 3.0], [3.0, 9.0]]  # queries 0 and 1 over the two open keys
+    assert logits[0, 0, :2, :2].tolist() == logit_rows
+    assert blocked.expand(1, 1, 3, 3)[0, 0].tolist() == [[False, False, True]] * 3
+    probs = [[math.exp(a) / sum(math.exp(b) for b in row) for a in row] for row in logit_rows]
+    positions = torch.arange(3, dtype=torch.float32)[:, None]
+    seq = Sequence(positions, torch.tensor([[True, False, False]]))  # token 0 is special (BOS)
+    stats = _layer_stats(weights, logits, blocked, ~kpm, seq, seq)
+    assert stats["entropy"] == pytest.approx([(_entropy(probs[0]) + _entropy(probs[1])) / 2], rel=1e-6)
+    assert stats["max_weight"] == pytest.approx([(max(probs[0]) + max(probs[1])) / 2], rel=1e-6)
+    assert max(probs[0]) < 0.9 < max(probs[1])  # 0.88 and 0.998
+    assert stats["saturated"] == pytest.approx([0.5])
+    def variance(row):
+        return sum((a - sum(row) / len(row)) ** 2 for a in row) / len(row)
+    assert stats["logit_var"] == pytest.approx([(variance(logit_rows[0]) + variance(logit_rows[1])) / 2], rel=1e-6)
+    # query 0 sits at 0 and looks 1 away with weight probs[0][1]; query 1 at 1 looks 1 away with probs[1][0]
+    assert stats["distance"] == pytest.approx([(probs[0][1] + probs[1][0]) / 2], rel=1e-6)
+    assert stats["special"] == pytest.approx([(probs[0][0] + probs[1][0]) / 2], rel=1e-6)
