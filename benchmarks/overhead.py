@@ -7,8 +7,10 @@ logger) against a plain PyTorch loop of the same model, data and optimizer.
 Each repeat runs both loops, in alternating order, for ``--epochs`` + 1 epochs of ``--batches`` batches
 with validation off. The first epoch is warm-up; in each later epoch the time from the end of its first
 batch to the end of its last (one wait for the device at each end) is the measured span, so loader
-starts and epoch-end work (checkpoints) fall outside it. Step time = measured time / measured steps;
-the table gives the median over repeats and the overhead (trainer - plain) / plain of those medians.
+starts and epoch-end work (checkpoints) fall outside it. Step time = measured time / measured steps,
+as wall-clock time and as this process's CPU time (on a CPU shared with other jobs the CPU time is the
+steadier figure: waiting for a core is not counted); the table gives the median over repeats and the
+overhead (trainer - plain) / plain of those medians.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,10 +37,11 @@ TASKS = {
 }
 
 
-def _done(device: torch.device) -> float:
+def _done(device: torch.device) -> tuple[float, float]:
+    """(wall-clock, process CPU) seconds once the device has finished the work queued so far."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter()
+    return time.perf_counter(), time.process_time()
 
 
 class SpanClock(pl.Callback):
@@ -45,7 +49,7 @@ class SpanClock(pl.Callback):
     and writes (seconds, steps) to ``output``."""
 
     def __init__(self, output: str):
-        self.output, self.seconds, self.steps, self._start = output, 0.0, 0, None
+        self.output, self.seconds, self.steps, self._start = output, [0.0, 0.0], 0, None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.current_epoch == 0:
@@ -53,7 +57,7 @@ class SpanClock(pl.Callback):
         if batch_idx == 0:
             self._start = _done(pl_module.device)
         elif batch_idx + 1 == trainer.num_training_batches:
-            self.seconds += _done(pl_module.device) - self._start
+            self.seconds = [total + end - start for total, end, start in zip(self.seconds, _done(pl_module.device), self._start)]
             self.steps += batch_idx
 
     def on_train_end(self, trainer, pl_module):
@@ -67,8 +71,8 @@ def _common(config: str, args: argparse.Namespace, root: str) -> list[str]:
             "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
-def trainer_step_time(config: str, args: argparse.Namespace) -> float:
-    """Seconds per step of `attnlab fit` with this config (the CLI in this process)."""
+def trainer_step_time(config: str, args: argparse.Namespace) -> list[float]:
+    """(wall-clock, CPU) seconds per step of `attnlab fit` with this config (the CLI in this process)."""
     from experiments.cli import main
 
     with tempfile.TemporaryDirectory() as root:
@@ -76,7 +80,7 @@ def trainer_step_time(config: str, args: argparse.Namespace) -> float:
         clock = json.dumps({"class_path": f"{__name__}.SpanClock", "init_args": {"output": str(output)}})
         main(["fit", *_common(config, args, root), f"--trainer.callbacks+={clock}"])
         measured = json.loads(output.read_text())
-    return measured["seconds"] / measured["steps"]
+    return [seconds / measured["steps"] for seconds in measured["seconds"]]
 
 
 def _build(config: str, args: argparse.Namespace, root: str) -> tuple[pl.LightningModule, pl.LightningDataModule]:
@@ -117,8 +121,8 @@ def _seq2seq(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Ca
     return configured["optimizer"], configured["lr_scheduler"]["scheduler"], loss
 
 
-def plain_step_time(config: str, args: argparse.Namespace) -> float:
-    """Seconds per step of a hand-written loop: forward, loss, backward, (clipping), AdamW step, schedule step."""
+def plain_step_time(config: str, args: argparse.Namespace) -> list[float]:
+    """(wall-clock, CPU) seconds per step of a hand-written loop: forward, loss, backward, (clipping), AdamW step, schedule step."""
     from lightning_fabric.utilities.apply_func import move_data_to_device
 
     with tempfile.TemporaryDirectory() as root:
@@ -130,7 +134,7 @@ def plain_step_time(config: str, args: argparse.Namespace) -> float:
     loader = data.train_dataloader()
     optimizer, schedule, loss_of = (_vit if "vision" in config else _seq2seq)(module)
     clip = 1.0 if "text" in config else None  # the toy config's trainer.gradient_clip_val
-    seconds, steps = 0.0, 0
+    seconds, steps = [0.0, 0.0], 0
     for epoch in range(args.epochs + 1):
         start = None
         for i, batch in enumerate(loader):
@@ -148,9 +152,9 @@ def plain_step_time(config: str, args: argparse.Namespace) -> float:
             if i == 0:
                 start = _done(device)
             elif i + 1 == min(args.batches, len(loader)):
-                seconds += _done(device) - start
+                seconds = [total + end - begin for total, end, begin in zip(seconds, _done(device), start)]
                 steps += i
-    return seconds / steps
+    return [total / steps for total in seconds]
 
 
 def _load() -> str:
@@ -168,28 +172,31 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
+    warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # this script's own options are in sys.argv
     loads, rows = [_load()], []
     for task in args.tasks:
-        times: dict[str, list[float]] = {"trainer": [], "plain": []}
+        times: dict[str, list[list[float]]] = {"trainer": [], "plain": []}
         for repeat in range(args.repeats):
             order = ("trainer", "plain") if repeat % 2 == 0 else ("plain", "trainer")
             for kind in order:
                 times[kind].append((trainer_step_time if kind == "trainer" else plain_step_time)(TASKS[task], args))
-            print(f"{task} repeat {repeat}: trainer {times['trainer'][-1] * 1e3:.2f} ms, plain {times['plain'][-1] * 1e3:.2f} ms, "
-                  f"load {_load()}", file=sys.stderr, flush=True)
+            print(f"{task} repeat {repeat}: trainer {times['trainer'][-1][0] * 1e3:.2f} ms, plain {times['plain'][-1][0] * 1e3:.2f} ms "
+                  f"(CPU {times['trainer'][-1][1] * 1e3:.2f} / {times['plain'][-1][1] * 1e3:.2f}), load {_load()}", file=sys.stderr, flush=True)
         loads.append(_load())
-        trainer, plain = statistics.median(times["trainer"]), statistics.median(times["plain"])
-        pairs = [(t - p) / p for t, p in zip(times["trainer"], times["plain"])]
-        rows.append(f"| {task} ({TASKS[task]}) | {trainer * 1e3:.2f} | {plain * 1e3:.2f} | {100 * (trainer - plain) / plain:+.1f} % | "
-                    f"{100 * min(pairs):+.1f} .. {100 * max(pairs):+.1f} % |")
+        for clock, name in enumerate(("wall-clock", "CPU")):
+            trainer = statistics.median(t[clock] for t in times["trainer"])
+            plain = statistics.median(t[clock] for t in times["plain"])
+            pairs = [(t[clock] - p[clock]) / p[clock] for t, p in zip(times["trainer"], times["plain"])]
+            rows.append(f"| {task} ({TASKS[task]}) | {name} | {trainer * 1e3:.2f} | {plain * 1e3:.2f} | {100 * (trainer - plain) / plain:+.1f} % | "
+                        f"{100 * min(pairs):+.1f} .. {100 * max(pairs):+.1f} % |")
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {args.threads} thread(s))"
     print(f"Command: `python -m benchmarks.overhead {' '.join(argv if argv is not None else sys.argv[1:])}`  ")
     print(f"Date: {datetime.date.today()}, torch {torch.__version__}, pytorch-lightning {pl.__version__}, device: {device}, "
           f"load average (1 min) before/after each task: {' -> '.join(loads)}  ")
     print(f"{args.repeats} interleaved repeats of {args.epochs} measured epochs x {args.batches} batches (1 warm-up epoch); "
           "step time is the median over repeats.\n")
-    print("| task | `attnlab fit` step (ms) | plain loop step (ms) | Trainer overhead | per-repeat range |")
-    print("|---|---|---|---|---|")
+    print("| task | time | `attnlab fit` step (ms) | plain loop step (ms) | Trainer overhead | per-repeat range |")
+    print("|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 
