@@ -91,11 +91,15 @@ def _shadowed(trainer: pl.Trainer, callback: Callback) -> bool:
 class Throughput(Callback):
     """Log training throughput over all devices: ``perf/samples_per_s`` and ``perf/tokens_per_s``, once per epoch.
 
-    Time is wall-clock between the ends of consecutive training batches (data loading included), so the
-    first batch of every epoch (warm-up, loader start) and validation are left out. Tokens are the
-    positions, padding excluded, that enter the first attention layer of each Transformer stack: patches
-    + [CLS] for the ViT, source + target tokens for translation, feature-map cells + object queries for
-    DETR. ``fit_samples_per_s`` / ``fit_tokens_per_s`` hold the whole fit's figures for the run summary.
+    Time is wall-clock over spans of training batches (data loading included), timed without waiting
+    for the device at every step: a span ends, after one wait for the device, at each logging step
+    (``trainer.log_every_n_steps``), before a validation and at an epoch's end; the first batch of
+    every epoch and the first after a validation only start a span (warm-up, loader start), and
+    validation is left out. Tokens are the positions, padding excluded, that enter the first attention
+    layer of each Transformer stack: patches + [CLS] for the ViT, source + target tokens for
+    translation, feature-map cells + object queries for DETR; they are summed on the device and read
+    when a span ends. ``fit_samples_per_s`` / ``fit_tokens_per_s`` hold the whole fit's figures for
+    the run summary.
     """
 
     def __init__(self):
@@ -106,7 +110,7 @@ class Throughput(Callback):
         self._active = stage == "fit" and not _shadowed(trainer, self)
         self._epoch = torch.zeros(3, dtype=torch.float64)  # samples, tokens, seconds (this epoch)
         self._fit = torch.zeros(3, dtype=torch.float64)
-        self._tokens, self._counting, self._last = 0, False, None
+        self._samples, self._tokens, self._counting, self._start = 0, 0, False, None  # the span under way
         self._handles = []
         if self._active:
             self._handles = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in _entry_attention(pl_module)]
@@ -119,24 +123,34 @@ class Throughput(Callback):
             self._tokens = self._tokens + (padding.logical_not().sum() if same else query.shape[0] * query.shape[1])  # no GPU sync here
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._counting, self._tokens = self._active, 0
+        self._counting = self._active and self._start is not None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self._active:
             return
         self._counting = False
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-        now = time.perf_counter()
-        if self._last is not None:
-            self._epoch += torch.tensor([batch_size(batch), float(self._tokens), now - self._last], dtype=torch.float64)
-        self._last = now
+        if self._start is None:
+            self._start = _device_done(pl_module)
+            return
+        self._samples += batch_size(batch)
+        if trainer._logger_connector.should_update_logs:  # Lightning reads the logged metrics back now too
+            self._start = self._end_span(pl_module)
+
+    def _end_span(self, pl_module: pl.LightningModule) -> float | None:
+        """Add the span under way to the epoch's totals; returns when it ended (None: no span was under way)."""
+        if self._start is None:
+            return None
+        now = _device_done(pl_module)
+        self._epoch += torch.tensor([self._samples, float(self._tokens), now - self._start], dtype=torch.float64)
+        self._samples, self._tokens, self._start = 0, 0, None
+        return now
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._last = None
+        self._samples, self._tokens, self._start = 0, 0, None
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._last = None
+        if getattr(self, "_active", False):
+            self._end_span(pl_module)
 
     def _global_rates(self, trainer: pl.Trainer, totals: torch.Tensor) -> torch.Tensor:
         """Per-process rates summed over processes: (samples/s, tokens/s)."""
@@ -146,6 +160,7 @@ class Throughput(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
             return
+        self._end_span(pl_module)
         rates = self._global_rates(trainer, self._epoch.clone())
         self._fit += self._epoch
         self._epoch.zero_()
@@ -155,6 +170,7 @@ class Throughput(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
             return
+        self._end_span(pl_module)
         self._fit += self._epoch  # an epoch cut short (max_steps, interruption)
         rates = self._global_rates(trainer, self._fit)  # every rank: a collective
         if self._fit[2] > 0:
@@ -175,31 +191,44 @@ def _entry_attention(pl_module: pl.LightningModule) -> list[torch.nn.Module]:
     return entry or [m for _, m in layers[:1]]
 
 
-class GradientNorm(Callback):
-    """Log ``train/grad_norm``, the L2 norm of all gradients before clipping (after AMP unscaling).
+def _device_done(pl_module: pl.LightningModule) -> float:
+    """The wall-clock time once the device has finished the work queued so far (one wait for a GPU)."""
+    if pl_module.device.type == "cuda":
+        torch.cuda.synchronize(pl_module.device)
+    return time.perf_counter()
 
-    Keeps ``first`` (the norm at the first step, i.e. at initialisation) and the running ``mean``
-    for the run summary: the gradient side of the √d argument.
+
+class GradientNorm(Callback):
+    """Log ``train/grad_norm``, the L2 norm of all gradients before clipping (after AMP unscaling), at the
+    steps Lightning logs (every ``trainer.log_every_n_steps``) and at the fit's first step.
+
+    Keeps ``first`` (the norm at the first step, i.e. at initialisation) and ``mean`` (over the logged
+    steps) for the run summary: the gradient side of the √d argument. The norms stay on the device
+    until those are read (Lightning reads the logged one when it writes the step's metrics).
     """
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._active = stage == "fit" and not _shadowed(trainer, self)
-        self.first: float | None = None
+        self._first: torch.Tensor | None = None
         self._sum, self._n = 0.0, 0
 
     @property
+    def first(self) -> float | None:
+        return None if getattr(self, "_first", None) is None else float(self._first)
+
+    @property
     def mean(self) -> float | None:
-        return self._sum / self._n if self._n else None
+        return float(self._sum) / self._n if getattr(self, "_n", 0) else None
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
-        if not self._active:
+        if not self._active or not (self._first is None or trainer._logger_connector.should_update_logs):
             return
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
         if not grads:
             return
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])))
-        if self.first is None:
-            self.first = norm
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)  # one fused norm per device and dtype
+        if self._first is None:
+            self._first = norm
         self._sum, self._n = self._sum + norm, self._n + 1
         pl_module.log("train/grad_norm", norm, on_step=True, on_epoch=False)
 

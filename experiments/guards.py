@@ -1,12 +1,20 @@
 """Guards that keep a run's files whole when something goes wrong, and say what went wrong in one line.
 
-- `NonFiniteLoss` (on in every run): stops training at the first NaN/inf loss, before it reaches the
-  weights, and refuses to write a checkpoint whose weights are not finite; the last good checkpoint stays.
+- `NonFiniteLoss` (on in every run): stops training at the first NaN/inf loss without updating the
+  weights with it, and refuses to write a checkpoint whose weights are not finite; the last good
+  checkpoint stays.
 - `SafeCheckpointIO` (installed by the CLI): checkpoints are written beside their target and renamed
   into place, so a full disk or a killed process leaves the previous file whole; they are read as
   tensors and plain data only (`models.weights`), so a checkpoint holding pickled code is refused.
 - `check_output_folders`: before a fit starts, every folder it will write is created and written
   to, and the disk must have room for its checkpoints.
+
+No per-step waits for the device. The default callbacks (this guard, `LastCheckpoint`, `GradientNorm`,
+`Throughput`) keep what they watch on the device and read it back once per logging interval
+(``trainer.log_every_n_steps``), before a validation, at an epoch's end and before a checkpoint is
+written; a GPU runs ahead of the host between those points. Under DDP the processes must agree at
+every optimizer step (a NaN on one process, a SIGTERM, the time to save), and they do so in one
+all-reduce of a few flags per step, packed by this guard (`NonFiniteLoss.watch`).
 
 A `RunError`'s text is the one line the CLI prints after ``attnlab: error:``.
 """
@@ -16,7 +24,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytorch_lightning as pl
 import torch
@@ -24,6 +32,7 @@ from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
+from experiments.callbacks import _shadowed
 from models.weights import load_weights_file
 
 # room left beside the checkpoints for metrics, configs, attention figures and W&B files
@@ -35,34 +44,109 @@ class RunError(RuntimeError):
 
 
 class NonFiniteLoss(Callback):
-    """Stop training at the first non-finite loss, before backward, so the weights never see it.
+    """Stop training at the first non-finite loss; the weights are never updated with it.
 
-    The error names the global step, the epoch and the logged loss terms that are NaN/inf (DETR's
+    One device: each loss is tested on the device into a sticky flag (AMP's ``found_inf``), which also
+    keeps the global step, the epoch and the logged loss terms of the first bad loss. While the flag is
+    up the optimizer makes no update from it: an optimizer that takes ``found_inf`` (``fused=True``
+    AdamW, Adam, SGD) skips its whole step on the device, state included, as under AMP's GradScaler;
+    any other gets zero gradients, so nothing non-finite enters the weights or the optimizer's state
+    (its momentum alone may still move them until the stop). The host reads the flag once per logging
+    interval, before a validation, at an epoch's end, at the fit's end and before any checkpoint is
+    written, and the run stops there with the step of the first bad loss: no checkpoint is written
+    after it.
+
+    DDP: on the batch that ends an optimizer step, before its backward, the flag joins the step's one
+    all-reduce, with the flags other callbacks `watch` (LastCheckpoint's SIGTERM and time to save), so
+    every process stops at that step before the gradient all-reduce, where one stopping alone would
+    leave the others waiting.
+
+    The error names the step, the epoch and the logged loss terms that are NaN/inf (DETR's
     ``train/loss_ce``, ``train/loss_bbox``, ``train/loss_giou``; ``train/loss`` for the ViT and the
     text models). A checkpoint whose weights are not finite (an overflowing gradient that left the
     loss finite) is refused, so the last checkpoint on disk is always a good one.
-
-    Cost per step: one scalar read of the loss (on a GPU a host sync, which `GradientNorm` already
-    pays every step); under DDP one all-reduce of a flag, so that every process stops together.
     """
 
+    def __init__(self):
+        self._watched: dict[str, Callable[[], bool]] = {}
+        self._agreed: tuple[int, dict[str, bool]] | None = None
+
+    def watch(self, name: str, flag: Callable[[], bool]) -> None:
+        """Add a host flag to the per-step all-reduce under DDP; `agreed` gives its value on any process."""
+        self._watched[name] = flag
+
+    def agreed(self, trainer: pl.Trainer) -> dict[str, bool] | None:
+        """The watched flags as all processes agreed on them during this batch, or None if no all-reduce ran in it."""
+        if self._agreed is not None and self._agreed[0] == _batch_number(trainer):
+            return self._agreed[1]
+        return None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._active = stage == "fit" and not _shadowed(trainer, self)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        device = trainer.strategy.root_device
+        self._bad = torch.zeros((), device=device)  # 1.0 from the first non-finite loss on (float: optimizers read it as found_inf)
+        self._step = torch.zeros((), dtype=torch.long, device=device)  # global step and epoch of the first bad loss
+        self._epoch = torch.zeros_like(self._step)
+        self._terms: dict[str, Tensor] = {}
+
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor) -> None:
-        value = loss.item()
-        stop = not math.isfinite(value)
-        if trainer.world_size > 1:  # a process that stopped alone would leave the others waiting in backward
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if not stop:
+        if not self._active:
             return
-        if math.isfinite(value):
-            what = "a non-finite loss on another process"
-        else:
-            bad = {name: term for name, term in _logged_terms(trainer).items() if not math.isfinite(term)}
-            what = f"non-finite loss ({', '.join(f'{name}={term}' for name, term in bad.items()) or f'loss={value}'})"
-            if trainer.world_size > 1:
-                what += f" on process {trainer.global_rank} of {trainer.world_size}"
-        raise _stopped(trainer, f"{what}; the weights were not updated with it")
+        fine = self._bad == 0  # (): no bad loss before this one: record this step
+        self._step = torch.where(fine, trainer.global_step, self._step)
+        self._epoch = torch.where(fine, trainer.current_epoch, self._epoch)
+        terms = _logged_terms(trainer) or {"loss": loss.detach()}
+        self._terms = {name: torch.where(fine, term.float(), self._terms.get(name, term.float())) for name, term in terms.items()}
+        torch.maximum(self._bad, loss.detach().isfinite().logical_not(), out=self._bad)
+        if trainer.world_size > 1 and not trainer.fit_loop.epoch_loop._should_accumulate():
+            self._agree(trainer)
+
+    def _agree(self, trainer: pl.Trainer) -> None:
+        """The step's one collective: [this process's flag, then max over processes of: the flag, each watched flag]."""
+        names = list(self._watched)
+        packed = torch.stack([self._bad, self._bad, *(torch.full((), float(self._watched[n]()), device=self._bad.device) for n in names)])
+        torch.distributed.all_reduce(packed[1:], op=torch.distributed.ReduceOp.MAX)
+        mine, anyone, *flags = packed.tolist()
+        self._agreed = (_batch_number(trainer), {name: flag > 0 for name, flag in zip(names, flags)})
+        if anyone:
+            raise self._error(trainer, here=mine > 0)
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
+        if not self._active or trainer.world_size > 1:  # under DDP a bad loss stopped every process before backward
+            return
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            optimizer.found_inf = self._bad  # fused optimizers skip the update on the device (GradScaler's protocol)
+            return
+        skip = self._bad.bool()
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.masked_fill_(skip, 0.0)
+
+    def _check(self, trainer: pl.Trainer) -> None:
+        """Read the flag back from the device (a wait for it): stop if a loss was non-finite. Under DDP the step's
+        all-reduce stops every process together instead (one stopping alone would leave the others waiting)."""
+        if getattr(self, "_active", False) and hasattr(self, "_bad") and trainer.world_size == 1 and self._bad.item():
+            raise self._error(trainer, here=True)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer._logger_connector.should_update_logs:  # Lightning reads the logged metrics back now too
+            self._check(trainer)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check(trainer)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._check(trainer)
         weights = {k: v for k, v in checkpoint.get("state_dict", {}).items() if isinstance(v, Tensor) and v.is_floating_point()}
         if not weights or torch.stack([v.isfinite().all() for v in weights.values()]).all():
             return
@@ -70,25 +154,49 @@ class NonFiniteLoss(Callback):
         raise _stopped(trainer, f"the weights became non-finite ({name}) while the loss was finite, e.g. an overflowing gradient; "
                                 "that checkpoint was not written")
 
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for optimizer in trainer.optimizers:
+            if getattr(optimizer, "found_inf", None) is getattr(self, "_bad", False):
+                del optimizer.found_inf
 
-def _logged_terms(trainer: pl.Trainer) -> dict[str, float]:
-    """The scalars ``training_step`` logged at this step. Lightning keeps them in a private result collection
-    until the batch ends; read defensively: without it the error names the loss alone."""
+    def _error(self, trainer: pl.Trainer, here: bool) -> RunError:
+        step, epoch = int(self._step), int(self._epoch)
+        if not here:
+            what = "a non-finite loss on another process"
+        else:
+            terms = dict(zip(self._terms, torch.stack(list(self._terms.values())).tolist()))
+            bad = {name: term for name, term in terms.items() if not math.isfinite(term)}
+            what = f"non-finite loss ({', '.join(f'{name}={term}' for name, term in bad.items()) or 'loss=nan'})"
+            if trainer.world_size > 1:
+                what += f" on process {trainer.global_rank} of {trainer.world_size}"
+        return _stopped(trainer, f"{what}; the weights were not updated with it", step, epoch)
+
+
+def _batch_number(trainer: pl.Trainer) -> int:
+    """The training batches started in this fit: the same during one batch's hooks on every process."""
+    return trainer.fit_loop.epoch_loop.batch_progress.total.ready
+
+
+def _logged_terms(trainer: pl.Trainer) -> dict[str, Tensor]:
+    """The scalars ``training_step`` logged at this step, as they are (on the device). Lightning keeps them in a
+    private result collection until the batch ends; read defensively: without it the error names the loss alone."""
     terms = {}
     for metric in (getattr(trainer, "_results", None) or {}).values():
         value, meta = getattr(metric, "_forward_cache", None), getattr(metric, "meta", None)
         if getattr(meta, "fx", None) == "training_step" and isinstance(value, Tensor) and value.numel() == 1:
-            terms[meta.name] = value.item()
+            terms[meta.name] = value.detach().reshape(())
     return terms
 
 
-def _stopped(trainer: pl.Trainer, what: str) -> RunError:
+def _stopped(trainer: pl.Trainer, what: str, step: int | None = None, epoch: int | None = None) -> RunError:
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint):
             callback.save_on_exception = False  # its on_exception would write this failed state over last.ckpt
     checkpoint = last_checkpoint(trainer)
     kept = f"the last good checkpoint {checkpoint} was kept" if checkpoint else "no checkpoint had been saved yet"
-    return RunError(f"training stopped at global step {trainer.global_step} (epoch {trainer.current_epoch}): {what}; {kept} "
+    step = trainer.global_step if step is None else step
+    epoch = trainer.current_epoch if epoch is None else epoch
+    return RunError(f"training stopped at global step {step} (epoch {epoch}): {what}; {kept} "
                     "(a lower model.lr or trainer.gradient_clip_val may help)")
 
 

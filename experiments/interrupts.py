@@ -50,6 +50,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from torch.utils.data.distributed import DistributedSampler
 
 from experiments.callbacks import _shadowed
+from experiments.guards import NonFiniteLoss
 
 SIGTERM_STATUS = 128 + signal.SIGTERM  # the shell's status for a process stopped by SIGTERM
 
@@ -224,9 +225,10 @@ class LastCheckpoint(Callback):
     ends an optimizer step (accumulated gradients are not in a checkpoint), and one that falls on a batch
     after which validation runs is left to the save after that validation: Lightning, resuming from a
     checkpoint taken just before a validation, skips that validation (and at an epoch's end the epoch-end
-    hooks). Under DDP
-    the processes agree on SIGTERM and on the time once per batch (one small all-reduce), so they stop at
-    the same batch.
+    hooks). On one device the SIGTERM and the clock are host values: nothing is read from the device.
+    Under DDP the processes agree on both at every optimizer step, so they stop at the same batch: the two
+    flags ride in `NonFiniteLoss`'s all-reduce of the step (one collective per step for both guards), or in
+    one of this callback's own where that guard is absent.
     """
 
     def __init__(self, every_n_train_steps: int | None = None, every_n_minutes: float | None = None, on_sigterm: bool = True):
@@ -251,6 +253,17 @@ class LastCheckpoint(Callback):
             # restores the previous handler when fit ends.
             self._sigterm = False
             signal.signal(signal.SIGTERM, self._note_sigterm)
+        self._guard = next((cb for cb in trainer.callbacks if isinstance(cb, NonFiniteLoss) and getattr(cb, "_active", False)), None)
+        if self._guard is not None and trainer.world_size > 1:
+            self._guard.watch("sigterm", lambda: self._sigterm)
+            self._guard.watch("save_due", self._minutes_due)
+        if self.on_sigterm and trainer.world_size > 1:
+            # Lightning 2.6 also broadcasts rank 0's SIGTERM flag before every batch and reads it back (a second
+            # collective per step, and a wait for the device); the per-step agreement replaces it
+            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _agreed_at_the_step
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the loop's own method shows again
 
     def _note_sigterm(self, signum: int, frame: Any) -> None:
         self._sigterm = True
@@ -269,19 +282,27 @@ class LastCheckpoint(Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or trainer.state.fn != "fit" or trainer.sanity_checking:
             return
-        if self._agree(trainer)[0] and not _fit_ends_after_this_validation(trainer):
+        if self._agree(trainer, fresh=True)[0] and not _fit_ends_after_this_validation(trainer):
             trainer._signal_connector.received_sigterm = True  # Lightning stops after the validation; on_exception saves
         else:
             self.save(trainer)
 
-    def _agree(self, trainer: pl.Trainer) -> tuple[bool, bool]:
-        """(SIGTERM received, time to save) on any process: the same answer on all of them."""
+    def _agree(self, trainer: pl.Trainer, fresh: bool = False) -> tuple[bool, bool]:
+        """(SIGTERM received, time to save) on any process: the same answer on all of them. ``fresh``: ask now,
+        not at this batch's step (after a validation, during which a SIGTERM may have come)."""
         if not self.on_sigterm and not self.every_n_minutes:
             return False, False  # nothing to agree on: no collective
-        minutes = time.monotonic() - self._saved_time >= 60 * self.every_n_minutes if self.every_n_minutes else False
-        flags = torch.tensor([self._sigterm, minutes], dtype=torch.float32, device=trainer.strategy.root_device)
+        if trainer.world_size == 1:
+            return self._sigterm, self._minutes_due()
+        agreed = None if fresh or self._guard is None else self._guard.agreed(trainer)
+        if agreed is not None:
+            return agreed["sigterm"], agreed["save_due"]
+        flags = torch.tensor([self._sigterm, self._minutes_due()], dtype=torch.float32, device=trainer.strategy.root_device)
         flags = trainer.strategy.reduce(flags, reduce_op="max")
         return bool(flags[0]), bool(flags[1])
+
+    def _minutes_due(self) -> bool:
+        return bool(self.every_n_minutes) and time.monotonic() - self._saved_time >= 60 * self.every_n_minutes
 
     def _steps_due(self, trainer: pl.Trainer) -> bool:
         n = self.every_n_train_steps
@@ -304,6 +325,11 @@ class LastCheckpoint(Callback):
         if trainer.is_global_zero:
             print(f"attnlab: SIGTERM at step {trainer.global_step}: saved {path}; resume with `{resume_command()}`", file=sys.stderr, flush=True)
         exception.code = SIGTERM_STATUS  # Lightning re-raises this SystemExit: the process exits with it
+
+
+def _agreed_at_the_step() -> None:
+    """In place of Lightning's per-batch broadcast of a SIGTERM: `LastCheckpoint` sets ``received_sigterm`` on every
+    process at the same batch, after which Lightning's loop stops on each of them."""
 
 
 def _validation_follows(trainer: pl.Trainer, batch_idx: int) -> bool:

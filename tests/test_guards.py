@@ -1,6 +1,7 @@
 """Faults a run must survive: checkpoints holding pickled code, damaged files, a NaN loss, an unwritable
 output folder and a full disk. Each ends in one `attnlab: error:` line and leaves earlier checkpoints whole."""
 import collections
+import csv
 import errno
 import json
 import os
@@ -12,10 +13,12 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from experiments import guards
+from experiments import guards, tracking
 from experiments.guards import NonFiniteLoss, RunError, SafeCheckpointIO
+from models.attention import MultiHeadAttention
 from models.backbone import load_backbone_weights
 from models.vit import read_checkpoint
 from models.vit_module import ImageClassifier
@@ -145,10 +148,10 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(attnlab, tm
 class _TwoTerms(pl.LightningModule):
     """Logs two loss terms as DETR does; from global step ``diverge_at`` on, one of them is infinite."""
 
-    def __init__(self, diverge_at: int = 10**9):
+    def __init__(self, diverge_at: int = 10**9, samples: int = 8, optimizer: str = "sgd"):
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
-        self.diverge_at = diverge_at
+        self.diverge_at, self.samples, self.optimizer = diverge_at, samples, optimizer
 
     def training_step(self, batch, batch_idx):
         (x,) = batch
@@ -159,10 +162,12 @@ class _TwoTerms(pl.LightningModule):
         return loss_ce + loss_giou
 
     def train_dataloader(self):
-        return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)  # 2 steps per epoch
+        return DataLoader(TensorDataset(torch.randn(self.samples, 4)), batch_size=4)  # 2 steps per epoch by default
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+        return torch.optim.AdamW(self.parameters(), lr=0.1, fused=self.optimizer == "fused adamw")
 
 
 def _fit(module: pl.LightningModule, folder: Path) -> None:
@@ -195,6 +200,98 @@ def test_a_checkpoint_of_non_finite_weights_is_never_written(tmp_path):
         _fit(_Overflowing(), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+class _WeightsAt(pl.Callback):
+    """Keep a copy of the weights as they are when the batch of global step ``step`` starts."""
+
+    def __init__(self, step: int):
+        self.step, self.weights = step, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            self.weights = {k: v.clone() for k, v in pl_module.state_dict().items()}
+
+
+@pytest.mark.parametrize("optimizer", ["fused adamw", "sgd", "adamw"])
+def test_a_non_finite_loss_never_reaches_the_weights_and_stops_at_the_next_logging_step(tmp_path, optimizer):
+    """No per-step read of the loss: from the bad step on the updates are skipped on the device (fused optimizers
+    take AMP's found_inf; others get zero gradients), and the run stops at the next logging step naming the bad one."""
+    module, before = _TwoTerms(diverge_at=3, samples=40, optimizer=optimizer), _WeightsAt(3)  # 10 steps an epoch
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=6,
+                         callbacks=[NonFiniteLoss(), before, ModelCheckpoint(dirpath=tmp_path)], default_root_dir=tmp_path)
+    with pytest.raises(RunError, match=r"global step 3 \(epoch 0\): non-finite loss \(train/loss_giou=inf\); the weights were not updated"):
+        trainer.fit(module)
+    assert trainer.global_step == 6  # steps 3, 4 and 5 ran on the device; the host read the flag at the logging step
+    assert not list(tmp_path.glob("*.ckpt"))
+    weights, state = module.state_dict(), trainer.optimizers[0].state_dict()["state"]
+    assert all(v.isfinite().all() for v in weights.values())
+    assert all(v.isfinite().all() for s in state.values() for v in s.values() if torch.is_tensor(v))  # nothing non-finite in the moments
+    if optimizer != "adamw":  # a skipped update (fused) or a zero gradient without momentum (SGD): the weights of step 3
+        assert all(torch.equal(weights[k], before.weights[k]) for k in weights)
+    if optimizer == "fused adamw":
+        assert all(int(s["step"]) == 3 for s in state.values())  # the skipped steps did not count
+
+
+_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+
+
+class _Reads(pl.Callback):
+    """Count the host's reads of tensor values (and CUDA synchronizations) between the ends of consecutive training batches."""
+
+    def __init__(self, monkeypatch):
+        self.reads, self.per_batch, self.logged = 0, [], []
+        for name in _READS:
+            monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name)))
+        monkeypatch.setattr(torch.cuda, "synchronize", self._counted(torch.cuda.synchronize))
+
+    def _counted(self, read):
+        def counted(*args, **kwargs):
+            self.reads += 1
+            return read(*args, **kwargs)
+        return counted
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.logged.append(trainer._logger_connector.should_update_logs)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.per_batch.append(self.reads)  # reads since the previous batch started: that batch's
+        self.reads = 0
+
+
+class _Attending(pl.LightningModule):
+    """One attention layer on random tokens, so that every default callback acts (tokens counted, norms taken)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn, self.head = MultiHeadAttention(8, 2), torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch  # (B, L, 8)
+        loss = self.head(self.attn(x, x, x)[0]).pow(2).mean()
+        self.log("train/loss", loss)
+        return loss
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(32, 5, 8)), batch_size=2)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3, fused=True)  # its step count stays on the device
+
+
+def test_the_default_callbacks_read_nothing_back_from_the_device_between_logging_steps(tmp_path, monkeypatch):
+    """Over 16 steps logged every 8, the default callbacks (and Lightning) read no tensor value on the host and never
+    synchronize, except at the logging steps and at the epoch's first batch (where Throughput starts timing)."""
+    reads = _Reads(monkeypatch)
+    trainer = pl.Trainer(max_steps=16, log_every_n_steps=8, logger=CSVLogger(tmp_path), enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[*tracking.default_callbacks(), ModelCheckpoint(dirpath=tmp_path), reads], default_root_dir=tmp_path)
+    trainer.fit(_Attending())
+    per_batch = reads.per_batch[1:] + [reads.reads]  # per_batch[k]: the reads of batch k
+    assert len(per_batch) == len(reads.logged) == 16 and reads.logged.count(True) == 2
+    assert [n for n, logged in zip(per_batch[1:], reads.logged[1:]) if not logged] == [0] * 13
+    assert max(per_batch) > 0  # the counting works: the logging steps read their values back
+    grad_norms = [float(r["train/grad_norm"]) for r in csv.DictReader(next(tmp_path.glob("**/metrics.csv")).open()) if r.get("train/grad_norm")]
+    assert len(grad_norms) == 2 and all(g > 0 for g in grad_norms)  # logged at the logging steps only
 
 
 # --- output folders and disk space -----------------------------------------------------------------------

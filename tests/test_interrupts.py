@@ -242,6 +242,45 @@ def test_a_nan_loss_on_one_ddp_process_stops_both_and_keeps_the_last_checkpoint(
     assert saved["global_step"] == 3 and all(v.isfinite().all() for v in saved["state_dict"].values() if v.is_floating_point())
 
 
+class Collectives(pl.Callback):
+    """Count calls to torch.distributed's collectives from one training batch's end to the next; rank 0 writes the counts."""
+
+    NAMES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier", "reduce", "reduce_scatter")
+
+    def __init__(self, path: str):
+        self.path, self.calls, self.per_batch = path, 0, []
+        for name in self.NAMES:
+            setattr(torch.distributed, name, self._counted(getattr(torch.distributed, name)))
+
+    def _counted(self, collective):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return collective(*args, **kwargs)
+        return counted
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.per_batch.append(self.calls)
+        self.calls = 0
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            Path(self.path).write_text(json.dumps(self.per_batch))
+
+
+def test_ddp_processes_agree_in_one_collective_per_optimizer_step(tmp_path):
+    """Two processes: the NaN guard's flag and LastCheckpoint's SIGTERM and time-to-save flags travel in one all-reduce
+    per step (they were two), and on one device the guards make none."""
+    counts = tmp_path / "collectives.json"
+    command = [sys.executable, "-m", "experiments.cli", "fit", *TINY, "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=1",
+               "--data.init_args.batch_size=32", f"--trainer.default_root_dir={tmp_path / 'run'}", probe(Collectives, path=str(counts)),
+               "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 30}}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    job = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert job.returncode == 0, job.stderr[-3000:]
+    per_batch = json.loads(counts.read_text())
+    assert per_batch[1:] == [1, 1, 1, 1]  # batch 0's count holds the fit's setup
+
+
 class GlobalRandomOrder(Sampler):
     """A sampler that draws its order from the global torch RNG (as length bucketing does)."""
 
