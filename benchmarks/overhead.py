@@ -24,8 +24,9 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -93,11 +94,11 @@ def _build(config: str, args: argparse.Namespace, root: str) -> tuple[pl.Lightni
 
 def _vit(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Callable[[Any], torch.Tensor]]:
     """AdamW over the module's parameter groups with its warm-up cosine schedule, and the cross-entropy loss."""
-    from models.optim import param_groups, warmup_cosine
+    from models import optim
 
     hp = module.hparams
-    optimizer = torch.optim.AdamW(param_groups(module.model, hp.weight_decay, module.model.no_weight_decay()), lr=hp.lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(10, 1000, hp.min_lr_ratio))
+    optimizer = optim.adamw(module.model, hp.lr, hp.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.Schedule("cosine", 10, 1000, hp.min_lr_ratio))
 
     def loss(batch):
         images, labels = batch
@@ -108,17 +109,18 @@ def _vit(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Callab
 
 def _seq2seq(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Callable[[Any], torch.Tensor]]:
     """The module's own AdamW and inverse-square-root schedule, and the label-smoothed loss under teacher forcing."""
+    from models import optim
     from models.text import label_smoothed_nll_loss, teacher_forcing
-    from models.text_module import configure_adamw
 
     hp = module.hparams
-    configured = configure_adamw(module, module.model)
+    optimizer = optim.adamw(module.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.eps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.Schedule(hp.schedule, hp.warmup_steps, None))
 
     def loss(batch):
         decoder_input, labels = teacher_forcing(batch["tgt"])
         return label_smoothed_nll_loss(module.model(batch["src"], decoder_input), labels, hp.label_smoothing, hp.pad_id)[0]
 
-    return configured["optimizer"], configured["lr_scheduler"]["scheduler"], loss
+    return optimizer, schedule, loss
 
 
 def plain_step_time(config: str, args: argparse.Namespace) -> list[float]:

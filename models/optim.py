@@ -48,7 +48,7 @@ def adamw(
     lr_trunk: float | None = None,
     layer_decay: float | None = None,
 ) -> torch.optim.AdamW:
-    """AdamW over `param_groups`, with the ``trunk``'s parameters at ``lr_trunk`` (0 freezes them in effect),
+    """Fused AdamW over `param_groups`, with the ``trunk``'s parameters at ``lr_trunk`` (0 freezes them in effect),
     or with timm's layer-wise decay (block i of L at ``lr * layer_decay ** (L + 1 - i)``, the head at ``lr``)."""
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
     if layer_decay is not None:
@@ -70,7 +70,9 @@ def adamw(
             )
             if params
         ]
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+    # fused: one kernel for the whole update (CPU and GPU), and it skips a step on the device when the
+    # non-finite guard (experiments.guards) raises ``found_inf``, without a wait for the device
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True)
 
 
 class Schedule:
