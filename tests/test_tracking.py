@@ -123,7 +123,8 @@ def test_prepare_puts_loggers_in_the_experiment_folder():
 
 def test_default_callbacks_are_fresh_objects():
     first, second = tracking.default_callbacks(), tracking.default_callbacks()
-    assert [type(c).__name__ for c in first] == ["Throughput", "GradientNorm", "RunSummary", "NonFiniteLoss", "ExactResume", "LastCheckpoint"]
+    assert [type(c).__name__ for c in first] == ["Throughput", "GradientNorm", "RunSummary", "NonFiniteLoss", "ExactResume", "LastCheckpoint",
+                                                  "TimeBudget", "LearningRateLog"]
     assert all(a is not b for a, b in zip(first, second))
 
 
