@@ -24,7 +24,7 @@ from models.attention import Similarity, capture_attention
 from models.backbone import Backbone, BackboneNorm
 from models.coco_eval import Detections, coco_evaluate, gather_detections, to_coco_results
 from models.criterion import SetCriterion
-from models.detr import DETR, post_process
+from models.detr import DETR, ClassLoss, QueryType, post_process
 from models.matcher import HungarianMatcher
 from models.optim import param_groups, warmup_cosine
 
@@ -59,6 +59,9 @@ class ObjectDetector(pl.LightningModule):
         coco_backend: "pycocotools" or "faster_coco_eval".
         num_log_images: validation images drawn with predictions and the top queries' decoder
             cross-attention, each evaluation, under <log dir>/val_images/ (and to W&B when used).
+        query_type, class_loss, dn_number, dn_label_noise, dn_box_noise: the convergence techniques
+            (DAB-DETR anchor queries, focal classes, DN-DETR denoising; see models.detr); the defaults
+            are the paper's DETR. focal_alpha: the focal loss's α, in the loss and the matcher.
     Logged: train/loss (weighted total), train/loss_ce, train/loss_bbox, train/loss_giou,
     train/class_error, train/cardinality_error, the same under val/, and val/AP, val/AP50, val/AP75,
     val/AP_small, val/AP_medium, val/AP_large, val/AR100 (test/ likewise).
@@ -99,25 +102,34 @@ class ObjectDetector(pl.LightningModule):
         coco_backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
         num_log_images: int = 4,
         log_score_threshold: float = 0.5,
+        query_type: QueryType = "vanilla",
+        class_loss: ClassLoss = "ce",
+        focal_alpha: float = 0.25,
+        dn_number: int = 0,
+        dn_label_noise: float = 0.2,
+        dn_box_noise: float = 0.4,
     ):
         super().__init__()
         self.save_hyperparameters()
         trunk = Backbone(backbone, backbone_out_index, backbone_norm, trainable_backbone_layers if lr_backbone > 0 else 0,
                          backbone_weights, **(backbone_kwargs or {}))
         self.model = DETR(trunk, num_classes, num_queries, d_model, nhead, num_encoder_layers, num_decoder_layers,
-                          dim_feedforward, dropout, similarity=similarity, aux_loss=aux_loss)
-        matcher = HungarianMatcher(cost_class, cost_bbox, cost_giou)
+                          dim_feedforward, dropout, similarity=similarity, aux_loss=aux_loss, query_type=query_type, class_loss=class_loss,
+                          dn_number=dn_number, dn_label_noise=dn_label_noise, dn_box_noise=dn_box_noise)
+        focal = class_loss == "focal"
+        matcher = HungarianMatcher(cost_class, cost_bbox, cost_giou, focal=focal, focal_alpha=focal_alpha)
         weights = {"loss_ce": ce_loss_coef, "loss_bbox": bbox_loss_coef, "loss_giou": giou_loss_coef}
-        self.criterion = SetCriterion(num_classes, matcher, eos_coef, weights, num_aux=num_decoder_layers - 1 if aux_loss else 0)
+        self.criterion = SetCriterion(num_classes, matcher, eos_coef, weights, num_aux=num_decoder_layers - 1 if aux_loss else 0,
+                                      focal_alpha=focal_alpha if focal else None, denoising=dn_number > 0)
         self._detections: Detections = {}
         self._log_batch: tuple[Tensor, Tensor, list[dict]] | None = None
 
-    def forward(self, images: Tensor, mask: Tensor | None = None) -> dict:
-        return self.model(images, mask)
+    def forward(self, images: Tensor, mask: Tensor | None = None, targets: list[dict] | None = None) -> dict:
+        return self.model(images, mask, targets)
 
     def _losses(self, batch, stage: str) -> tuple[dict, Tensor]:
         images, mask, targets = batch
-        outputs = self(images, mask)
+        outputs = self(images, mask, targets)  # targets feed the denoising queries, in training only
         losses = self.criterion(outputs, targets)
         total = self.criterion.total(losses)
         on_step = stage == "train"
