@@ -7,6 +7,12 @@ attend to the memory -> per query a class (K + 1 with "no object") and a box (no
 Parameter names follow facebookresearch/detr (``input_proj``, ``query_embed``,
 ``transformer.encoder/decoder.layers.*``, ``class_embed``, ``bbox_embed.layers.*``), so an official
 checkpoint loads after `convert_official_state_dict`.
+
+Options for faster convergence, all off by default (the paper's DETR): anchor-box queries refined
+layer by layer (DAB-DETR, ``query_type="anchor"``), sigmoid focal classes (``class_loss="focal"``),
+and denoising queries in training (DN-DETR, ``dn_number`` > 0, see models.denoising). They change
+only how queries are built, which queries see which (a self-attention mask), and the losses; every
+attention still runs through models.attention.
 """
 from __future__ import annotations
 
