@@ -67,3 +67,10 @@ def generalized_box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
     wh = (rb - lt).clamp(min=0)
     enclosing = wh[..., 0] * wh[..., 1]  # (..., N, M)
     return iou - (enclosing - union) / enclosing.clamp(min=torch.finfo(enclosing.dtype).tiny)
+
+
+def inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
+    """logit(x) = log(x / (1 - x)), with x and 1 - x kept >= ``eps`` so that boxes touching the image
+    border (0 or 1) stay finite; the anchor refinement of DAB-DETR adds box deltas in this space."""
+    x = x.clamp(0, 1)
+    return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))

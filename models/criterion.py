@@ -5,8 +5,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torchvision.ops import sigmoid_focal_loss
 
 from models.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
+from models.denoising import denoising_indices
 from models.matcher import HungarianMatcher
 
 
@@ -36,21 +38,37 @@ class SetCriterion(nn.Module):
     ``class_error`` (top-1 error in percent of the matched queries) and ``cardinality_error``
     (|#predicted objects − #targets|) are for logging.
 
+    With ``focal_alpha`` set, ``loss_ce`` is instead the sigmoid focal loss (Lin et al. 2017) over the K
+    classes, summed and normalised by the number of target boxes (Deformable DETR, DAB-DETR); a query
+    with no object has all-zero targets. Outputs with ``dn_outputs`` (denoising training, see
+    models.denoising) add the same three losses over the denoising slots, suffix ``_dn`` (and
+    ``_dn_<layer>``), each slot against its own target without matching, normalised by the number of
+    target boxes times the number of groups.
+
     Args:
         num_classes: K, the object classes (the no-object class is index K).
         matcher: the `HungarianMatcher`.
-        eos_coef: relative weight of the no-object class.
-        weight_dict: loss name -> weight for the total; aux copies are added automatically.
+        eos_coef: relative weight of the no-object class (softmax cross-entropy only).
+        weight_dict: loss name -> weight for the total; aux and denoising copies are added automatically.
+        num_aux: the intermediate decoder layers whose losses are added.
+        focal_alpha, focal_gamma: the focal loss's α (None: softmax cross-entropy, the paper) and γ.
+        denoising: weigh the ``_dn`` losses too.
     Shapes: see `HungarianMatcher`; ``forward`` returns a dict of scalar tensors.
     """
 
-    def __init__(self, num_classes: int, matcher: HungarianMatcher, eos_coef: float = 0.1, weight_dict: dict[str, float] | None = None, num_aux: int = 0):
+    def __init__(self, num_classes: int, matcher: HungarianMatcher, eos_coef: float = 0.1, weight_dict: dict[str, float] | None = None, num_aux: int = 0,
+                 focal_alpha: float | None = None, focal_gamma: float = 2.0, denoising: bool = False):
         super().__init__()
         self.num_classes, self.matcher, self.eos_coef = num_classes, matcher, eos_coef
+        self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
         base = weight_dict if weight_dict is not None else {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
         self.weight_dict = dict(base)
         for i in range(num_aux):
             self.weight_dict.update({f"{k}_{i}": v for k, v in base.items()})
+        if denoising:
+            self.weight_dict.update({f"{k}_dn": v for k, v in base.items()})
+            for i in range(num_aux):
+                self.weight_dict.update({f"{k}_dn_{i}": v for k, v in base.items()})
         empty_weight = torch.ones(num_classes + 1)
         empty_weight[-1] = eos_coef
         self.register_buffer("empty_weight", empty_weight)
@@ -66,7 +84,12 @@ class SetCriterion(nn.Module):
         target_classes_o = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)])
         target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
         target_classes[idx] = target_classes_o
-        losses = {"loss_ce": F.cross_entropy(logits.transpose(1, 2), target_classes, self.empty_weight)}
+        if self.focal_alpha is None:
+            losses = {"loss_ce": F.cross_entropy(logits.transpose(1, 2), target_classes, self.empty_weight)}
+        else:  # one-hot over K + 1, the no-object column dropped: a query with no object has all-zero targets
+            onehot = F.one_hot(target_classes, self.num_classes + 1)[..., :-1].to(logits.dtype)  # (B, Q, K)
+            focal = sigmoid_focal_loss(logits, onehot, self.focal_alpha, self.focal_gamma, reduction="sum")
+            losses = {"loss_ce": focal / num_boxes}
         if log:
             matched = logits[idx]
             correct = (matched.argmax(-1) == target_classes_o).float().mean() if len(matched) else logits.new_tensor(1.0)
@@ -77,7 +100,10 @@ class SetCriterion(nn.Module):
     def loss_cardinality(self, outputs, targets, indices, num_boxes) -> dict[str, Tensor]:
         logits = outputs["pred_logits"]
         tgt_lengths = torch.as_tensor([len(t["labels"]) for t in targets], device=logits.device, dtype=torch.float)
-        card_pred = (logits.argmax(-1) != self.num_classes).sum(1).float()  # predicted objects per image
+        if self.focal_alpha is None:
+            card_pred = (logits.argmax(-1) != self.num_classes).sum(1).float()  # predicted objects per image
+        else:
+            card_pred = (logits.amax(-1) > 0).sum(1).float()  # some class above probability 0.5
         return {"cardinality_error": F.l1_loss(card_pred, tgt_lengths)}
 
     def loss_boxes(self, outputs, targets, indices, num_boxes) -> dict[str, Tensor]:
@@ -102,6 +128,17 @@ class SetCriterion(nn.Module):
         losses = self._losses(outputs, targets, final_indices, num_boxes, log=True)
         for i, (aux, indices) in enumerate(zip(aux_outputs, aux_indices)):
             losses.update({f"{k}_{i}": v for k, v in self._losses(aux, targets, indices, num_boxes, log=False).items()})
+        if "dn_outputs" in outputs:
+            losses.update(self.denoising_losses(outputs["dn_outputs"], targets, num_boxes))
+        return losses
+
+    def denoising_losses(self, dn_outputs: dict, targets: list[dict[str, Tensor]], num_boxes: Tensor) -> dict[str, Tensor]:
+        """The losses of the denoising slots (B, G·P, ·): slot g·P + j against target j, no matching."""
+        groups = dn_outputs["num_groups"]
+        indices = denoising_indices(targets, groups, dn_outputs["pred_boxes"].shape[1] // groups)
+        losses = {f"{k}_dn": v for k, v in self._losses(dn_outputs, targets, indices, num_boxes * groups, log=False).items()}
+        for i, aux in enumerate(dn_outputs["aux_outputs"]):
+            losses.update({f"{k}_dn_{i}": v for k, v in self._losses(aux, targets, indices, num_boxes * groups, log=False).items()})
         return losses
 
     def total(self, losses: dict[str, Tensor]) -> Tensor:

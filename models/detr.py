@@ -7,8 +7,17 @@ attend to the memory -> per query a class (K + 1 with "no object") and a box (no
 Parameter names follow facebookresearch/detr (``input_proj``, ``query_embed``,
 ``transformer.encoder/decoder.layers.*``, ``class_embed``, ``bbox_embed.layers.*``), so an official
 checkpoint loads after `convert_official_state_dict`.
+
+Options for faster convergence, all off by default (the paper's DETR): anchor-box queries refined
+layer by layer (DAB-DETR, ``query_type="anchor"``), sigmoid focal classes (``class_loss="focal"``),
+and denoising queries in training (DN-DETR, ``dn_number`` > 0, see models.denoising). They change
+only how queries are built, which queries see which (a self-attention mask), and the losses; every
+attention still runs through models.attention.
 """
 from __future__ import annotations
+
+import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +25,8 @@ from torch import Tensor, nn
 
 from models.attention import Similarity
 from models.backbone import Backbone
-from models.box_ops import box_cxcywh_to_xyxy
+from models.box_ops import box_cxcywh_to_xyxy, inverse_sigmoid
+from models.denoising import DenoisingQueries, check_denoising, denoising_queries
 from models.position import PositionEmbeddingSine2D
 from models.transformer import TransformerDecoder, TransformerEncoder
 
@@ -37,10 +47,11 @@ class MLP(nn.Module):
 
 class DETRTransformer(nn.Module):
     """DETR's encoder-decoder: post-norm layers, positions added to queries and keys only, the decoder
-    normed and returned at every layer for the auxiliary losses.
+    normed and returned at every layer for the auxiliary losses. `DETR` runs the encoder through
+    ``encode`` and the decoder with the queries it builds.
 
-    Shapes: src (B, D, h, w), mask (B, h, w) True at padding, query_embed (N, D), pos (B, D, h, w)
-    -> decoder outputs (L_dec, B, N, D) and memory (B, h·w, D).
+    Shapes: src (B, D, h, w), mask (B, h, w) True at padding, pos (B, D, h, w)
+    -> memory (B, h·w, D), mask (B, h·w), pos (B, h·w, D).
     """
 
     def __init__(self, d_model: int = 256, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
@@ -54,15 +65,26 @@ class DETRTransformer(nn.Module):
             if p.dim() > 1 and not name.endswith("general_weight"):
                 nn.init.xavier_uniform_(p)
 
-    def forward(self, src: Tensor, mask: Tensor, query_embed: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def encode(self, src: Tensor, mask: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         src = src.flatten(2).transpose(1, 2)  # (B, h·w, D)
         pos = pos.flatten(2).transpose(1, 2)  # (B, h·w, D)
         mask = mask.flatten(1)  # (B, h·w)
-        query_pos = query_embed.unsqueeze(0).expand(src.shape[0], -1, -1)  # (B, N, D)
-        memory = self.encoder(src, src_key_padding_mask=mask, pos=pos)
-        tgt = torch.zeros_like(query_pos)
-        hs = self.decoder(tgt, memory, memory_key_padding_mask=mask, pos=pos, query_pos=query_pos)  # (L, B, N, D)
-        return hs, memory
+        return self.encoder(src, src_key_padding_mask=mask, pos=pos), mask, pos
+
+
+def box_sine_embedding(boxes: Tensor, num_pos_feats: int, temperature: float = 10000.0) -> Tensor:
+    """DAB-DETR's sine embedding of boxes: (..., 4) normalised cxcywh -> (..., 4·num_pos_feats), each
+    coordinate encoded as `PositionEmbeddingSine2D` encodes a normalised position (scale 2π), in the
+    order y, x, w, h (DAB-DETR's ``gen_sineembed_for_position``)."""
+    dim_t = torch.arange(num_pos_feats, dtype=torch.float32, device=boxes.device)
+    dim_t = temperature ** (2 * (dim_t // 2) / num_pos_feats)
+    pos = boxes.float()[..., None] * (2 * math.pi) / dim_t  # (..., 4, F)
+    pos = torch.stack((pos[..., 0::2].sin(), pos[..., 1::2].cos()), dim=-1).flatten(-2)  # (..., 4, F)
+    return pos[..., [1, 0, 2, 3], :].flatten(-2).to(boxes.dtype)
+
+
+QueryType = Literal["vanilla", "anchor"]
+ClassLoss = Literal["ce", "focal"]
 
 
 class DETR(nn.Module):
@@ -71,47 +93,138 @@ class DETR(nn.Module):
 
     Args:
         backbone: a `Backbone` (has ``num_channels`` and ``stride``).
-        num_classes: K object classes; the classifier has K + 1 outputs, the last is "no object".
+        num_classes: K object classes; the classifier has K + 1 outputs, the last is "no object"
+            (K sigmoid outputs with ``class_loss="focal"``).
         num_queries: N object queries, the most objects one image can yield.
         d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout,
         activation, similarity: the Transformer (see models.transformer).
         aux_loss: return every decoder layer's predictions in ``aux_outputs``.
-    Shapes: images (B, 3, H, W), mask (B, H, W) True at padding -> dict with
+        query_type: "vanilla" (the paper: N learned positional queries, boxes predicted absolutely)
+            or "anchor" (DAB-DETR, Liu et al. 2022: N learned anchor boxes; each decoder layer's
+            positional query is an MLP of the sine embedding of its anchor, the layer predicts a
+            delta in inverse-sigmoid space, and the refined box, detached, is the next layer's anchor).
+        class_loss: "ce" (softmax with a no-object class, the paper) or "focal" (sigmoid per class,
+            as Deformable DETR / DAB-DETR; the classifier bias starts at a 1% prior).
+        dn_number, dn_label_noise, dn_box_noise: denoising training (see models.denoising): groups of
+            noised ground truth decoded beside the matching queries during training (0 groups: off).
+    Shapes: images (B, 3, H, W), mask (B, H, W) True at padding, targets (training with denoising
+        only): B dicts with "labels" (T_b,), "boxes" (T_b, 4) -> dict with
         ``pred_logits`` (B, N, K + 1), ``pred_boxes`` (B, N, 4) normalised cxcywh in [0, 1],
-        ``aux_outputs``: L_dec - 1 dicts with the same two keys (empty without aux_loss).
+        ``aux_outputs``: L_dec - 1 dicts with the same two keys (empty without aux_loss);
+        with denoising, ``dn_outputs``: the same three keys over the G·P denoising slots, and
+        ``num_groups``; with focal classes, ``sigmoid``: True.
     """
 
     def __init__(self, backbone: Backbone, num_classes: int = 91, num_queries: int = 100, d_model: int = 256, nhead: int = 8,
                  num_encoder_layers: int = 6, num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation: str = "relu", similarity: Similarity = "scaled_dot", aux_loss: bool = True):
+                 activation: str = "relu", similarity: Similarity = "scaled_dot", aux_loss: bool = True,
+                 query_type: QueryType = "vanilla", class_loss: ClassLoss = "ce",
+                 dn_number: int = 0, dn_label_noise: float = 0.2, dn_box_noise: float = 0.4):
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes={num_classes} must be >= 1")
         if d_model % 2:
             raise ValueError(f"model.d_model={d_model} must be even: half the channels encode y, half x")
+        if query_type not in ("vanilla", "anchor"):
+            raise ValueError(f"model.query_type={query_type!r} is not known; choose 'vanilla' or 'anchor'")
+        if class_loss not in ("ce", "focal"):
+            raise ValueError(f"model.class_loss={class_loss!r} is not known; choose 'ce' or 'focal'")
+        check_denoising(dn_number, dn_label_noise, dn_box_noise)
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
+        self.query_type, self.focal = query_type, class_loss == "focal"
+        self.dn_number, self.dn_label_noise, self.dn_box_noise = dn_number, dn_label_noise, dn_box_noise
         self.backbone = backbone
         self.position_embedding = PositionEmbeddingSine2D(d_model // 2, normalize=True)
         self.input_proj = nn.Conv2d(backbone.num_channels, d_model, kernel_size=1)
-        self.query_embed = nn.Embedding(num_queries, d_model)
+        if query_type == "vanilla":
+            self.query_embed = nn.Embedding(num_queries, d_model)
         self.transformer = DETRTransformer(d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation, similarity)
-        self.class_embed = nn.Linear(d_model, num_classes + 1)
+        self.class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
         self.bbox_embed = MLP(d_model, d_model, 4, 3)
+        if query_type == "anchor":
+            self.refpoint_embed = nn.Embedding(num_queries, 4)  # anchors before the sigmoid
+            with torch.no_grad():  # centres uniform over the image (DAB-DETR's random_refpoints_xy); sizes N(0, 1)
+                self.refpoint_embed.weight[:, :2] = inverse_sigmoid(torch.rand(num_queries, 2))
+            nn.init.zeros_(self.bbox_embed.layers[-1].weight)  # the first prediction is the anchor itself
+            nn.init.zeros_(self.bbox_embed.layers[-1].bias)
+        if query_type == "anchor" or dn_number > 0:  # boxes (anchors, noised boxes) -> positional queries
+            self.ref_point_head = MLP(2 * d_model, d_model, d_model, 2)
+        if dn_number > 0:
+            self.label_enc = nn.Embedding(num_classes + 1, d_model)  # the last row embeds padding slots
+        if self.focal:
+            nn.init.constant_(self.class_embed.bias, -math.log((1 - 0.01) / 0.01))
 
     def no_weight_decay(self) -> set[str]:
-        return {"query_embed.weight"}
+        return {"query_embed.weight", "refpoint_embed.weight"}
 
-    def forward(self, images: Tensor, mask: Tensor | None = None) -> dict:
+    def forward(self, images: Tensor, mask: Tensor | None = None, targets: list[dict[str, Tensor]] | None = None) -> dict:
+        """``targets`` are read in training with ``dn_number > 0`` only (the denoising queries)."""
+        memory, memory_mask, pos = self.encode(images, mask)
+        dn = None
+        if self.training and self.dn_number > 0 and targets is not None:
+            dn = denoising_queries(targets, self.dn_number, self.dn_label_noise, self.dn_box_noise, self.num_classes, self.num_queries)
+        return self.decode(memory, memory_mask, pos, dn)
+
+    def encode(self, images: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """images (B, 3, H, W) -> memory (B, h·w, D), its padding mask (B, h·w) and positions (B, h·w, D)."""
         if mask is None:
             mask = torch.zeros(images.shape[0], *images.shape[-2:], dtype=torch.bool, device=images.device)
         features = self.backbone(images)  # (B, C, h, w)
         mask = F.interpolate(mask[None].float(), size=features.shape[-2:]).to(torch.bool)[0]  # (B, h, w)
         pos = self.position_embedding(mask).to(features.dtype)  # (B, D, h, w)
-        hs, _ = self.transformer(self.input_proj(features), mask, self.query_embed.weight, pos)  # (L, B, N, D)
-        logits = self.class_embed(hs)  # (L, B, N, K + 1)
-        boxes = self.bbox_embed(hs).sigmoid()  # (L, B, N, 4)
+        return self.transformer.encode(self.input_proj(features), mask, pos)
+
+    def decode(self, memory: Tensor, memory_mask: Tensor, pos: Tensor, dn: DenoisingQueries | None = None) -> dict:
+        """The N object queries (and the denoising queries ``dn``) against the memory -> the output dict."""
+        batch, n = memory.shape[0], self.num_queries
+        tgt = memory.new_zeros(batch, n, self.transformer.d_model)  # content queries start empty, as in DETR
+        tgt_mask = padding = None
+        if dn is not None:
+            tgt = torch.cat([tgt, self.label_enc(dn.labels)], dim=1)  # (B, N + G·P, D)
+            tgt_mask = dn.attn_mask
+            padding = torch.cat([dn.padding.new_zeros(batch, n), dn.padding], dim=1)  # (B, N + G·P)
+        if self.query_type == "anchor":
+            anchors = self.refpoint_embed.weight.sigmoid()[None].expand(batch, -1, -1)  # (B, N, 4)
+            if dn is not None:
+                anchors = torch.cat([anchors, dn.boxes.to(anchors.dtype)], dim=1)
+            hs, boxes = self._refine_anchors(tgt, anchors, memory, memory_mask, pos, tgt_mask, padding)
+        else:
+            query_pos = self.query_embed.weight[None].expand(batch, -1, -1)  # (B, N, D)
+            if dn is not None:
+                dn_pos = self.ref_point_head(box_sine_embedding(dn.boxes.to(query_pos.dtype), self.transformer.d_model // 2))
+                query_pos = torch.cat([query_pos, dn_pos], dim=1)
+            hs = self.transformer.decoder(tgt, memory, tgt_mask=tgt_mask, tgt_key_padding_mask=padding, memory_key_padding_mask=memory_mask,
+                                          pos=pos, query_pos=query_pos)  # (L, B, N + G·P, D)
+            boxes = self.bbox_embed(hs).sigmoid()  # (L, B, N + G·P, 4)
+        logits = self.class_embed(hs)  # (L, B, N + G·P, K + 1)
+        out = self._outputs(logits[:, :, :n], boxes[:, :, :n])
+        if dn is not None:
+            out["dn_outputs"] = {**self._outputs(logits[:, :, n:], boxes[:, :, n:]), "num_groups": dn.num_groups}
+        if self.focal:
+            out["sigmoid"] = True
+        return out
+
+    def _outputs(self, logits: Tensor, boxes: Tensor) -> dict:
+        """Per-layer (L, B, Q, ·) predictions -> the last layer's, and the others as ``aux_outputs``."""
         aux = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])] if self.aux_loss else []
         return {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
+
+    def _refine_anchors(self, tgt: Tensor, anchors: Tensor, memory: Tensor, memory_mask: Tensor, pos: Tensor,
+                        tgt_mask: Tensor | None, padding: Tensor | None) -> tuple[Tensor, Tensor]:
+        """DAB-DETR's decoder: layer l takes its positional query from its anchor a_l (B, Q, 4) and predicts
+        b_l = sigmoid(inverse_sigmoid(a_l) + bbox_embed(h_l)); a_{l+1} = b_l, detached, so that each layer
+        learns its own correction. Returns hs (L, B, Q, D) and boxes (L, B, Q, 4)."""
+        decoder, x = self.transformer.decoder, tgt
+        hs, boxes = [], []
+        for layer in decoder.layers:
+            query_pos = self.ref_point_head(box_sine_embedding(anchors, self.transformer.d_model // 2))  # (B, Q, D)
+            x = layer(x, memory, tgt_mask=tgt_mask, tgt_key_padding_mask=padding, memory_key_padding_mask=memory_mask, pos=pos, query_pos=query_pos)
+            h = decoder.norm(x)
+            box = (inverse_sigmoid(anchors) + self.bbox_embed(h)).sigmoid()
+            hs.append(h)
+            boxes.append(box)
+            anchors = box.detach()
+        return torch.stack(hs), torch.stack(boxes)
 
 
 @torch.no_grad()
@@ -121,7 +234,10 @@ def post_process(outputs: dict, target_sizes: Tensor) -> list[dict[str, Tensor]]
     Args: outputs of `DETR`; target_sizes (B, 2) as (height, width) of the original images.
     Returns: B dicts with ``scores`` (N,), ``labels`` (N,) in [0, K) and ``boxes`` (N, 4) absolute xyxy.
     """
-    prob = outputs["pred_logits"].softmax(-1)[..., :-1]  # (B, N, K): the no-object column is dropped
+    if outputs.get("sigmoid"):  # focal classes: one probability per class, no no-object column
+        prob = outputs["pred_logits"].sigmoid()  # (B, N, K)
+    else:
+        prob = outputs["pred_logits"].softmax(-1)[..., :-1]  # (B, N, K): the no-object column is dropped
     scores, labels = prob.max(-1)
     h, w = target_sizes.unbind(1)
     scale = torch.stack([w, h, w, h], dim=1).to(outputs["pred_boxes"].dtype)  # (B, 4)

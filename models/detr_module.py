@@ -18,7 +18,7 @@ from models.attention import Similarity
 from models.backbone import Backbone, BackboneNorm
 from models.coco_eval import Detections, coco_evaluate, to_coco_results
 from models.criterion import SetCriterion
-from models.detr import DETR, post_process
+from models.detr import DETR, ClassLoss, QueryType, post_process
 from models.detr_init import load_detr_weights
 from models.distributed import clip_gradients, gather_objects
 from models.matcher import HungarianMatcher
@@ -45,6 +45,9 @@ class ObjectDetector(pl.LightningModule):
         lr_backbone: the trunk's learning rate; 0 freezes the trunk (as the reference does).
         schedule: "step" (the reference: ×0.1 after ``lr_drop_epoch``) or "cosine" (warmup + cosine).
         coco_backend: "pycocotools" or "faster_coco_eval".
+        query_type, class_loss, dn_number, dn_label_noise, dn_box_noise: the convergence techniques
+            (DAB-DETR anchor queries, focal classes, DN-DETR denoising; see models.detr); the defaults
+            are the paper's DETR. focal_alpha: the focal loss's α, in the loss and the matcher.
     Logged: train/loss (weighted total), train/loss_ce, train/loss_bbox, train/loss_giou,
     train/class_error, train/cardinality_error, the same under val/, and val/AP, val/AP50, val/AP75,
     val/AP_small, val/AP_medium, val/AP_large, val/AR100 (test/ likewise).
@@ -85,26 +88,35 @@ class ObjectDetector(pl.LightningModule):
         warmup_steps: int = 0,
         min_lr_ratio: float = 0.01,
         coco_backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
+        query_type: QueryType = "vanilla",
+        class_loss: ClassLoss = "ce",
+        focal_alpha: float = 0.25,
+        dn_number: int = 0,
+        dn_label_noise: float = 0.2,
+        dn_box_noise: float = 0.4,
     ):
         super().__init__()
         self.save_hyperparameters()
         trunk = Backbone(backbone, backbone_out_index, backbone_norm, trainable_backbone_layers if lr_backbone > 0 else 0,
                          backbone_weights, backbone_pretrained, **(backbone_kwargs or {}))
         self.model = DETR(trunk, num_classes, num_queries, d_model, nhead, num_encoder_layers, num_decoder_layers,
-                          dim_feedforward, dropout, similarity=similarity, aux_loss=aux_loss)
+                          dim_feedforward, dropout, similarity=similarity, aux_loss=aux_loss, query_type=query_type, class_loss=class_loss,
+                          dn_number=dn_number, dn_label_noise=dn_label_noise, dn_box_noise=dn_box_noise)
         if init_from:
             load_detr_weights(self.model, init_from)
-        matcher = HungarianMatcher(cost_class, cost_bbox, cost_giou)
+        focal = class_loss == "focal"
+        matcher = HungarianMatcher(cost_class, cost_bbox, cost_giou, focal=focal, focal_alpha=focal_alpha)
         weights = {"loss_ce": ce_loss_coef, "loss_bbox": bbox_loss_coef, "loss_giou": giou_loss_coef}
-        self.criterion = SetCriterion(num_classes, matcher, eos_coef, weights, num_aux=num_decoder_layers - 1 if aux_loss else 0)
+        self.criterion = SetCriterion(num_classes, matcher, eos_coef, weights, num_aux=num_decoder_layers - 1 if aux_loss else 0,
+                                      focal_alpha=focal_alpha if focal else None, denoising=dn_number > 0)
         self._detections: Detections = {}
 
-    def forward(self, images: Tensor, mask: Tensor | None = None) -> dict:
-        return self.model(images, mask)
+    def forward(self, images: Tensor, mask: Tensor | None = None, targets: list[dict] | None = None) -> dict:
+        return self.model(images, mask, targets)
 
     def _losses(self, batch, stage: str) -> tuple[dict, Tensor]:
         images, mask, targets = batch
-        outputs = self(images, mask)
+        outputs = self(images, mask, targets)  # targets feed the denoising queries, in training only
         losses = self.criterion(outputs, targets)
         total = self.criterion.total(losses)
         on_step = stage == "train"

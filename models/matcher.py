@@ -21,8 +21,13 @@ class HungarianMatcher(nn.Module):
 
     Targets are expected without crowd boxes: the data pipeline drops them, as DETR's does.
 
+    With ``focal=True`` (sigmoid classes, Deformable DETR / DAB-DETR) the class term is the focal
+    loss of calling the query positive minus that of calling it negative, for the target class:
+    α(1 − p)^γ(−log p) − (1 − α)p^γ(−log(1 − p)), with p the class's sigmoid probability.
+
     Args:
         cost_class, cost_bbox, cost_giou: weights of the three terms (at least one non-zero).
+        focal, focal_alpha, focal_gamma: the focal class cost and its α, γ (0.25 and 2, as the papers).
     Shapes:
         outputs["pred_logits"] (B, Q, K + 1), outputs["pred_boxes"] (B, Q, 4) normalised cxcywh;
         targets: B dicts with "labels" (T_b,) and "boxes" (T_b, 4) normalised cxcywh.
@@ -30,11 +35,13 @@ class HungarianMatcher(nn.Module):
     predictions' device.
     """
 
-    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0):
+    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0, focal: bool = False,
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0):
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
             raise ValueError("HungarianMatcher: cost_class, cost_bbox and cost_giou are all 0; at least one must be non-zero")
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
+        self.focal, self.focal_alpha, self.focal_gamma = focal, focal_alpha, focal_gamma
 
     @torch.no_grad()
     def cost_matrix(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> Tensor:
@@ -48,9 +55,14 @@ class HungarianMatcher(nn.Module):
         logits, boxes = outputs["pred_logits"].float(), outputs["pred_boxes"].float()  # (..., B, Q, K + 1), (..., B, Q, 4)
         labels = pad_sequence([t["labels"] for t in targets], batch_first=True)  # (B, T)
         tgt_boxes = pad_sequence([t["boxes"] for t in targets], batch_first=True).to(boxes.dtype)  # (B, T, 4)
-        prob = logits.softmax(-1)
-        # 1 - p(class) is approximated by -p(class): the constant does not change the assignment
-        cost_class = -prob.gather(-1, labels[:, None, :].expand(*prob.shape[:-1], -1))  # (..., B, Q, T)
+        index = labels[:, None, :].expand(*logits.shape[:-1], -1)  # (..., B, Q, T)
+        if self.focal:
+            p = logits.sigmoid().gather(-1, index)
+            a, g = self.focal_alpha, self.focal_gamma
+            cost_class = a * (1 - p) ** g * -(p + 1e-8).log() - (1 - a) * p**g * -(1 - p + 1e-8).log()
+        else:
+            # 1 - p(class) is approximated by -p(class): the constant does not change the assignment
+            cost_class = -logits.softmax(-1).gather(-1, index)
         cost_bbox = torch.cdist(boxes, tgt_boxes.expand(*boxes.shape[:-2], -1, -1), p=1)
         cost_giou = -generalized_box_iou(box_cxcywh_to_xyxy(boxes), box_cxcywh_to_xyxy(tgt_boxes))
         return self.cost_bbox * cost_bbox + self.cost_class * cost_class + self.cost_giou * cost_giou
