@@ -219,7 +219,9 @@ class LastCheckpoint(Callback):
         every_n_train_steps: every this many optimizer steps (None: not by steps).
         every_n_minutes: when this many minutes have passed since it was last written (None: not by time).
         on_sigterm: on SIGTERM, finish the current batch (and a validation under way), write it, print
-            ``attnlab: SIGTERM at step N: saved <path>; resume with `...``` and exit with status 143.
+            ``attnlab: SIGTERM at step N: saved <path>; resume with `...``` and exit with status 143. A fit
+            without checkpoints (``trainer.enable_checkpointing: false``) stops after the batch, saves nothing
+            and exits with status 143 too.
     The file is the first ModelCheckpoint's ``last.ckpt`` (``<run>/checkpoints/last.ckpt``), which that
     callback goes on overwriting at its own saves. Saves and SIGTERM stops happen only after a batch that
     ends an optimizer step (accumulated gradients are not in a checkpoint), and one that falls on a batch
@@ -240,8 +242,9 @@ class LastCheckpoint(Callback):
         self._sigterm = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._fit = stage == "fit" and not _shadowed(trainer, self)
         # without a ModelCheckpoint (enable_checkpointing: false) the run asked for no checkpoints
-        self._active = stage == "fit" and not trainer.fast_dev_run and trainer.checkpoint_callback is not None and not _shadowed(trainer, self)
+        self._active = self._fit and not trainer.fast_dev_run and trainer.checkpoint_callback is not None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
@@ -319,11 +322,15 @@ class LastCheckpoint(Callback):
         return path
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if not (getattr(self, "_active", False) and self.on_sigterm and isinstance(exception, SIGTERMException)):
+        if not (getattr(self, "_fit", False) and self.on_sigterm and isinstance(exception, SIGTERMException)):
             return
-        path = self.save(trainer)
+        if self._active:
+            said = f"saved {self.save(trainer)}; resume with `{resume_command()}`"
+        else:  # Lightning's own handler stopped the run after the batch
+            reason = "fast_dev_run" if trainer.fast_dev_run else "trainer.enable_checkpointing: false"
+            said = f"nothing saved ({reason})"
         if trainer.is_global_zero:
-            print(f"attnlab: SIGTERM at step {trainer.global_step}: saved {path}; resume with `{resume_command()}`", file=sys.stderr, flush=True)
+            print(f"attnlab: SIGTERM at step {trainer.global_step}: {said}", file=sys.stderr, flush=True)
         exception.code = SIGTERM_STATUS  # Lightning re-raises this SystemExit: the process exits with it
 
 

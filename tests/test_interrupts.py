@@ -360,3 +360,74 @@ def test_resume_command_replaces_the_checkpoint_argument():
 def test_last_checkpoint_refuses_bad_intervals(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LastCheckpoint(**kwargs)
+
+
+class SigtermAt(pl.Callback):
+    """Send this process a SIGTERM at the start of training batch ``batch`` of the fit (counted across epochs)."""
+
+    def __init__(self, batch: int):
+        self.batch = batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.fit_loop.total_batch_idx == self.batch:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_sigterm_under_gradient_accumulation_finishes_the_optimizer_step_then_resumes(tmp_path):
+    """Steps of 3 batches and a SIGTERM during batch 3, the first of the second step: batches 4 and 5 still
+    train, the step ends (global step 2), last.ckpt holds it with no half-accumulated step, status 143; the
+    resumed run trains batches 6-8 and ends at the weights of a run that never stopped."""
+    accumulate = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=9", "--trainer.accumulate_grad_batches=3"]
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    job = start_fit(run, *accumulate, probe(SigtermAt, batch=3))
+    _, err = job.communicate(timeout=300)
+    assert job.returncode == SIGTERM_STATUS, err[-3000:]
+    last = run / "checkpoints" / "last.ckpt"
+    assert re.search(rf"^attnlab: SIGTERM at step 2: saved {re.escape(str(last))}; resume with", err, re.M), err[-3000:]
+    assert [r["step"] for r in batch_log(run)] == [0, 0, 0, 1, 1, 1]  # signalled in batch 3: batches 4, 5 end the step
+    saved = load(last)
+    batches = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
+    assert saved["global_step"] == 2 and batches["ready"] == 6  # no batch of a step left half-accumulated
+
+    fit_in_process(run, *accumulate, "--ckpt_path", "last")
+    fit_in_process(reference, *accumulate)
+    log = batch_log(run)
+    assert [r["step"] for r in log if r["pid"] != log[0]["pid"]] == [2, 2, 2]
+    assert [r["labels"] for r in log] == [r["labels"] for r in batch_log(reference)]
+    ours, theirs = load(last), load(reference / "checkpoints" / "last.ckpt")
+    assert ours["global_step"] == theirs["global_step"] == 3
+    assert max((ours["state_dict"][k] - v).abs().max().item() for k, v in theirs["state_dict"].items()) <= 1e-6
+
+
+@pytest.mark.slow
+def test_sigterm_without_checkpointing_stops_after_the_batch_and_saves_nothing(tmp_path):
+    """`trainer.enable_checkpointing: false` (and so no ModelCheckpoint, which the config lists): the run stops
+    after the batch the signal came in, writes no checkpoint file, and still exits with status 143."""
+    run = tmp_path / "run"
+    job = start_fit(run, "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]",
+                    probe(BatchLog, path=str(run / "batches.jsonl")), probe(SigtermAt, batch=1))
+    _, err = job.communicate(timeout=300)
+    assert job.returncode == SIGTERM_STATUS, err[-3000:]
+    said = "attnlab: SIGTERM at step 2: nothing saved (trainer.enable_checkpointing: false)"
+    assert "Traceback" not in err and said in err, err[-3000:]
+    assert [r["step"] for r in batch_log(run)] == [0, 1]
+    assert not [p for p in run.rglob("*") if "ckpt" in p.name]  # neither a checkpoint nor a partial one
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_resuming_with_another_number_of_processes_warns(tmp_path):
+    """A last.ckpt written by two DDP processes, resumed by one: the run goes on, and says that its sample order
+    and random draws will differ from an uninterrupted run."""
+    run = tmp_path / "run"
+    job = start_fit(run, "--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32",
+                    "--trainer.max_epochs=1")
+    _, err = job.communicate(timeout=180)
+    assert job.returncode == 0, err[-3000:]
+    assert load(run / "checkpoints" / "last.ckpt")["callbacks"]["ExactResume"]["world_size"] == 2
+    warning = ("checkpoint was written by 2 processes, this run has 1: "
+               "the sample order and random streams after resuming differ")
+    with pytest.warns(UserWarning, match=warning):
+        fit_in_process(run, "--data.init_args.batch_size=32", "--trainer.max_epochs=2", "--ckpt_path", "last")
+    assert load(run / "checkpoints" / "last.ckpt")["global_step"] == 10
