@@ -41,8 +41,9 @@ class TimeBudget(pl.Callback):
         estimate = trainer.strategy.broadcast(step + int(max(0.0, budget - elapsed) * step / max(elapsed, 1e-9)), src=0)
         limit = horizon(trainer)
         total = estimate if limit is None else min(limit, estimate)
+        budget_ends_first = limit is None or estimate < limit  # a step limit inside the warmup is the user's choice
         for schedule in self._schedules(trainer):
-            if step == self.probe_steps and schedule.name != "inverse_sqrt" and schedule.warmup_steps >= total:
+            if step == self.probe_steps and schedule.name != "inverse_sqrt" and budget_ends_first and schedule.warmup_steps >= total:
                 raise ValueError(
                     f"trainer.max_time ({budget:.0f} s) ends before the learning-rate warmup: {schedule.warmup_steps} "
                     f"steps need about {schedule.warmup_steps * elapsed / step:.0f} s at the measured "

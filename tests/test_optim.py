@@ -164,3 +164,11 @@ def test_a_resumed_budget_keeps_its_horizon(monkeypatch, tmp_path):
     second.fit(Tiny(warmup_steps=2), ckpt_path=path)
     assert second.global_step == 30 and schedule_of(second).total_steps == 30
     assert second.optimizers[0].param_groups[0]["lr"] < 1e-5
+
+
+def test_a_step_limit_inside_the_warmup_is_not_the_budgets_fault(monkeypatch):
+    """max_steps=12 with a 50-step warmup and an ample budget: a short run by choice, not an error."""
+    clock = FakeClock(monkeypatch)
+    trainer = fit(Tiny(warmup_steps=50), max_time={"seconds": 100}, max_steps=12,
+                  callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)])
+    assert trainer.global_step == 12
