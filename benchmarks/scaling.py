@@ -12,7 +12,6 @@ for several ``num_workers``; "model busy" is the step's share of the fit's time 
 from __future__ import annotations
 
 import importlib
-import inspect
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from torch import Tensor, nn
 
 from benchmarks.harness import Step
 from benchmarks.peers import QUICK_VIT, VIT_SHAPES, Bench, Settings, detr_bench, train_step, training_flops, vit_pair
-from experiments.links import LINKED_ATTRIBUTES
+from experiments.links import LINKED_ATTRIBUTES, init_options
 from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
 # ----------------------------------------------------------------------------- attention kernels
@@ -238,8 +237,8 @@ def from_config(path: str | Path, num_workers: int) -> tuple[Any, Any]:
 
     config = yaml.safe_load(Path(path).read_text())
     data = _instantiate(config["data"], num_workers=num_workers)
-    model_cls_args = inspect.signature(getattr(importlib.import_module(config["model"]["class_path"].rpartition(".")[0]),
-                                               config["model"]["class_path"].rpartition(".")[2])).parameters
+    module, _, name = config["model"]["class_path"].rpartition(".")
+    model_cls_args = init_options(getattr(importlib.import_module(module), name))
     linked = {name: getattr(data, name) for name in LINKED_ATTRIBUTES if name in model_cls_args and hasattr(data, name)}
     return data, _instantiate(config["model"], **linked)
 

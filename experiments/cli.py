@@ -15,7 +15,6 @@ from __future__ import annotations
 import difflib
 import errno
 import importlib
-import inspect
 import os
 import pickle
 import re
@@ -26,7 +25,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from experiments import guards, tracking
-from experiments.links import LINKED_ATTRIBUTES
+from experiments.links import LINKED_ATTRIBUTES, init_options
 from models.weights import unreadable
 
 # Subcommands that are not Lightning's: name -> (module whose main(argv) runs it, one line for --help)
@@ -48,7 +47,7 @@ _OWN_ERROR = re.compile(r"^(trainer|model|data)(\.\w+)*(=\S*)?: ")
 def _accepted_options(class_path: str) -> list[str]:
     module, _, name = class_path.rpartition(".")
     try:
-        return list(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
+        return init_options(getattr(importlib.import_module(module), name))
     except (ImportError, AttributeError, ValueError):
         return []
 

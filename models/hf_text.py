@@ -18,6 +18,7 @@ separate q/k/v projections are packed into our ``in_proj``; the decoder starts w
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -155,17 +156,26 @@ def gpt2_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def gpt2_from_pretrained(name: str, vocab_size: int, dropout: float, similarity: str) -> tuple[DecoderOnlyLM, dict]:
+def _with_defaults(network: type[nn.Module], given: dict) -> dict:
+    """The arguments ``network`` is built with: those ``given`` (the run's model options), then its defaults."""
+    bound = inspect.signature(network).bind(**given)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def gpt2_from_pretrained(name: str, network: dict) -> tuple[DecoderOnlyLM, dict]:
     """A `DecoderOnlyLM` holding the GPT-2 of ``name`` (folder or hub name), and the architecture arguments
-    it was built with. ``vocab_size`` (linked from the data) must be the folder's."""
+    it was built with; of ``network`` (the run's `DecoderOnlyLM` arguments) the folder's architecture
+    replaces all but ``vocab_size`` (linked from the data: it must be the folder's), ``dropout`` and ``similarity``."""
     source = f"model.init_from={name}"
     folder = pretrained_folder(name, "model.init_from")
     config = read_config(folder, source, "gpt2")
-    if similarity != "scaled_dot":
+    network = _with_defaults(DecoderOnlyLM, network)
+    if network["similarity"] != "scaled_dot":
         raise ValueError(f"{source}: GPT-2 was trained with scaled dot-product attention; set model.similarity=scaled_dot")
-    _check_linked(source, {"vocab_size": (vocab_size, config["vocab_size"])})
+    _check_linked(source, {"vocab_size": (network["vocab_size"], config["vocab_size"])})
     arguments = gpt2_arguments(config, source)
-    model = DecoderOnlyLM(vocab_size, dropout=dropout, **arguments)
+    model = DecoderOnlyLM(**{**network, **arguments})
     _load(model, gpt2_to_attnlab(read_state(folder, source)), source)
     return model, arguments
 
@@ -189,7 +199,8 @@ def marian_arguments(config: dict, source: str) -> dict:
     return {"d_model": config["d_model"], "nhead": config["encoder_attention_heads"], "num_encoder_layers": config["encoder_layers"],
             "num_decoder_layers": config["decoder_layers"], "dim_feedforward": config["encoder_ffn_dim"],
             "activation": _activation(config, source), "norm_first": False, "positions": "sinusoidal_concat",
-            "max_positions": config["max_position_embeddings"], "share_embeddings": True, "tie_output": True}
+            "max_positions": config["max_position_embeddings"], "share_embeddings": True, "tie_output": True,
+            "scale_embeddings": config.get("scale_embedding", False), "output_bias": True}
 
 
 def marian_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -221,22 +232,22 @@ def marian_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def marian_from_pretrained(name: str, vocab_size: tuple[int, int], ids: dict[str, int], dropout: float,
-                           similarity: str) -> tuple[Seq2SeqTransformer, dict]:
+def marian_from_pretrained(name: str, network: dict, bos_id: int, eos_id: int) -> tuple[Seq2SeqTransformer, dict]:
     """A `Seq2SeqTransformer` holding the Marian model of ``name`` (folder or hub name), and the
-    architecture arguments it was built with. The data's (source, target) ``vocab_size`` and ``ids``
-    (pad_id, bos_id = the decoder's start token, eos_id) must be the folder's."""
+    architecture arguments it was built with; of ``network`` (the run's `Seq2SeqTransformer` arguments)
+    the folder's architecture replaces all but the vocabulary facts, ``dropout`` and ``similarity``. The
+    data's vocabulary sizes, ``pad_id``, ``bos_id`` (the decoder's start token) and ``eos_id`` must be the folder's."""
     source = f"model.init_from={name}"
     folder = pretrained_folder(name, "model.init_from")
     config = read_config(folder, source, "marian")
-    if similarity != "scaled_dot":
+    network = _with_defaults(Seq2SeqTransformer, network)
+    if network["similarity"] != "scaled_dot":
         raise ValueError(f"{source}: Marian was trained with scaled dot-product attention; set model.similarity=scaled_dot")
     theirs = {"src_vocab_size": config["vocab_size"], "tgt_vocab_size": config.get("decoder_vocab_size") or config["vocab_size"],
               "pad_id": config["pad_token_id"], "bos_id": config["decoder_start_token_id"], "eos_id": config["eos_token_id"]}
-    ours = {"src_vocab_size": vocab_size[0], "tgt_vocab_size": vocab_size[1], **ids}
+    ours = {**network, "bos_id": bos_id, "eos_id": eos_id}
     _check_linked(source, {k: (ours[k], theirs[k]) for k in theirs})
     arguments = marian_arguments(config, source)
-    model = Seq2SeqTransformer(vocab_size[0], vocab_size[1], dropout=dropout, pad_id=ids["pad_id"], scale_embeddings=config.get("scale_embedding", False),
-                               output_bias=True, **arguments)
+    model = Seq2SeqTransformer(**{**network, **arguments})
     _load(model, marian_to_attnlab(read_state(folder, source)), source)
     return model, arguments

@@ -71,6 +71,12 @@ class TokenEmbedding(nn.Module):
         return self.embedding(tokens) * self.scale
 
 
+def check_heads(d_model: int, nhead: int) -> None:
+    """The heads split the width evenly; refused with the option names, where the values enter."""
+    if nhead < 1 or d_model % nhead:
+        raise ValueError(f"model.nhead={nhead} does not divide model.d_model={d_model}; choose a divisor of {d_model}")
+
+
 def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Module:
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_len)
@@ -87,15 +93,24 @@ class Seq2SeqTransformer(nn.Module):
     """The Transformer encoder-decoder for translation.
 
     Args:
-        src_vocab_size, tgt_vocab_size: vocabularies. pad_id: the PAD index (masked everywhere).
-        d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation,
-        norm_first, similarity: as in `models.transformer` (the paper: post-norm, ReLU, scaled dot).
+        src_vocab_size: source vocabulary.
+        tgt_vocab_size: target vocabulary.
+        d_model: width D (the paper's d_model); ``nhead`` must divide it.
+        nhead: attention heads.
+        num_encoder_layers: encoder layers.
+        num_decoder_layers: decoder layers.
+        dim_feedforward: hidden width of the MLPs.
+        dropout: dropout on embeddings, after attention and MLP, and inside attention.
+        activation: MLP activation (the paper: relu; see `models.transformer`).
+        norm_first: pre-norm layers with final norms; post-norm (the paper) when false.
+        similarity: attention similarity (see `models.attention`).
         positions: "sinusoidal" (the paper), "sinusoidal_concat" (sines, then cosines: Marian) or "learned".
         max_positions: longest sequence the positions cover.
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
         tie_output: the output projection is the target embedding matrix (Press & Wolf 2017).
-        scale_embeddings: token embeddings multiplied by √d_model (the paper). output_bias: a bias on the
-            output projection (Marian's ``final_logits_bias``).
+        pad_id: the PAD index, masked everywhere.
+        scale_embeddings: token embeddings multiplied by √d_model (the paper).
+        output_bias: a bias on the output projection (Marian's ``final_logits_bias``).
     Shapes: src (B, S), tgt (B, T) token ids -> logits (B, T, tgt_vocab_size).
     """
 
@@ -121,6 +136,7 @@ class Seq2SeqTransformer(nn.Module):
         output_bias: bool = False,
     ):
         super().__init__()
+        check_heads(d_model, nhead)
         if share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(
                 f"model.share_embeddings=true needs one vocabulary for both languages, got src_vocab_size={src_vocab_size} "
@@ -190,10 +206,17 @@ class DecoderOnlyLM(nn.Module):
     """A GPT-style language model: causal self-attention blocks only, tied input/output embeddings.
 
     Args:
-        vocab_size: tokens. d_model, nhead, num_layers: width, heads, blocks.
-        dim_feedforward: MLP width (default 4·d_model). dropout, activation, similarity: as in the core.
-        norm_first: pre-norm blocks with a final LayerNorm (GPT-2); post-norm when False.
-        positions: "learned" (GPT) or "sinusoidal". max_positions: the longest context (block size).
+        vocab_size: tokens.
+        d_model: width; ``nhead`` must divide it.
+        nhead: attention heads.
+        num_layers: blocks.
+        dim_feedforward: MLP width (4·d_model when not given).
+        dropout: dropout on embeddings, after attention and MLP, and inside attention.
+        activation: MLP activation (see `models.transformer`).
+        norm_first: pre-norm blocks with a final LayerNorm (GPT-2); post-norm when false.
+        similarity: attention similarity (see `models.attention`).
+        positions: "learned" (GPT) or "sinusoidal".
+        max_positions: the longest context (block size).
         tie_embeddings: the output projection is the token embedding matrix.
     Shapes: tokens (B, T) -> logits (B, T, vocab_size).
     """
@@ -214,6 +237,7 @@ class DecoderOnlyLM(nn.Module):
         tie_embeddings: bool = True,
     ):
         super().__init__()
+        check_heads(d_model, nhead)
         self.max_positions = max_positions
         self.tok_embed = TokenEmbedding(vocab_size, d_model, scale=False)
         self.pos = positional_encoding(positions, d_model, max_positions)

@@ -16,20 +16,20 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from models import optim
-from models.attention import Similarity
 from models.decoding import beam_search, greedy_decode
 from models.distributed import clip_gradients, gather_objects
 from models.hf_text import gpt2_from_pretrained, marian_from_pretrained
-from models.text import DecoderOnlyLM, Positions, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
-from models.transformer import Activation
+from models.text import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
 Schedule = Literal["inverse_sqrt", "cosine"]
 
 
 def check_vocabulary(checkpoint: dict, current: dict, names: tuple[str, ...]) -> None:
-    """Refuse a checkpoint whose vocabulary facts differ from the data's, before torch meets a shape mismatch."""
+    """Refuse a checkpoint whose vocabulary facts differ from the data's, before torch meets a shape mismatch.
+    A fact missing on either side (a network default never written into the hyper-parameters) is not compared."""
     saved = checkpoint.get("hyper_parameters", {})
-    diffs = [f"{n}={saved[n]} in the checkpoint but {current[n]} from the data" for n in names if n in saved and saved[n] != current[n]]
+    diffs = [f"{n}={saved[n]} in the checkpoint but {current[n]} from the data" for n in names
+             if n in saved and n in current and saved[n] != current[n]]
     if diffs:
         raise ValueError(
             f"the checkpoint's vocabulary does not match the data's tokenizer ({'; '.join(diffs)}): use the tokenizer settings "
@@ -47,16 +47,29 @@ def configure_adamw(module: pl.LightningModule, model: nn.Module) -> dict:
 class TranslationModule(pl.LightningModule):
     """`Seq2SeqTransformer` trained with teacher forcing and label smoothing; BLEU/chrF by decoding.
 
-    Args (model): see `Seq2SeqTransformer`; ``src_vocab_size``, ``tgt_vocab_size``, ``pad_id``,
-        ``bos_id``, ``eos_id`` are linked from the DataModule. ``init_from``: a Marian (opus-mt) folder
-        written by ``save_pretrained``, or its hub name (resolved when online): its config.json sets the
-        architecture (recorded in the hyper-parameters), its weights start the training, and the data
-        must use its tokenizer (``data.tokenizer: pretrained``); see `models.hf_text`.
-    Args (training): label_smoothing ε; AdamW ``lr`` (the peak), ``betas``, ``eps``, ``weight_decay``;
-        ``schedule`` "inverse_sqrt" (the paper: linear warmup for ``warmup_steps``, then ∝ 1/√step) or
-        "cosine" (warmup, then cosine decay to ``min_lr_ratio``·lr).
-    Args (decoding): ``val_beam_size`` for validation (1 = greedy), ``beam_size`` for test and
-        predict, ``length_penalty`` α; at most ``max_len_a``·|source| + ``max_len_b`` tokens.
+    Args:
+        **network: the arguments of `Seq2SeqTransformer` (its docstring holds them, its signature their
+            defaults); ``src_vocab_size``, ``tgt_vocab_size`` and ``pad_id`` are linked from the DataModule.
+        bos_id: the token decoding starts with, linked from the DataModule.
+        eos_id: the token that ends a translation, linked from the DataModule.
+        label_smoothing: ε of the training loss.
+        lr: AdamW's peak learning rate.
+        betas: AdamW's betas.
+        eps: AdamW's epsilon.
+        weight_decay: AdamW's decay, on matrices only.
+        schedule: "inverse_sqrt" (the paper: linear warmup, then ∝ 1/√step) or "cosine" (warmup, then
+            cosine decay to ``min_lr_ratio``·lr).
+        warmup_steps: optimizer steps of linear warmup.
+        min_lr_ratio: the cosine schedule's final learning rate, as a fraction of ``lr``.
+        val_beam_size: beam for validation (1 = greedy).
+        beam_size: beam for test and predict.
+        length_penalty: α of the beam search's length normalisation.
+        max_len_a: translations stop after ``max_len_a``·|source| + ``max_len_b`` tokens.
+        max_len_b: see ``max_len_a``.
+        init_from: a Marian (opus-mt) folder written by ``save_pretrained``, or its hub name (resolved when
+            online): its config.json sets the architecture (recorded in the hyper-parameters), its weights
+            start the training, and the data must use its tokenizer (``data.tokenizer: pretrained``); see
+            `models.hf_text`.
     Logged: ``train/loss`` (smoothed), ``val|test/loss`` (NLL per token), ``val|test/ppl``,
     ``val|test/bleu`` and ``val|test/chrf`` (sacreBLEU, detokenized).
     After each evaluation, ``translations`` holds its (source, reference, hypothesis) triples, every
@@ -66,24 +79,8 @@ class TranslationModule(pl.LightningModule):
 
     def __init__(
         self,
-        src_vocab_size: int = 8000,
-        tgt_vocab_size: int = 8000,
-        pad_id: int = 0,
         bos_id: int = 1,
         eos_id: int = 2,
-        d_model: int = 512,
-        nhead: int = 8,
-        num_encoder_layers: int = 6,
-        num_decoder_layers: int = 6,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation: Activation = "relu",
-        norm_first: bool = False,
-        similarity: Similarity = "scaled_dot",
-        positions: Positions = "sinusoidal",
-        max_positions: int = 256,
-        share_embeddings: bool = False,
-        tie_output: bool = True,
         label_smoothing: float = 0.1,
         lr: float = 7e-4,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -98,6 +95,7 @@ class TranslationModule(pl.LightningModule):
         max_len_a: float = 1.5,
         max_len_b: int = 10,
         init_from: str | None = None,
+        **network,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -107,16 +105,10 @@ class TranslationModule(pl.LightningModule):
             if value < 1:
                 raise ValueError(f"model.{key}={value} must be >= 1")
         if init_from:
-            self.model, architecture = marian_from_pretrained(init_from, (src_vocab_size, tgt_vocab_size),
-                                                              {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}, dropout, similarity)
+            self.model, architecture = marian_from_pretrained(init_from, network, bos_id, eos_id)
             self.hparams.update(architecture)  # the folder's architecture, recorded as this run's
         else:
-            self.model = Seq2SeqTransformer(
-                src_vocab_size, tgt_vocab_size, d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
-                num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
-                norm_first=norm_first, similarity=similarity, positions=positions, max_positions=max_positions,
-                share_embeddings=share_embeddings, tie_output=tie_output, pad_id=pad_id,
-            )
+            self.model = Seq2SeqTransformer(**network)
         self.val_nll, self.test_nll = MeanMetric(), MeanMetric()
         self._outputs: list[tuple[int, str, str, str]] = []  # (index, source, reference, hypothesis)
         self.translations: list[tuple[str, str, str]] = []
@@ -127,10 +119,10 @@ class TranslationModule(pl.LightningModule):
 
     def translate(self, src: Tensor, beam_size: int) -> Tensor:
         """src (B, S) -> token ids (B, L), EOS-terminated, PAD after."""
-        hp = self.hparams
-        src_len = int(src.ne(hp.pad_id).sum(1).max())
+        hp, pad_id = self.hparams, self.model.pad_id
+        src_len = int(src.ne(pad_id).sum(1).max())
         max_len = max(1, min(self.model.max_positions, int(hp.max_len_a * src_len + hp.max_len_b)))
-        ids = dict(bos_id=hp.bos_id, eos_id=hp.eos_id, pad_id=hp.pad_id, max_len=max_len)
+        ids = dict(bos_id=hp.bos_id, eos_id=hp.eos_id, pad_id=pad_id, max_len=max_len)
         if beam_size == 1:
             return greedy_decode(self.model, src, **ids)[0]
         return beam_search(self.model, src, beam_size=beam_size, alpha=hp.length_penalty, **ids)[0]
@@ -144,8 +136,8 @@ class TranslationModule(pl.LightningModule):
     def _losses(self, batch: dict) -> tuple[Tensor, Tensor, int]:
         decoder_input, labels = teacher_forcing(batch["tgt"])  # (B, T-1) each
         logits = self(batch["src"], decoder_input)  # (B, T-1, V)
-        loss, nll = label_smoothed_nll_loss(logits, labels, self.hparams.label_smoothing, self.hparams.pad_id)
-        return loss, nll, int(labels.ne(self.hparams.pad_id).sum())
+        loss, nll = label_smoothed_nll_loss(logits, labels, self.hparams.label_smoothing, self.model.pad_id)
+        return loss, nll, int(labels.ne(self.model.pad_id).sum())
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, _, tokens = self._losses(batch)
@@ -207,31 +199,28 @@ class TranslationModule(pl.LightningModule):
 class LanguageModelModule(pl.LightningModule):
     """`DecoderOnlyLM` trained to predict the next token (nanoGPT's recipe by default).
 
-    Args (model): see `DecoderOnlyLM`; ``vocab_size`` is linked from the DataModule. ``init_from``: a
-        GPT-2 folder written by ``save_pretrained``, or its hub name (resolved when online): its config.json
-        sets the architecture (recorded in the hyper-parameters), its weights start the training, and the
-        data must use its tokenizer.json (``data.tokenizer: pretrained``); see `models.hf_text`.
-    Args (training): AdamW ``lr``, ``betas``, ``eps``, ``weight_decay`` (matrices only), ``schedule``
-        with ``warmup_steps`` and ``min_lr_ratio``.
-    Args (generation): ``max_new_tokens``, ``temperature``, ``top_k`` for `attnlab predict` (and
-        `experiments.text_callbacks.LanguageModelSamples`).
+    Args:
+        **network: the arguments of `DecoderOnlyLM` (its docstring holds them, its signature their
+            defaults); ``vocab_size`` is linked from the DataModule.
+        lr: AdamW's peak learning rate.
+        betas: AdamW's betas.
+        eps: AdamW's epsilon.
+        weight_decay: AdamW's decay, on matrices only.
+        schedule: "cosine" (linear warmup, then cosine decay to ``min_lr_ratio``·lr) or "inverse_sqrt".
+        warmup_steps: optimizer steps of linear warmup.
+        min_lr_ratio: the cosine schedule's final learning rate, as a fraction of ``lr``.
+        max_new_tokens: tokens generated by `attnlab predict` (and `experiments.text_callbacks.LanguageModelSamples`).
+        temperature: sampling temperature (0: always the most likely token).
+        top_k: sample among the k most likely tokens (null: among all).
+        init_from: a GPT-2 folder written by ``save_pretrained``, or its hub name (resolved when online):
+            its config.json sets the architecture (recorded in the hyper-parameters), its weights start the
+            training, and the data must use its tokenizer.json (``data.tokenizer: pretrained``); see
+            `models.hf_text`.
     Logged: ``train/loss``, ``val/loss`` (nats per token), ``val/ppl``.
     """
 
     def __init__(
         self,
-        vocab_size: int = 256,
-        d_model: int = 384,
-        nhead: int = 6,
-        num_layers: int = 6,
-        dim_feedforward: int | None = None,
-        dropout: float = 0.2,
-        activation: Activation = "gelu",
-        norm_first: bool = True,
-        similarity: Similarity = "scaled_dot",
-        positions: Positions = "learned",
-        max_positions: int = 256,
-        tie_embeddings: bool = True,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.99),
         eps: float = 1e-8,
@@ -243,18 +232,17 @@ class LanguageModelModule(pl.LightningModule):
         temperature: float = 0.8,
         top_k: int | None = 200,
         init_from: str | None = None,
+        **network,
     ):
         super().__init__()
         self.save_hyperparameters()
         if temperature < 0:
             raise ValueError(f"model.temperature={temperature} must be >= 0 (0: always the most likely token)")
         if init_from:
-            self.model, architecture = gpt2_from_pretrained(init_from, vocab_size, dropout, similarity)
+            self.model, architecture = gpt2_from_pretrained(init_from, network)
             self.hparams.update(architecture)  # the folder's architecture, recorded as this run's
         else:
-            self.model = DecoderOnlyLM(vocab_size, d_model=d_model, nhead=nhead, num_layers=num_layers, dim_feedforward=dim_feedforward,
-                                       dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity,
-                                       positions=positions, max_positions=max_positions, tie_embeddings=tie_embeddings)
+            self.model = DecoderOnlyLM(**network)
         self.val_nll = MeanMetric()
 
     def forward(self, tokens: Tensor) -> Tensor:

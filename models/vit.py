@@ -62,13 +62,20 @@ class VisionTransformer(nn.Module):
     """ViT classifier.
 
     Args:
-        img_size, patch_size, in_chans: input geometry; patch_size must divide img_size.
+        img_size: height and width of the (square) images.
+        patch_size: side of the square patches; it must divide img_size.
+        in_chans: image channels.
         num_classes: classes of the head (0 gives features only).
-        embed_dim, depth, num_heads, mlp_ratio: width, layers, heads, MLP width / embed_dim.
-        drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout, stochastic depth.
+        embed_dim: width; ``num_heads`` must divide it.
+        depth: encoder layers.
+        num_heads: attention heads.
+        mlp_ratio: MLP width / embed_dim.
+        drop_rate: dropout on the tokens, in the MLP, and after attention and MLP.
+        attn_drop_rate: dropout on the attention weights.
+        drop_path_rate: stochastic depth, rising linearly to this rate in the last layer.
         global_pool: "token" (class token after the final norm) or "avg" (mean of the patch
             tokens, then ``fc_norm``; the class token is kept, as in timm, but unread).
-        similarity: attention similarity of the shared core.
+        similarity: attention similarity of the shared core (see `models.attention`).
     Shapes: images (B, C, H, W) -> logits (B, num_classes).
     """
 
@@ -93,6 +100,9 @@ class VisionTransformer(nn.Module):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"model.global_pool={global_pool!r}; expected 'token' or 'avg'")
+        if num_heads < 1 or embed_dim % num_heads:
+            raise ValueError(f"model.num_heads={num_heads} does not divide model.embed_dim={embed_dim}; "
+                             f"choose a divisor of {embed_dim}")
         self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))

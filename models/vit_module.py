@@ -2,29 +2,33 @@
 fine-tuned from a local checkpoint (ours or timm's) or a timm hub name."""
 from __future__ import annotations
 
-from typing import Literal
-
 import pytorch_lightning as pl
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
 from models import optim
-from models.attention import Similarity
 from models.vit import VisionTransformer, load_pretrained, read_init_from
 
 
 class ImageClassifier(pl.LightningModule):
     """ViT + cross-entropy with label smoothing, AdamW, linear warmup and cosine decay.
 
-    ``num_classes``, ``in_chans`` and ``img_size`` are linked from the DataModule. Training labels
-    may be class indices (B,) or soft targets (B, num_classes) from Mixup/CutMix; label smoothing
-    applies to both (so Mixup itself runs without smoothing).
+    Training labels may be class indices (B,) or soft targets (B, num_classes) from Mixup/CutMix; label
+    smoothing applies to both (so Mixup itself runs without smoothing).
 
-    Transfer learning:
+    Args:
+        **network: the arguments of `VisionTransformer` (its docstring holds them, its signature their
+            defaults); ``num_classes``, ``in_chans`` and ``img_size`` are linked from the DataModule.
+        lr: AdamW's peak learning rate: it warms up linearly, then decays on a cosine.
+        weight_decay: AdamW's decay, on matrices only.
+        warmup_epochs: epochs of linear warmup (fractions allowed).
+        min_lr_ratio: the final learning rate, as a fraction of ``lr``.
+        label_smoothing: ε of the training loss.
         init_from: a local ``.ckpt`` of `attnlab fit`, a timm ViT ``.pth``/``.safetensors`` state dict, or
-            a timm hub name (``timm/vit_small_patch16_224.augreg_in21k``, fetched when online); positions are resampled to this image size and the head is re-initialised
-            when the class count differs (see `models.vit.load_pretrained`).
+            a timm hub name (``timm/vit_small_patch16_224.augreg_in21k``, fetched when online); positions
+            are resampled to this image size and the head is re-initialised when the class count differs
+            (see `models.vit.load_pretrained`).
         freeze_backbone: train the head only (a linear probe).
         layer_decay: layer-wise learning-rate decay (BEiT; timm's ``param_groups_layer_decay``):
             block i of L trains at ``lr * layer_decay ** (L + 1 - i)``, the head at ``lr``.
@@ -33,19 +37,6 @@ class ImageClassifier(pl.LightningModule):
 
     def __init__(
         self,
-        num_classes: int = 10,
-        in_chans: int = 3,
-        img_size: int = 32,
-        patch_size: int = 4,
-        embed_dim: int = 192,
-        depth: int = 6,
-        num_heads: int = 3,
-        mlp_ratio: float = 4.0,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.1,
-        global_pool: Literal["token", "avg"] = "token",
-        similarity: Similarity = "scaled_dot",
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         warmup_epochs: float = 5.0,
@@ -54,23 +45,21 @@ class ImageClassifier(pl.LightningModule):
         init_from: str | None = None,
         freeze_backbone: bool = False,
         layer_decay: float | None = None,
+        **network,
     ):
         super().__init__()
         if layer_decay is not None and not 0 < layer_decay <= 1:
             raise ValueError(f"model.layer_decay={layer_decay} must be in (0, 1]")
         self.save_hyperparameters()
-        self.model = VisionTransformer(
-            img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
-            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, global_pool=global_pool, similarity=similarity,
-        )
+        self.model = VisionTransformer(**network)
         if init_from:
             load_pretrained(self.model, read_init_from(init_from), f"model.init_from={init_from}")
         if freeze_backbone:
             for name, p in self.model.named_parameters():
                 p.requires_grad = name.startswith("head.")
         # top-1 over all images, as papers report it (torchmetrics' default is the mean over classes)
-        self.train_acc, self.val_acc, self.test_acc = (MulticlassAccuracy(num_classes, average="micro") for _ in range(3))
+        classes = self.model.num_classes
+        self.train_acc, self.val_acc, self.test_acc = (MulticlassAccuracy(classes, average="micro") for _ in range(3))
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)

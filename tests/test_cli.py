@@ -1,11 +1,18 @@
 """The real `attnlab` CLI end to end on the embedded digits, and its errors for bad input."""
 import csv
+import inspect
 import json
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from jsonargparse import ArgumentParser
+
+from models.text import DecoderOnlyLM, Seq2SeqTransformer
+from models.text_module import LanguageModelModule, TranslationModule
+from models.vit import VisionTransformer
+from models.vit_module import ImageClassifier
 
 DIGITS = "configs/vision/digits.yaml"
 
@@ -48,6 +55,26 @@ def test_print_config_shows_every_knob(attnlab):
     cfg = yaml.safe_load(out)
     assert {"patch_size", "embed_dim", "depth", "num_heads", "similarity", "lr"} <= set(cfg["model"]["init_args"])
     assert cfg["data"]["init_args"]["batch_size"] == 64 and cfg["trainer"]["max_epochs"] == 40
+
+
+NETWORKS = [
+    (ImageClassifier, VisionTransformer, {"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}),
+    (TranslationModule, Seq2SeqTransformer, {"src_vocab_size": 11, "tgt_vocab_size": 13, "d_model": 16, "nhead": 2}),
+    (LanguageModelModule, DecoderOnlyLM, {"vocab_size": 11, "d_model": 16, "nhead": 2, "num_layers": 1}),
+]
+
+
+@pytest.mark.parametrize("module, network, given", NETWORKS, ids=lambda x: getattr(x, "__name__", ""))
+def test_a_module_takes_its_networks_options_with_the_networks_defaults(module, network, given):
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(module)
+    defaults = parser.get_defaults()
+    for name, p in inspect.signature(network).parameters.items():  # model.init_args.<name>, defaulted by the network
+        assert defaults[name] == (None if p.default is inspect.Parameter.empty else p.default), name
+    built = module(**given)
+    assert given.items() <= dict(built.hparams).items()  # recorded, so a checkpoint rebuilds the same network
+    rebuilt = module(**built.hparams)
+    assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {k: v.shape for k, v in built.state_dict().items()}
 
 
 @pytest.mark.parametrize(

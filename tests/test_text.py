@@ -55,6 +55,9 @@ def test_shapes_and_tied_shared_embeddings():
     assert model.src_embed is model.tgt_embed and model.generator.weight is model.tgt_embed.weight
     with pytest.raises(ValueError, match="share_embeddings=true needs one vocabulary.*src_vocab_size=10 and tgt_vocab_size=12"):
         Seq2SeqTransformer(10, 12, d_model=8, nhead=2, share_embeddings=True)
+    for network, args in ((Seq2SeqTransformer, (10, 10)), (DecoderOnlyLM, (10,))):
+        with pytest.raises(ValueError, match=r"model.nhead=4 does not divide model.d_model=30; choose a divisor of 30"):
+            network(*args, d_model=30, nhead=4)
     lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, max_positions=16)
     assert lm(padded_batch([7, 7])).shape == (2, 7, V) and lm.lm_head.weight is lm.tok_embed.weight
 

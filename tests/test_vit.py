@@ -21,6 +21,11 @@ def test_patch_size_must_divide_image_size():
         PatchEmbed(img_size=8, patch_size=3)
 
 
+def test_heads_must_divide_the_width():
+    with pytest.raises(ValueError, match=r"model.num_heads=3 does not divide model.embed_dim=32; choose a divisor"):
+        VisionTransformer(img_size=8, patch_size=2, embed_dim=32, num_heads=3)
+
+
 def test_vit_shapes_pooling_and_weight_decay_exemptions():
     for pool in ("token", "avg"):
         vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=4, global_pool=pool)
