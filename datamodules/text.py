@@ -362,11 +362,13 @@ class ParallelDataset(Dataset):
 
 def collate_pairs(items: list[dict], pad_id: int = PAD_ID) -> dict:
     """Batch: ``src`` (B, S) and ``tgt`` (B, T) padded with PAD (``tgt`` = BOS ... EOS), ``index`` (B,),
-    and the raw ``src_text`` / ``tgt_text`` lists."""
+    the raw ``src_text`` / ``tgt_text`` lists, and ``tgt_tokens``, the number of target tokens to predict
+    (an int counted here, so the training step reads no count back from the device)."""
     batch = {"index": torch.tensor([it["index"] for it in items]), "src": pad([it["src"] for it in items], pad_id),
              "src_text": [it["src_text"] for it in items]}
     if "tgt" in items[0]:
-        batch.update(tgt=pad([it["tgt"] for it in items], pad_id), tgt_text=[it["tgt_text"] for it in items])
+        batch.update(tgt=pad([it["tgt"] for it in items], pad_id), tgt_text=[it["tgt_text"] for it in items],
+                     tgt_tokens=sum(len(it["tgt"]) - 1 for it in items))
     return batch
 
 

@@ -121,7 +121,7 @@ class ObjectDetector(pl.LightningModule):
         total = self.criterion.total(losses)
         on_step = stage == "train"
         logged = {f"{stage}/{k}": v.detach() for k, v in losses.items() if not k[-1].isdigit()}  # aux terms stay out of the logs
-        self.log(f"{stage}/loss", total, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step, batch_size=len(targets))
+        self.log(f"{stage}/loss", total, on_step=on_step, on_epoch=True, prog_bar=not on_step or self.trainer.progress_bar_callback is not None, sync_dist=not on_step, batch_size=len(targets))
         self.log_dict(logged, on_step=on_step, on_epoch=True, sync_dist=not on_step, batch_size=len(targets))
         return outputs, total
 

@@ -40,12 +40,23 @@ def full_weights(model: nn.Module) -> Iterator[None]:
 
 
 def clip_gradients(module, optimizer, gradient_clip_val: float | None, gradient_clip_algorithm: str | None) -> None:
-    """A LightningModule's ``configure_gradient_clipping``: Lightning's clipping, except by norm under FSDP,
-    which Lightning's FSDP refuses; there the norm is FSDP's own, over every process's shards."""
+    """A LightningModule's ``configure_gradient_clipping``: Lightning's clipping, with two cases it refuses.
+
+    Under FSDP, by norm: FSDP's own norm, over every process's shards. With a fused optimizer under mixed
+    precision: Lightning refuses because such an optimizer unscales inside its step; the gradients are unscaled
+    here first (only with fp16's scaler; bf16 has none), then clipped, and the scaler's step skips the unscaling.
+    """
+    from pytorch_lightning.plugins.precision import Precision
+    from pytorch_lightning.utilities import GradClipAlgorithmType
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    model = module.trainer.model
+    model, precision = module.trainer.model, module.trainer.precision_plugin
     if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(model, FullyShardedDataParallel):
         model.clip_grad_norm_(gradient_clip_val)
+    elif gradient_clip_val and getattr(optimizer, "_step_supports_amp_scaling", False) and hasattr(precision, "scaler"):
+        if precision.scaler is not None:
+            precision.scaler.unscale_(optimizer)
+        algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+        Precision.clip_gradients(precision, optimizer, gradient_clip_val, algorithm)
     else:
         module.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)

@@ -137,11 +137,13 @@ class TranslationModule(pl.LightningModule):
         decoder_input, labels = teacher_forcing(batch["tgt"])  # (B, T-1) each
         logits = self(batch["src"], decoder_input)  # (B, T-1, V)
         loss, nll = label_smoothed_nll_loss(logits, labels, self.hparams.label_smoothing, self.model.pad_id)
-        return loss, nll, int(labels.ne(self.model.pad_id).sum())
+        return loss, nll, batch["tgt_tokens"]
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, _, tokens = self._losses(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=tokens)
+        # the progress bar reads its values back from the device at every step: only when there is one
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=self.trainer.progress_bar_callback is not None,
+                 batch_size=tokens)
         return loss
 
     def _eval_step(self, batch: dict, metric: MeanMetric, beam_size: int) -> None:
@@ -254,7 +256,8 @@ class LanguageModelModule(pl.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss = self._loss(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=batch["target"].numel())
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=self.trainer.progress_bar_callback is not None,
+                 batch_size=batch["target"].numel())
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

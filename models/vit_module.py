@@ -8,6 +8,7 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
 from models import optim
+from models.distributed import clip_gradients
 from models.vit import VisionTransformer, load_pretrained, read_init_from
 
 
@@ -70,7 +71,7 @@ class ImageClassifier(pl.LightningModule):
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing if stage == "train" else 0.0)
         metric(logits, labels if labels.ndim == 1 else labels.argmax(-1))
         on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step, batch_size=len(labels))
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=not on_step or self.trainer.progress_bar_callback is not None, sync_dist=not on_step, batch_size=len(labels))
         self.log(f"{stage}/acc", metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(labels))
         return loss
 
@@ -88,6 +89,9 @@ class ImageClassifier(pl.LightningModule):
         labelled = isinstance(batch, (tuple, list))
         score, label = self(batch[0] if labelled else batch).softmax(-1).max(-1)
         return {"label": label, "score": score, **({"target": batch[1]} if labelled else {})}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         hp = self.hparams

@@ -172,3 +172,21 @@ def test_a_step_limit_inside_the_warmup_is_not_the_budgets_fault(monkeypatch):
     trainer = fit(Tiny(warmup_steps=50), max_time={"seconds": 100}, max_steps=12,
                   callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)])
     assert trainer.global_step == 12
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
+def test_gradient_clipping_with_the_fused_optimizer(precision, tmp_path):
+    """Lightning refuses to clip for a fused optimizer under mixed precision; the modules' hook clips it."""
+    from models.distributed import clip_gradients
+
+    class Clipped(Tiny):
+        def training_step(self, batch, batch_idx):
+            return 1e3 * super().training_step(batch, batch_idx)
+
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+            self.norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None])
+
+    module = Clipped()
+    fit(module, max_steps=2, precision=precision, gradient_clip_val=0.5)
+    assert module.norm <= 0.5 + 1e-4
