@@ -20,6 +20,7 @@ fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_``) so freed tensors return to the syst
 resident set follows the live tensors. GPU: ``torch.cuda.max_memory_allocated`` over the step
 minus the memory allocated before it.
 """
+
 from __future__ import annotations
 
 import json
@@ -103,7 +104,9 @@ def _steps_per_sample(step: Step, device: torch.device, min_sample_s: float) -> 
     return max(1, round(min_sample_s / once))
 
 
-def interleaved(steps: dict[str, Step], device: torch.device, *, repeats: int, warmup: int, min_sample_s: float) -> dict[str, Timing]:
+def interleaved(
+    steps: dict[str, Step], device: torch.device, *, repeats: int, warmup: int, min_sample_s: float
+) -> dict[str, Timing]:
     """Time every side of ``steps`` in alternating order; returns side -> Timing (seconds per step)."""
     names = list(steps)
     for name in names:
@@ -161,7 +164,10 @@ def measure_in_subprocess(key: str, side: str, argv: list[str], timeout_s: float
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, cwd=REPO_ROOT)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        print(f"memory probe {key}/{side} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:] or ''}", file=sys.stderr)
+        print(
+            f"memory probe {key}/{side} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:] or ''}",
+            file=sys.stderr,
+        )
         return None
     return float(json.loads(lines[-1])["peak_mib"])
 
@@ -183,7 +189,9 @@ def cpu_model() -> str:
 def machine(device: torch.device) -> dict[str, str]:
     """What the figures were measured on: hardware, software versions, threads, load."""
     info = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU: {cpu_model()}, {os.cpu_count()} cores",
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU: {cpu_model()}, {os.cpu_count()} cores",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "threads": str(torch.get_num_threads()),

@@ -12,6 +12,7 @@ as wall-clock time and as this process's CPU time (on a CPU shared with other jo
 steadier figure: waiting for a core is not counted); the table gives the median over repeats and the
 overhead (trainer - plain) / plain of those medians.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,9 @@ class SpanClock(pl.Callback):
         if batch_idx == 0:
             self._start = _done(pl_module.device)
         elif batch_idx + 1 == trainer.num_training_batches:
-            self.seconds = [total + end - start for total, end, start in zip(self.seconds, _done(pl_module.device), self._start)]
+            self.seconds = [
+                total + end - start for total, end, start in zip(self.seconds, _done(pl_module.device), self._start)
+            ]
             self.steps += batch_idx
 
     def on_train_end(self, trainer, pl_module):
@@ -67,9 +70,19 @@ class SpanClock(pl.Callback):
 
 def _common(config: str, args: argparse.Namespace, root: str) -> list[str]:
     accelerator = "gpu" if args.device == "cuda" else "cpu"
-    return ["--config", config, f"--trainer.default_root_dir={root}", f"--trainer.accelerator={accelerator}", "--trainer.devices=1",
-            f"--trainer.max_epochs={args.epochs + 1}", f"--trainer.limit_train_batches={args.batches}", "--trainer.limit_val_batches=0",
-            "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    return [
+        "--config",
+        config,
+        f"--trainer.default_root_dir={root}",
+        f"--trainer.accelerator={accelerator}",
+        "--trainer.devices=1",
+        f"--trainer.max_epochs={args.epochs + 1}",
+        f"--trainer.limit_train_batches={args.batches}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
 
 
 def trainer_step_time(config: str, args: argparse.Namespace) -> list[float]:
@@ -87,8 +100,15 @@ def trainer_step_time(config: str, args: argparse.Namespace) -> list[float]:
 def _build(config: str, args: argparse.Namespace, root: str) -> tuple[pl.LightningModule, pl.LightningDataModule]:
     from experiments.cli import AttnlabCLI
 
-    cli = AttnlabCLI(model_class=pl.LightningModule, datamodule_class=pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                     run=False, save_config_callback=None, args=_common(config, args, root))
+    cli = AttnlabCLI(
+        model_class=pl.LightningModule,
+        datamodule_class=pl.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        save_config_callback=None,
+        args=_common(config, args, root),
+    )
     return cli.model, cli.datamodule
 
 
@@ -118,7 +138,9 @@ def _seq2seq(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Ca
 
     def loss(batch):
         decoder_input, labels = teacher_forcing(batch["tgt"])
-        return label_smoothed_nll_loss(module.model(batch["src"], decoder_input), labels, hp.label_smoothing, hp.pad_id)[0]
+        return label_smoothed_nll_loss(
+            module.model(batch["src"], decoder_input), labels, hp.label_smoothing, hp.pad_id
+        )[0]
 
     return optimizer, schedule, loss
 
@@ -182,21 +204,35 @@ def main(argv: list[str] | None = None) -> None:
             order = ("trainer", "plain") if repeat % 2 == 0 else ("plain", "trainer")
             for kind in order:
                 times[kind].append((trainer_step_time if kind == "trainer" else plain_step_time)(TASKS[task], args))
-            print(f"{task} repeat {repeat}: trainer {times['trainer'][-1][0] * 1e3:.2f} ms, plain {times['plain'][-1][0] * 1e3:.2f} ms "
-                  f"(CPU {times['trainer'][-1][1] * 1e3:.2f} / {times['plain'][-1][1] * 1e3:.2f}), load {_load()}", file=sys.stderr, flush=True)
+            print(
+                f"{task} repeat {repeat}: trainer {times['trainer'][-1][0] * 1e3:.2f} ms, plain {times['plain'][-1][0] * 1e3:.2f} ms "
+                f"(CPU {times['trainer'][-1][1] * 1e3:.2f} / {times['plain'][-1][1] * 1e3:.2f}), load {_load()}",
+                file=sys.stderr,
+                flush=True,
+            )
         loads.append(_load())
         for clock, name in enumerate(("wall-clock", "CPU")):
             trainer = statistics.median(t[clock] for t in times["trainer"])
             plain = statistics.median(t[clock] for t in times["plain"])
             pairs = [(t[clock] - p[clock]) / p[clock] for t, p in zip(times["trainer"], times["plain"])]
-            rows.append(f"| {task} ({TASKS[task]}) | {name} | {trainer * 1e3:.2f} | {plain * 1e3:.2f} | {100 * (trainer - plain) / plain:+.1f} % | "
-                        f"{100 * min(pairs):+.1f} .. {100 * max(pairs):+.1f} % |")
-    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {args.threads} thread(s))"
+            rows.append(
+                f"| {task} ({TASKS[task]}) | {name} | {trainer * 1e3:.2f} | {plain * 1e3:.2f} | {100 * (trainer - plain) / plain:+.1f} % | "
+                f"{100 * min(pairs):+.1f} .. {100 * max(pairs):+.1f} % |"
+            )
+    device = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"CPU ({platform.processor() or platform.machine()}, {args.threads} thread(s))"
+    )
     print(f"Command: `python -m benchmarks.overhead {' '.join(argv if argv is not None else sys.argv[1:])}`  ")
-    print(f"Date: {datetime.date.today()}, torch {torch.__version__}, pytorch-lightning {pl.__version__}, device: {device}, "
-          f"load average (1 min) before/after each task: {' -> '.join(loads)}  ")
-    print(f"{args.repeats} interleaved repeats of {args.epochs} measured epochs x {args.batches} batches (1 warm-up epoch); "
-          "step time is the median over repeats.\n")
+    print(
+        f"Date: {datetime.date.today()}, torch {torch.__version__}, pytorch-lightning {pl.__version__}, device: {device}, "
+        f"load average (1 min) before/after each task: {' -> '.join(loads)}  "
+    )
+    print(
+        f"{args.repeats} interleaved repeats of {args.epochs} measured epochs x {args.batches} batches (1 warm-up epoch); "
+        "step time is the median over repeats.\n"
+    )
     print("| task | time | `attnlab fit` step (ms) | plain loop step (ms) | Trainer overhead | per-repeat range |")
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))

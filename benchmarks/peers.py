@@ -7,6 +7,7 @@ peer can hold our weights (nn.MultiheadAttention, timm's ViT, torch.nn.Transform
 loads them and records in ``Bench.check`` how far the two outputs are apart, so a ratio is never
 a comparison of two different computations.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,7 +73,9 @@ def _max_diff(a: Tensor, b: Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], settings: Settings, lr: float = 1e-4, fused: bool = False) -> Step:
+def train_step(
+    model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], settings: Settings, lr: float = 1e-4, fused: bool = False
+) -> Step:
     """zero_grad, forward and loss under ``settings.autocast()``, backward, AdamW step (``fused``: one
     kernel for the whole update, CUDA only)."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, fused=fused or None)
@@ -173,7 +176,9 @@ def core_bench(length: int, masked: bool, s: Settings) -> Bench:
         return attention_fast(q, k, v, mask, scale)
 
     def sdpa() -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=None if kpm is None else ~kpm[:, None, None, :], scale=scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if kpm is None else ~kpm[:, None, None, :], scale=scale
+        )
 
     with torch.no_grad():
         check = f"max |Δ| {_max_diff(ours(), sdpa()):.1e}"
@@ -222,10 +227,15 @@ def vit_bench(name: str, s: Settings, batch: int | None = None) -> Bench:
     images = torch.randn(batch, 3, shape["img_size"], shape["img_size"], generator=g).to(s.device)
     labels = torch.randint(0, 1000, (batch,), generator=g).to(s.device)
     with torch.no_grad():
-        check = (f"batch {batch}, {shape['img_size']} px, patch {shape['patch_size']}, width {shape['embed_dim']}, {shape['depth']} blocks; "
-                 f"same weights, eval logits max |Δ| {_max_diff(ours.eval()(images), theirs.eval()(images)):.1e}")
+        check = (
+            f"batch {batch}, {shape['img_size']} px, patch {shape['patch_size']}, width {shape['embed_dim']}, {shape['depth']} blocks; "
+            f"same weights, eval logits max |Δ| {_max_diff(ours.eval()(images), theirs.eval()(images)):.1e}"
+        )
     ours.train(), theirs.train()
-    steps = {side: train_step(s.maybe_compile(m), lambda m: F.cross_entropy(m(images), labels), s) for side, m in (("ours", ours), ("timm", theirs))}
+    steps = {
+        side: train_step(s.maybe_compile(m), lambda m: F.cross_entropy(m(images), labels), s)
+        for side, m in (("ours", ours), ("timm", theirs))
+    }
     return Bench(steps, items=batch, unit="images", check=check)
 
 
@@ -253,7 +263,17 @@ class TorchSeq2Seq(nn.Module):
     ours without ``norm_first``), with the same scaled embeddings, sinusoidal positions and tied
     output projection. Its state dict is ours with the stacks under ``transformer.``."""
 
-    def __init__(self, vocab: int, d_model: int, nhead: int, layers: int, ffn: int, dropout: float, pad_id: int, max_len: int = 256):
+    def __init__(
+        self,
+        vocab: int,
+        d_model: int,
+        nhead: int,
+        layers: int,
+        ffn: int,
+        dropout: float,
+        pad_id: int,
+        max_len: int = 256,
+    ):
         super().__init__()
         self.pad_id, self.scale = pad_id, math.sqrt(d_model)
         self.embedding = nn.Embedding(vocab, d_model, padding_idx=pad_id)
@@ -262,7 +282,9 @@ class TorchSeq2Seq(nn.Module):
         enc = nn.TransformerEncoderLayer(d_model, nhead, ffn, dropout, batch_first=True)
         dec = nn.TransformerDecoderLayer(d_model, nhead, ffn, dropout, batch_first=True)
         self.transformer = nn.Transformer(
-            d_model, nhead, batch_first=True,
+            d_model,
+            nhead,
+            batch_first=True,
             custom_encoder=nn.TransformerEncoder(enc, layers, enable_nested_tensor=False),
             custom_decoder=nn.TransformerDecoder(dec, layers),
         )
@@ -275,8 +297,15 @@ class TorchSeq2Seq(nn.Module):
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)
         src_mask = src.eq(self.pad_id)
-        h = self.transformer(self._embed(src), self._embed(tgt), tgt_mask=causal, src_key_padding_mask=src_mask,
-                             tgt_key_padding_mask=tgt.eq(self.pad_id), memory_key_padding_mask=src_mask, tgt_is_causal=True)
+        h = self.transformer(
+            self._embed(src),
+            self._embed(tgt),
+            tgt_mask=causal,
+            src_key_padding_mask=src_mask,
+            tgt_key_padding_mask=tgt.eq(self.pad_id),
+            memory_key_padding_mask=src_mask,
+            tgt_is_causal=True,
+        )
         return self.generator(h)
 
     def load_ours(self, ours: Seq2SeqTransformer) -> None:
@@ -289,7 +318,9 @@ class TorchSeq2Seq(nn.Module):
         self.load_state_dict(state, strict=False)
 
 
-def random_sentences(batch: int, low: int, high: int, vocab: int, g: torch.Generator, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2) -> Tensor:
+def random_sentences(
+    batch: int, low: int, high: int, vocab: int, g: torch.Generator, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2
+) -> Tensor:
     """(B, max length) BOS w1 .. wn EOS PAD.., lengths in [low, high], words drawn from 4..vocab-1."""
     lengths = torch.randint(low, high + 1, (batch,), generator=g)
     tokens = torch.full((batch, int(lengths.max()) + 2), pad_id, dtype=torch.long)
@@ -302,7 +333,9 @@ def random_sentences(batch: int, low: int, high: int, vocab: int, g: torch.Gener
 def seq2seq_models(size: str, s: Settings, dropout: float = 0.1) -> tuple[Seq2SeqTransformer, TorchSeq2Seq, tuple]:
     d, h, n, ffn, vocab, batch = QUICK_SEQ2SEQ if s.quick else SEQ2SEQ_SHAPES[size]
     torch.manual_seed(0)
-    ours = Seq2SeqTransformer(vocab, vocab, d, h, n, n, ffn, dropout, share_embeddings=True, tie_output=True, pad_id=0, max_positions=1100)
+    ours = Seq2SeqTransformer(
+        vocab, vocab, d, h, n, n, ffn, dropout, share_embeddings=True, tie_output=True, pad_id=0, max_positions=1100
+    )
     theirs = TorchSeq2Seq(vocab, d, h, n, ffn, dropout, pad_id=0, max_len=1100)
     theirs.load_ours(ours)
     return ours.to(s.device), theirs.to(s.device), (d, h, n, ffn, vocab, batch)
@@ -355,11 +388,20 @@ class WithoutCache(nn.Module):
     def init_cache(self) -> list[PrefixCache]:
         return [PrefixCache()]
 
-    def decode(self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None, cache: list[PrefixCache], start_pos: int = 0) -> Tensor:
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None,
+        cache: list[PrefixCache],
+        start_pos: int = 0,
+    ) -> Tensor:
         prefix = tgt if cache[0].tokens is None else torch.cat([cache[0].tokens, tgt], dim=1)  # (N, t + 1)
         cache[0].tokens = prefix
         m = self.model
-        h = m.decoder(m._embed(m.tgt_embed, prefix), memory, memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=True)
+        h = m.decoder(
+            m._embed(m.tgt_embed, prefix), memory, memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=True
+        )
         return m.generator(h[:, -1:])  # (N, 1, V)
 
 
@@ -372,14 +414,34 @@ def decoding_bench(search: str, s: Settings) -> Bench:
     without it. Random weights: hypotheses run to ``max_len`` (the last step forces EOS)."""
     c = QUICK_BEAM if s.quick else BEAM
     torch.manual_seed(0)
-    model = Seq2SeqTransformer(c["vocab"], c["vocab"], c["d_model"], c["nhead"], c["layers"], c["layers"], c["ffn"], 0.0,
-                               share_embeddings=True, pad_id=0).to(s.device).eval()
+    model = (
+        Seq2SeqTransformer(
+            c["vocab"],
+            c["vocab"],
+            c["d_model"],
+            c["nhead"],
+            c["layers"],
+            c["layers"],
+            c["ffn"],
+            0.0,
+            share_embeddings=True,
+            pad_id=0,
+        )
+        .to(s.device)
+        .eval()
+    )
     src = random_sentences(c["batch"], *c["src"], c["vocab"], torch.Generator().manual_seed(0)).to(s.device)
     ids = dict(bos_id=1, eos_id=2, pad_id=0, max_len=c["max_len"])
     if search == "beam":
-        runs = {"ours": lambda: beam_search(model, src, beam_size=5, **ids), "no cache": lambda: beam_search(WithoutCache(model), src, beam_size=5, **ids)}
+        runs = {
+            "ours": lambda: beam_search(model, src, beam_size=5, **ids),
+            "no cache": lambda: beam_search(WithoutCache(model), src, beam_size=5, **ids),
+        }
     else:
-        runs = {"ours": lambda: greedy_decode(model, src, **ids), "no cache": lambda: greedy_decode(model, src, use_cache=False, **ids)}
+        runs = {
+            "ours": lambda: greedy_decode(model, src, **ids),
+            "no cache": lambda: greedy_decode(model, src, use_cache=False, **ids),
+        }
 
     def step_of(run: Callable[[], tuple[Tensor, Tensor]]) -> Step:
         def step() -> tuple[Tensor, Tensor]:
@@ -391,20 +453,42 @@ def decoding_bench(search: str, s: Settings) -> Bench:
     steps = {side: step_of(run) for side, run in runs.items()}
     (a, _), (b, _) = steps["ours"](), steps["no cache"]()
     same = sum(bool(x.equal(y)) for x, y in zip(a, b)) if a.shape == b.shape else 0
-    return Bench(steps, items=c["batch"], unit="sentences", check=f"same hypotheses for {same}/{c['batch']} sentences, length {a.size(1)}",
-                 repeats=3, inference=True)
+    return Bench(
+        steps,
+        items=c["batch"],
+        unit="sentences",
+        check=f"same hypotheses for {same}/{c['batch']} sentences, length {a.size(1)}",
+        repeats=3,
+        inference=True,
+    )
 
 
 # ----------------------------------------------------------------------------- DETR
 
 DETR_SHAPES = {  # backbone, d_model, heads, layers each side, FFN, queries, classes, batch, image (H, W)
-    "r50": dict(backbone="resnet50", d_model=256, nhead=8, layers=6, ffn=2048, queries=100, classes=91, batch=2, image=(384, 384)),
-    "small": dict(backbone="resnet18", d_model=128, nhead=4, layers=2, ffn=512, queries=20, classes=20, batch=4, image=(192, 192)),
+    "r50": dict(
+        backbone="resnet50",
+        d_model=256,
+        nhead=8,
+        layers=6,
+        ffn=2048,
+        queries=100,
+        classes=91,
+        batch=2,
+        image=(384, 384),
+    ),
+    "small": dict(
+        backbone="resnet18", d_model=128, nhead=4, layers=2, ffn=512, queries=20, classes=20, batch=4, image=(192, 192)
+    ),
 }
-QUICK_DETR = dict(backbone="resnet18", d_model=32, nhead=2, layers=1, ffn=64, queries=8, classes=3, batch=2, image=(64, 64))
+QUICK_DETR = dict(
+    backbone="resnet18", d_model=32, nhead=2, layers=1, ffn=64, queries=8, classes=3, batch=2, image=(64, 64)
+)
 
 
-def detection_batch(c: dict, boxes_per_image: int, g: torch.Generator, device: torch.device) -> tuple[Tensor, Tensor, list[dict[str, Tensor]]]:
+def detection_batch(
+    c: dict, boxes_per_image: int, g: torch.Generator, device: torch.device
+) -> tuple[Tensor, Tensor, list[dict[str, Tensor]]]:
     """Random images (B, 3, H, W), the padding mask (B, H, W) (the last image padded on the right and
     bottom by a quarter, as in a batch of unequal images) and targets with normalised cxcywh boxes."""
     b, (h, w) = c["batch"], c["image"]
@@ -416,8 +500,12 @@ def detection_batch(c: dict, boxes_per_image: int, g: torch.Generator, device: t
     for _ in range(b):
         centre = torch.rand(boxes_per_image, 2, generator=g) * 0.5 + 0.25
         size = torch.rand(boxes_per_image, 2, generator=g) * 0.3 + 0.05
-        targets.append({"labels": torch.randint(0, c["classes"], (boxes_per_image,), generator=g).to(device),
-                        "boxes": torch.cat([centre, size], 1).to(device)})
+        targets.append(
+            {
+                "labels": torch.randint(0, c["classes"], (boxes_per_image,), generator=g).to(device),
+                "boxes": torch.cat([centre, size], 1).to(device),
+            }
+        )
     return images.to(device), mask.to(device), targets
 
 
@@ -429,10 +517,22 @@ def hf_detr(c: dict, device: torch.device) -> nn.Module:
     from transformers import DetrConfig, DetrForObjectDetection
 
     config = DetrConfig(
-        backbone=c["backbone"], use_timm_backbone=True, use_pretrained_backbone=False, num_labels=c["classes"], num_queries=c["queries"],
-        d_model=c["d_model"], encoder_layers=c["layers"], decoder_layers=c["layers"], encoder_attention_heads=c["nhead"],
-        decoder_attention_heads=c["nhead"], encoder_ffn_dim=c["ffn"], decoder_ffn_dim=c["ffn"], auxiliary_loss=True,
-        dropout=0.1, attention_dropout=0.1, activation_dropout=0.1,  # DETR's 0.1 everywhere, as ours
+        backbone=c["backbone"],
+        use_timm_backbone=True,
+        use_pretrained_backbone=False,
+        num_labels=c["classes"],
+        num_queries=c["queries"],
+        d_model=c["d_model"],
+        encoder_layers=c["layers"],
+        decoder_layers=c["layers"],
+        encoder_attention_heads=c["nhead"],
+        decoder_attention_heads=c["nhead"],
+        encoder_ffn_dim=c["ffn"],
+        decoder_ffn_dim=c["ffn"],
+        auxiliary_loss=True,
+        dropout=0.1,
+        attention_dropout=0.1,
+        activation_dropout=0.1,  # DETR's 0.1 everywhere, as ours
     )
     torch.manual_seed(0)
     model = DetrForObjectDetection(config)
@@ -444,12 +544,25 @@ def hf_detr(c: dict, device: torch.device) -> nn.Module:
 def ours_detr(c: dict, device: torch.device) -> tuple[DETR, SetCriterion]:
     torch.manual_seed(0)
     backbone = Backbone(c["backbone"], out_index=4, norm="frozen_bn", trainable_layers=3)
-    model = DETR(backbone, c["classes"], c["queries"], c["d_model"], c["nhead"], c["layers"], c["layers"], c["ffn"], dropout=0.1, aux_loss=True)
+    model = DETR(
+        backbone,
+        c["classes"],
+        c["queries"],
+        c["d_model"],
+        c["nhead"],
+        c["layers"],
+        c["layers"],
+        c["ffn"],
+        dropout=0.1,
+        aux_loss=True,
+    )
     criterion = SetCriterion(c["classes"], HungarianMatcher(1, 5, 2), eos_coef=0.1, num_aux=c["layers"] - 1)
     return model.to(device), criterion.to(device)
 
 
-def matcher_share(step: Step, owner: object, clock: Callable[[], float], steps: int, device: torch.device, method: str = "forward") -> dict[str, str]:
+def matcher_share(
+    step: Step, owner: object, clock: Callable[[], float], steps: int, device: torch.device, method: str = "forward"
+) -> dict[str, str]:
     """The share of ``steps`` training steps spent inside ``owner.<method>`` (a Hungarian matcher
     instance or class: ours is entered once per step through ``match_layers``, Hugging Face's once per
     decoder layer through ``forward``), timed by ``clock``; the timer is in place only while measuring. On a GPU the
@@ -498,18 +611,36 @@ def matching_bench(shape: str, s: Settings) -> Bench:
     c = QUICK_MATCHING if s.quick else MATCHING_SHAPES[shape]
     g = torch.Generator().manual_seed(0)
     b, q = c["batch"], c["queries"]
-    layers = [{"pred_logits": torch.randn(b, q, c["classes"] + 1, generator=g).to(s.device),
-               "pred_boxes": (torch.rand(b, q, 4, generator=g) * 0.5 + 0.1).to(s.device)} for _ in range(c["layers"])]
-    targets = [{"labels": torch.randint(0, c["classes"], (c["boxes"],), generator=g).to(s.device),
-                "boxes": (torch.rand(c["boxes"], 4, generator=g) * 0.5 + 0.1).to(s.device)} for _ in range(b)]
+    layers = [
+        {
+            "pred_logits": torch.randn(b, q, c["classes"] + 1, generator=g).to(s.device),
+            "pred_boxes": (torch.rand(b, q, 4, generator=g) * 0.5 + 0.1).to(s.device),
+        }
+        for _ in range(c["layers"])
+    ]
+    targets = [
+        {
+            "labels": torch.randint(0, c["classes"], (c["boxes"],), generator=g).to(s.device),
+            "boxes": (torch.rand(c["boxes"], 4, generator=g) * 0.5 + 0.1).to(s.device),
+        }
+        for _ in range(b)
+    ]
     hf_layers = [{"logits": o["pred_logits"], "pred_boxes": o["pred_boxes"]} for o in layers]
     hf_targets = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
     ours, theirs = HungarianMatcher(1, 5, 2), HFMatcher(class_cost=1, bbox_cost=5, giou_cost=2)
-    steps = {"ours": lambda: ours.match_layers(layers, targets), "HF matcher": lambda: [theirs(o, hf_targets) for o in hf_layers]}
-    same = sum(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
-               for mine, hers in zip(steps["ours"](), steps["HF matcher"]()) for x, y in zip(mine, hers))
-    check = (f"{c['layers']} decoder layers x {b} images x {q} queries, {c['boxes']} targets each; "
-             f"same assignment for {same}/{c['layers'] * b} (layer, image) pairs")
+    steps = {
+        "ours": lambda: ours.match_layers(layers, targets),
+        "HF matcher": lambda: [theirs(o, hf_targets) for o in hf_layers],
+    }
+    same = sum(
+        torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+        for mine, hers in zip(steps["ours"](), steps["HF matcher"]())
+        for x, y in zip(mine, hers)
+    )
+    check = (
+        f"{c['layers']} decoder layers x {b} images x {q} queries, {c['boxes']} targets each; "
+        f"same assignment for {same}/{c['layers'] * b} (layer, image) pairs"
+    )
     return Bench(steps, items=b, unit="images", check=check, inference=True)
 
 
@@ -518,7 +649,9 @@ def parameter_counts(model: nn.Module) -> str:
     return f"{sum(p.numel() for p in model.parameters()) / 1e6:.3f}M parameters ({trained / 1e6:.3f}M trained)"
 
 
-def detr_bench(size: str, s: Settings, queries: int | None = None, boxes: int | None = None, with_peer: bool = True) -> Bench:
+def detr_bench(
+    size: str, s: Settings, queries: int | None = None, boxes: int | None = None, with_peer: bool = True
+) -> Bench:
     """DETR training step (set loss with aux losses, AdamW) on random images: ours vs Hugging Face's
     DetrForObjectDetection (skipped with a message when transformers is missing)."""
     from benchmarks.harness import clock
@@ -540,13 +673,19 @@ def detr_bench(size: str, s: Settings, queries: int | None = None, boxes: int | 
         return criterion.total(criterion(m(images, mask), targets))
 
     steps = {"ours": train_step(compiled, ours_loss, s)}
-    extra = {"ours": lambda: matcher_share(steps["ours"], criterion.matcher, tick, 2 if s.quick else 4, s.device, "match_layers")}
+    extra = {
+        "ours": lambda: matcher_share(
+            steps["ours"], criterion.matcher, tick, 2 if s.quick else 4, s.device, "match_layers"
+        )
+    }
     check = f"ours {parameter_counts(model)}"
     if with_peer:
         try:
             theirs = hf_detr(c, s.device)
         except ImportError:
-            print("detr: transformers is not installed (pip install transformers): the Hugging Face DETR peer is skipped")
+            print(
+                "detr: transformers is not installed (pip install transformers): the Hugging Face DETR peer is skipped"
+            )
         else:
             from transformers.loss import loss_for_object_detection as hf_loss
 
@@ -554,7 +693,11 @@ def detr_bench(size: str, s: Settings, queries: int | None = None, boxes: int | 
                 theirs.model.backbone.to(memory_format=torch.channels_last)
             pixel_mask = (~mask).long()
             labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
-            steps["HF DETR"] = train_step(s.maybe_compile(theirs), lambda m: m(pixel_values=images, pixel_mask=pixel_mask, labels=labels).loss, s)
-            extra["HF DETR"] = lambda: matcher_share(steps["HF DETR"], hf_loss.HungarianMatcher, tick, 2 if s.quick else 4, s.device)
+            steps["HF DETR"] = train_step(
+                s.maybe_compile(theirs), lambda m: m(pixel_values=images, pixel_mask=pixel_mask, labels=labels).loss, s
+            )
+            extra["HF DETR"] = lambda: matcher_share(
+                steps["HF DETR"], hf_loss.HungarianMatcher, tick, 2 if s.quick else 4, s.device
+            )
             check += f", HF {parameter_counts(theirs)}"
     return Bench(steps, items=c["batch"], unit="images", check=check, extra=extra)

@@ -24,6 +24,7 @@ are measured. The report (a Markdown section with the exact command, the machine
 is printed and appended to ``--output``; the file is never overwritten. Figures that supersede those
 in benchmarks/RESULTS.md (one current table per subject) replace them there by hand.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,22 +65,59 @@ def cases(quick: bool) -> list[Case]:
     out = []
     for length in (16, 32) if quick else (64, 256, 1024):
         for masked in (False, True):
-            out.append(Case(f"core/L={length}/{'padded' if masked else 'full'}", "core", f"L={length}" + (", key padding" if masked else ""),
-                            partial(peers.core_bench, length, masked), {"sdpa": 1.05}))
-            out.append(Case(f"attention/L={length}/{'padded' if masked else 'full'}", "attention",
-                            f"L={length}" + (", key padding" if masked else ""), partial(peers.attention_bench, length, masked),
-                            {"sdpa": 1.05, "nn.MHA": 1.0}))
+            out.append(
+                Case(
+                    f"core/L={length}/{'padded' if masked else 'full'}",
+                    "core",
+                    f"L={length}" + (", key padding" if masked else ""),
+                    partial(peers.core_bench, length, masked),
+                    {"sdpa": 1.05},
+                )
+            )
+            out.append(
+                Case(
+                    f"attention/L={length}/{'padded' if masked else 'full'}",
+                    "attention",
+                    f"L={length}" + (", key padding" if masked else ""),
+                    partial(peers.attention_bench, length, masked),
+                    {"sdpa": 1.05, "nn.MHA": 1.0},
+                )
+            )
     for name in ("vit_tiny", "vit_small"):
         out.append(Case(f"vit/{name}", "vit", name, partial(peers.vit_bench, name), {"timm": 1.0}))
-    out.append(Case("vit/vit_dispatch", "vit", "vit_dispatch (tiny tensors)", partial(peers.vit_bench, "vit_dispatch", batch=2), {"timm": 1.0}))
+    out.append(
+        Case(
+            "vit/vit_dispatch",
+            "vit",
+            "vit_dispatch (tiny tensors)",
+            partial(peers.vit_bench, "vit_dispatch", batch=2),
+            {"timm": 1.0},
+        )
+    )
     for size in ("small", "base"):
-        out.append(Case(f"text/{size}", "text", f"seq2seq {size}", partial(peers.seq2seq_bench, size), {"nn.Transformer": 1.0}))
-    out.append(Case("decoding/beam", "decoding", "beam search, beam 5", partial(peers.decoding_bench, "beam"), {"no cache": 0.2}))
-    out.append(Case("decoding/greedy", "decoding", "greedy", partial(peers.decoding_bench, "greedy"), {"no cache": None}))
+        out.append(
+            Case(f"text/{size}", "text", f"seq2seq {size}", partial(peers.seq2seq_bench, size), {"nn.Transformer": 1.0})
+        )
+    out.append(
+        Case(
+            "decoding/beam", "decoding", "beam search, beam 5", partial(peers.decoding_bench, "beam"), {"no cache": 0.2}
+        )
+    )
+    out.append(
+        Case("decoding/greedy", "decoding", "greedy", partial(peers.decoding_bench, "greedy"), {"no cache": None})
+    )
     for size in ("small", "r50"):
         out.append(Case(f"detr/{size}", "detr", f"DETR {size}", partial(peers.detr_bench, size), {"HF DETR": 1.0}))
     for shape in peers.MATCHING_SHAPES:
-        out.append(Case(f"detr/matching/{shape}", "detr", f"matching, {shape}", partial(peers.matching_bench, shape), {"HF matcher": 1.0}))
+        out.append(
+            Case(
+                f"detr/matching/{shape}",
+                "detr",
+                f"matching, {shape}",
+                partial(peers.matching_bench, shape),
+                {"HF matcher": 1.0},
+            )
+        )
     out.append(Case("scaling/text", "scaling", "text", scaling.text_scaling_bench))
     out.append(Case("scaling/vit", "scaling", "ViT tiny", scaling.vit_scaling_bench))
     out.append(Case("scaling/detr", "scaling", "DETR small", scaling.detr_scaling_bench))
@@ -88,20 +126,38 @@ def cases(quick: bool) -> list[Case]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default=",".join(s for s in SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument(
+        "--only", default=",".join(s for s in SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}"
+    )
     p.add_argument("--quick", action="store_true", help="smallest shapes, few repeats: a smoke test, not a measurement")
     p.add_argument("--repeats", type=int, help="timed samples per side (default 10; 2 with --quick)")
     p.add_argument("--warmup", type=int, help="untimed steps per side first (default 2; 1 with --quick)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: fairest on a shared machine)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (default 1: fairest on a shared machine)"
+    )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--amp", choices=("auto", "on", "off"), default="auto", help="bf16 autocast (auto: on with CUDA)")
-    p.add_argument("--compile", choices=("auto", "on", "off", "both"), default="auto",
-                   help="torch.compile both sides (auto: both = off and on with CUDA, off on CPU)")
-    p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto", help="DETR backbones and images channels-last (auto: on with CUDA)")
-    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip peak-memory probes (each runs a fresh process)")
+    p.add_argument(
+        "--compile",
+        choices=("auto", "on", "off", "both"),
+        default="auto",
+        help="torch.compile both sides (auto: both = off and on with CUDA, off on CPU)",
+    )
+    p.add_argument(
+        "--channels-last",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="DETR backbones and images channels-last (auto: on with CUDA)",
+    )
+    p.add_argument(
+        "--no-memory", dest="memory", action="store_false", help="skip peak-memory probes (each runs a fresh process)"
+    )
     p.add_argument("--data-configs", default=",".join(DATA_CONFIGS), help="experiment YAMLs for the data section")
-    p.add_argument("--output", default=f"benchmarks/history/{datetime.date.today():%Y-%m-%d}-benchmark.md",
-                   help="Markdown file the report is appended to ('-': print only; default: today's file in benchmarks/history/)")
+    p.add_argument(
+        "--output",
+        default=f"benchmarks/history/{datetime.date.today():%Y-%m-%d}-benchmark.md",
+        help="Markdown file the report is appended to ('-': print only; default: today's file in benchmarks/history/)",
+    )
     p.add_argument("--memory-probe", nargs=2, metavar=("KEY", "SIDE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     unknown = set(args.only.split(",")) - set(SECTIONS)
@@ -117,14 +173,29 @@ def settings_of(args: argparse.Namespace) -> peers.Settings:
     if args.device == "cuda" and not cuda:
         raise SystemExit("benchmark: --device cuda but torch.cuda.is_available() is False")
     on = lambda flag: flag == "on" or (flag == "auto" and cuda)  # noqa: E731
-    return peers.Settings(quick=args.quick, device=torch.device("cuda" if cuda else "cpu"), amp=on(args.amp),
-                       compile=args.compile == "on", channels_last=on(args.channels_last))
+    return peers.Settings(
+        quick=args.quick,
+        device=torch.device("cuda" if cuda else "cpu"),
+        amp=on(args.amp),
+        compile=args.compile == "on",
+        channels_last=on(args.channels_last),
+    )
 
 
 def probe_argv(args: argparse.Namespace, s: peers.Settings) -> list[str]:
     """The flags a memory probe needs to rebuild the same case."""
-    return (["--quick"] if s.quick else []) + ["--threads", str(args.threads), "--device", s.device.type, "--amp", "on" if s.amp else "off",
-                                               "--channels-last", "on" if s.channels_last else "off", "--compile", "on" if s.compile else "off"]
+    return (["--quick"] if s.quick else []) + [
+        "--threads",
+        str(args.threads),
+        "--device",
+        s.device.type,
+        "--amp",
+        "on" if s.amp else "off",
+        "--channels-last",
+        "on" if s.channels_last else "off",
+        "--compile",
+        "on" if s.compile else "off",
+    ]
 
 
 def memory_probe(args: argparse.Namespace) -> None:
@@ -176,14 +247,18 @@ class Outcome:
     extra_figures: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def run_case(case: Case, s: peers.Settings, args: argparse.Namespace, profile_sides: tuple[str, ...] = ("ours",)) -> Outcome:
+def run_case(
+    case: Case, s: peers.Settings, args: argparse.Namespace, profile_sides: tuple[str, ...] = ("ours",)
+) -> Outcome:
     log(f"{case.key}: building")
     bench = case.build(s)
     repeats = bench.repeats or args.repeats
     if not case.targets:
         repeats = max(2, repeats // 2)  # scaling: many sides (points), fewer rounds suffice
     log(f"{case.key}: timing {', '.join(bench.steps)} x {repeats}")
-    timings = interleaved(bench.steps, s.device, repeats=repeats, warmup=args.warmup, min_sample_s=0.01 if s.quick else 0.2)
+    timings = interleaved(
+        bench.steps, s.device, repeats=repeats, warmup=args.warmup, min_sample_s=0.01 if s.quick else 0.2
+    )
     notes = [bench.check] if bench.check else []
     extra_figures = {side: extra() for side, extra in bench.extra.items()}
     for side, figures in extra_figures.items():
@@ -194,21 +269,41 @@ def run_case(case: Case, s: peers.Settings, args: argparse.Namespace, profile_si
             events = scaling.profile_step(bench.steps[side])
             kernels[side] = scaling.sdpa_kernels(events)
             shares[side] = scaling.attention_share(events)
-        if s.device.type == "cuda" and "ours" in bench.steps and not s.compile:  # under sdpa_kernel a compiled step recompiles
+        if (
+            s.device.type == "cuda" and "ours" in bench.steps and not s.compile
+        ):  # under sdpa_kernel a compiled step recompiles
             notes.append("ours, SDPA kernels allowed one at a time: " + scaling.verify_gpu_kernels(bench.steps["ours"]))
     memory: dict[str, float | None] = {}
     if args.memory:
         for side in bench.steps:
             log(f"{case.key}: peak memory of {side}")
             # CUDA's allocator counts exactly what a step allocates, other sides' tensors aside: no fresh process needed
-            memory[side] = step_peak_mib(bench.steps[side], s.device) if s.device.type == "cuda" else measure_in_subprocess(case.key, side, probe_argv(args, s))
+            memory[side] = (
+                step_peak_mib(bench.steps[side], s.device)
+                if s.device.type == "cuda"
+                else measure_in_subprocess(case.key, side, probe_argv(args, s))
+            )
     bench.steps, bench.extra = {}, {}  # free the models before the next case
     return Outcome(case, bench, timings, memory, kernels, notes, shares, extra_figures)
 
 
 def comparison_table(outcomes: list[Outcome]) -> str:
-    header = ["case", "peer", "ours ms", "peer ms", "time ours/peer [p25-p75]", "wall-clock ratio", "target", "met",
-              "ours throughput", "peer throughput", "ours MiB", "peer MiB", "memory met", "SDPA kernel (ours)"]
+    header = [
+        "case",
+        "peer",
+        "ours ms",
+        "peer ms",
+        "time ours/peer [p25-p75]",
+        "wall-clock ratio",
+        "target",
+        "met",
+        "ours throughput",
+        "peer throughput",
+        "ours MiB",
+        "peer MiB",
+        "memory met",
+        "SDPA kernel (ours)",
+    ]
     rows = []
     for o in outcomes:
         ours = o.timings["ours"]
@@ -217,11 +312,27 @@ def comparison_table(outcomes: list[Outcome]) -> str:
                 continue
             theirs, ratio = o.timings[peer], Ratio.of(ours, o.timings[peer])
             mem_ours, mem_peer = o.memory.get("ours"), o.memory.get(peer)
-            mem_met = "-" if mem_ours is None or mem_peer is None else ("yes" if mem_ours <= mem_peer * 1.02 + 1 else "no")
-            rows.append([o.case.label, peer, f"{ours.median * 1e3:,.1f}", f"{theirs.median * 1e3:,.1f}", str(ratio), f"{ratio.wall:.2f}",
-                         "-" if target is None else f"<= {target:g}", verdict(ratio, target),
-                         fmt_rate(o.bench.items, ours.median, o.bench.unit), fmt_rate(o.bench.items, theirs.median, o.bench.unit),
-                         fmt_mib(mem_ours), fmt_mib(mem_peer), mem_met, o.kernels.get("ours", "-")])
+            mem_met = (
+                "-" if mem_ours is None or mem_peer is None else ("yes" if mem_ours <= mem_peer * 1.02 + 1 else "no")
+            )
+            rows.append(
+                [
+                    o.case.label,
+                    peer,
+                    f"{ours.median * 1e3:,.1f}",
+                    f"{theirs.median * 1e3:,.1f}",
+                    str(ratio),
+                    f"{ratio.wall:.2f}",
+                    "-" if target is None else f"<= {target:g}",
+                    verdict(ratio, target),
+                    fmt_rate(o.bench.items, ours.median, o.bench.unit),
+                    fmt_rate(o.bench.items, theirs.median, o.bench.unit),
+                    fmt_mib(mem_ours),
+                    fmt_mib(mem_peer),
+                    mem_met,
+                    o.kernels.get("ours", "-"),
+                ]
+            )
     return markdown_table(header, rows)
 
 
@@ -232,9 +343,19 @@ def scaling_table(outcomes: list[Outcome]) -> str:
         for side, timing in o.timings.items():
             t = timing.median
             extra = [f"{k} {v}" for k, v in o.extra_figures.get(side, {}).items()]
-            rows.append([o.case.label, side, o.bench.side_info.get(side, "-"), f"{t * 1e3:,.1f}", fmt_rate(o.bench.items, t, o.bench.unit),
-                         fmt_mib(o.memory.get(side)), f"{100 * o.shares[side]:.0f}%" if side in o.shares else "-",
-                         o.kernels.get(side, "-"), "; ".join(extra) or "-"])
+            rows.append(
+                [
+                    o.case.label,
+                    side,
+                    o.bench.side_info.get(side, "-"),
+                    f"{t * 1e3:,.1f}",
+                    fmt_rate(o.bench.items, t, o.bench.unit),
+                    fmt_mib(o.memory.get(side)),
+                    f"{100 * o.shares[side]:.0f}%" if side in o.shares else "-",
+                    o.kernels.get(side, "-"),
+                    "; ".join(extra) or "-",
+                ]
+            )
     return markdown_table(header, rows)
 
 
@@ -251,13 +372,13 @@ def notes_list(outcomes: list[Outcome]) -> str:
 
 SECTION_TITLES = {
     "core": "Shared attention core, function level: merge_masks + attention_fast vs F.scaled_dot_product_attention on the same "
-            "projected (B, 8, L, 32) tensors, forward + backward (B·L = 4096)",
+    "projected (B, 8, L, 32) tensors, forward + backward (B·L = 4096)",
     "attention": "Shared attention core: self-attention forward + backward (D=256, 8 heads, B·L = 4096 tokens)",
     "vit": "ViT training step (AdamW) vs timm: timm's shapes (batch 8, 224 px), and the same depth on tiny tensors",
     "text": "Seq2seq training step (random sentences of 16-40 tokens, label smoothing, AdamW) vs torch.nn.Transformer",
     "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none",
     "detr": "DETR training step (set loss with auxiliary losses, AdamW) vs Hugging Face DetrForObjectDetection, and the "
-            "Hungarian matching of one step (every decoder layer) vs Hugging Face's matcher",
+    "Hungarian matching of one step (every decoder layer) vs Hugging Face's matcher",
     "scaling": "Scaling of our training step",
 }
 
@@ -270,9 +391,13 @@ def method_text(args: argparse.Namespace, s: peers.Settings) -> str:
         f"{0.01 if s.quick else 0.2} s of steps; clock: {clock}. 'ours ms' and 'peer ms' are medians; the ratio is the ratio of "
         "the medians, with the 25th-75th percentiles of the per-round ratios; 'met': yes when the ratio meets the target, "
         "'within noise' when the 25th percentile does, no otherwise. Peak memory: the extra memory one step needs above what "
-        + ("is resident before it (VmHWM after resetting it, minus VmRSS), in a fresh process per side, after warm-up steps; "
-           if s.device.type == "cpu" else "is allocated before it (torch.cuda.max_memory_allocated after resetting it), in the same process after the timed steps; ")
-        + "'memory met': ours <= peer (+2% + 1 MiB). Precision: " + ("bf16 autocast" if s.amp else "fp32")
+        + (
+            "is resident before it (VmHWM after resetting it, minus VmRSS), in a fresh process per side, after warm-up steps; "
+            if s.device.type == "cpu"
+            else "is allocated before it (torch.cuda.max_memory_allocated after resetting it), in the same process after the timed steps; "
+        )
+        + "'memory met': ours <= peer (+2% + 1 MiB). Precision: "
+        + ("bf16 autocast" if s.amp else "fp32")
         + f"; torch.compile {'on' if s.compile else 'off'}; channels-last DETR backbone {'on' if s.channels_last else 'off'}."
     )
 
@@ -290,25 +415,41 @@ def run(args: argparse.Namespace) -> str:
     if args.compile == "both" or (args.compile == "auto" and base.device.type == "cuda"):
         variants.append(replace(base, compile=True))
     elif args.compile == "auto":
-        skipped.append("torch.compile: not measured on the CPU (compiling every model on a shared 2-core machine takes minutes; "
-                       "`--compile on` forces it); with CUDA the ViT and text rows run with it off and on")
+        skipped.append(
+            "torch.compile: not measured on the CPU (compiling every model on a shared 2-core machine takes minutes; "
+            "`--compile on` forces it); with CUDA the ViT and text rows run with it off and on"
+        )
     if base.device.type == "cpu":
-        skipped.append("bf16 autocast, flash / memory-efficient SDPA kernels on a GPU, channels-last DETR backbone, ViT-B/16 MFU: "
-                       "no CUDA device here; the same command runs them on a GPU (they are on by default there)")
+        skipped.append(
+            "bf16 autocast, flash / memory-efficient SDPA kernels on a GPU, channels-last DETR backbone, ViT-B/16 MFU: "
+            "no CUDA device here; the same command runs them on a GPU (they are on by default there)"
+        )
     all_cases = cases(base.quick)
     for section in [x for x in SECTIONS if x in only]:
         if section == "gpu":
             if base.device.type != "cuda":
-                print("benchmark: gpu section skipped: no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
+                print(
+                    "benchmark: gpu section skipped: no CUDA device (torch.cuda.is_available() is False)",
+                    file=sys.stderr,
+                )
                 continue
             log("gpu: ViT-B/16 MFU")
             rows = [scaling.vit_b16_mfu(base, compile_model=c, batch=b) for c in (False, True) for b in (64, 256)]
-            rows += [scaling.vit_b16_mfu(base, compile_model=True, batch=256, side="timm"),
-                     scaling.vit_b16_mfu(base, compile_model=True, batch=256, precision="bf16 weights")]
-            parts.append("### ViT-B/16 training step, model FLOPs utilisation (fused AdamW)\n\n"
-                         + markdown_table(list(rows[0]), [list(r.values()) for r in rows]))
-            parts.append("### SDPA on this GPU: a query row whose keys are all blocked (2 x 4 heads x L x 64)\n\n"
-                         + markdown_table(["backend", "dtype", "L", "output of the empty row", "gradients"], scaling.empty_row_rows(base.device)))
+            rows += [
+                scaling.vit_b16_mfu(base, compile_model=True, batch=256, side="timm"),
+                scaling.vit_b16_mfu(base, compile_model=True, batch=256, precision="bf16 weights"),
+            ]
+            parts.append(
+                "### ViT-B/16 training step, model FLOPs utilisation (fused AdamW)\n\n"
+                + markdown_table(list(rows[0]), [list(r.values()) for r in rows])
+            )
+            parts.append(
+                "### SDPA on this GPU: a query row whose keys are all blocked (2 x 4 heads x L x 64)\n\n"
+                + markdown_table(
+                    ["backend", "dtype", "L", "output of the empty row", "gradients"],
+                    scaling.empty_row_rows(base.device),
+                )
+            )
             continue
         if section == "data":
             log("data pipeline")
@@ -317,26 +458,48 @@ def run(args: argparse.Namespace) -> str:
                 if not Path(config).is_file():
                     skipped.append(f"data: {config} does not exist")
                     continue
-                rows += scaling.data_pipeline_rows(config, (0,) if base.quick else (0, 2), 3 if base.quick else 30, base.device)
-            parts.append("### Data pipeline: DataModule alone vs training step (samples/s, wall time)\n\n"
-                         + markdown_table(["config", "num_workers", "loader alone", "step alone (batches in memory)", "fit (loader + step)", "model busy"], rows)
-                         + "\n\n'model busy' = fit rate / step rate: below 100% the model waits for data. Every DataModule takes "
-                           "`num_workers`, `persistent_workers` (default on) and `pin_memory` (default: on with CUDA).")
+                rows += scaling.data_pipeline_rows(
+                    config, (0,) if base.quick else (0, 2), 3 if base.quick else 30, base.device
+                )
+            parts.append(
+                "### Data pipeline: DataModule alone vs training step (samples/s, wall time)\n\n"
+                + markdown_table(
+                    [
+                        "config",
+                        "num_workers",
+                        "loader alone",
+                        "step alone (batches in memory)",
+                        "fit (loader + step)",
+                        "model busy",
+                    ],
+                    rows,
+                )
+                + "\n\n'model busy' = fit rate / step rate: below 100% the model waits for data. Every DataModule takes "
+                "`num_workers`, `persistent_workers` (default on) and `pin_memory` (default: on with CUDA)."
+            )
             continue
         for settings in variants if section in ("vit", "text") else [base]:
             chosen = [c for c in all_cases if c.section == section]
             if section == "detr" and not _has_transformers():
-                skipped.append("detr vs Hugging Face: transformers is not installed (`pip install transformers`); ours is measured alone")
-            outcomes = [run_case(c, settings, args, ("ours", "sdpa", "nn.MHA") if section == "attention" else ("ours",)) for c in chosen]
+                skipped.append(
+                    "detr vs Hugging Face: transformers is not installed (`pip install transformers`); ours is measured alone"
+                )
+            outcomes = [
+                run_case(c, settings, args, ("ours", "sdpa", "nn.MHA") if section == "attention" else ("ours",))
+                for c in chosen
+            ]
             title = SECTION_TITLES[section] + (" (torch.compile on)" if settings.compile and not base.compile else "")
             table = scaling_table(outcomes) if section == "scaling" else comparison_table(outcomes)
             notes = "" if section == "scaling" else f"\n\nChecks and notes:\n{notes_list(outcomes)}"
             parts.append(f"### {title}\n\n{table}{notes}")
     wall = time.perf_counter() - wall_start
     info["load average at end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if args.argv is None else args.argv))
+    command = "python -m benchmarks " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if args.argv is None else args.argv)
+    )
     header = [
-        f"## Performance against peers (issue #7), {started:%Y-%m-%d %H:%M}" + (" [--quick: smoke test, not a measurement]" if base.quick else ""),
+        f"## Performance against peers (issue #7), {started:%Y-%m-%d %H:%M}"
+        + (" [--quick: smoke test, not a measurement]" if base.quick else ""),
         "",
         f"Command: `{command.strip()}` (wall time {wall / 60:.1f} min)",
         "",

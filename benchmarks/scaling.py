@@ -9,6 +9,7 @@ Data pipeline: for each experiment config, samples/s of the DataModule's trainin
 of the training step alone (Lightning fit on batches already in memory), and of the real fit,
 for several ``num_workers``; "model busy" is the step's share of the fit's time per batch.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -61,8 +62,12 @@ def attention_share(events: list[Any]) -> float:
     backward (autograd nodes ``ScaledDotProduct*Backward``). Exact for the fused kernels; the math
     fallback's backward is spread over generic ops and is not counted."""
     total = sum(e.self_cpu_time_total for e in events)
-    inside = sum(e.cpu_time_total for e in events
-                 if e.key == "aten::scaled_dot_product_attention" or (e.key.startswith("autograd::engine::evaluate_function: ScaledDotProduct")))
+    inside = sum(
+        e.cpu_time_total
+        for e in events
+        if e.key == "aten::scaled_dot_product_attention"
+        or (e.key.startswith("autograd::engine::evaluate_function: ScaledDotProduct"))
+    )
     return inside / total if total else 0.0
 
 
@@ -99,11 +104,16 @@ def text_scaling_bench(s: Settings) -> Bench:
     for length in QUICK_TEXT_LENGTHS if s.quick else TEXT_LENGTHS:
         batch = max(1, tokens // length)
         torch.manual_seed(0)
-        model = Seq2SeqTransformer(vocab, vocab, d, h, n, n, ffn, 0.0, share_embeddings=True, pad_id=0, max_positions=length + 2).to(s.device)
+        model = Seq2SeqTransformer(
+            vocab, vocab, d, h, n, n, ffn, 0.0, share_embeddings=True, pad_id=0, max_positions=length + 2
+        ).to(s.device)
         g = torch.Generator().manual_seed(0)
         src = torch.randint(4, vocab, (batch, length), generator=g).to(s.device)
         tgt_in, labels = teacher_forcing(torch.randint(4, vocab, (batch, length + 1), generator=g).to(s.device))
-        loss = lambda m, src=src, tgt_in=tgt_in, labels=labels: label_smoothed_nll_loss(m(src, tgt_in), labels, 0.1, 0)[0]  # noqa: E731
+
+        def loss(m, src=src, tgt_in=tgt_in, labels=labels):
+            return label_smoothed_nll_loss(m(src, tgt_in), labels, 0.1, 0)[0]
+
         steps[f"L={length}"] = train_step(s.maybe_compile(model), loss, s)
         info[f"L={length}"] = f"batch {batch} x {length} tokens"
     return Bench(steps, items=tokens, unit="tokens", side_info=info)
@@ -131,7 +141,11 @@ def detr_scaling_bench(s: Settings) -> Bench:
     for queries, targets in QUICK_DETR_POINTS if s.quick else DETR_POINTS:
         point = detr_bench("small", s, queries=queries, boxes=targets, with_peer=False)
         name = f"{queries} queries, {targets} targets"
-        steps[name], info[name], extra[name] = point.steps["ours"], point.check.removeprefix("ours "), point.extra["ours"]
+        steps[name], info[name], extra[name] = (
+            point.steps["ours"],
+            point.check.removeprefix("ours "),
+            point.extra["ours"],
+        )
         items = point.items
     return Bench(steps, items=items, unit="images", side_info=info, extra=extra)
 
@@ -141,8 +155,15 @@ def detr_scaling_bench(s: Settings) -> Bench:
 # Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' data sheets; the first match
 # of the device name wins.
 GPU_BF16_PEAK = (
-    ("H100 PCIe", 756e12), ("H100", 989.4e12), ("H200", 989.4e12), ("GH200", 989.4e12), ("B200", 2250e12),
-    ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989.4e12),
+    ("H200", 989.4e12),
+    ("GH200", 989.4e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
 )
 
 
@@ -150,7 +171,9 @@ def gpu_peak(name: str) -> float | None:
     return next((peak for key, peak in GPU_BF16_PEAK if key in name), None)
 
 
-def vit_b16_mfu(s: Settings, compile_model: bool, batch: int = 64, side: str = "ours", precision: str = "bf16 autocast") -> dict[str, str]:
+def vit_b16_mfu(
+    s: Settings, compile_model: bool, batch: int = 64, side: str = "ours", precision: str = "bf16 autocast"
+) -> dict[str, str]:
     """Model FLOPs utilisation of a ViT-B/16 training step (fused AdamW): FLOPs of forward + backward from
     torch.utils.flop_counter, divided by the step time and the GPU's dense bf16 peak. ``side``: "ours" or
     "timm" (the same weights); ``precision``: "bf16 autocast" (fp32 weights, Lightning's bf16-mixed) or
@@ -174,10 +197,16 @@ def vit_b16_mfu(s: Settings, compile_model: bool, batch: int = 64, side: str = "
     name = torch.cuda.get_device_name(s.device)
     peak = gpu_peak(name)
     return {
-        "model": side, "precision": precision, "torch.compile": "on" if compile_model else "off", "batch": str(batch),
-        "TFLOP per step": f"{flops / 1e12:.2f}", "step ms": f"{seconds * 1e3:.1f}",
+        "model": side,
+        "precision": precision,
+        "torch.compile": "on" if compile_model else "off",
+        "batch": str(batch),
+        "TFLOP per step": f"{flops / 1e12:.2f}",
+        "step ms": f"{seconds * 1e3:.1f}",
         "achieved TFLOP/s": f"{flops / seconds / 1e12:.1f}",
-        "MFU": f"{100 * flops / seconds / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s" if peak else "peak of this GPU unknown",
+        "MFU": f"{100 * flops / seconds / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s"
+        if peak
+        else "peak of this GPU unknown",
     }
 
 
@@ -189,11 +218,17 @@ def empty_row_rows(device: torch.device) -> list[list[str]]:
 
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
-        for name, backend in (("math", SDPBackend.MATH), ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION),
-                              ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
+        for name, backend in (
+            ("math", SDPBackend.MATH),
+            ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION),
+            ("cuDNN", SDPBackend.CUDNN_ATTENTION),
+        ):
             for length in (64, 100):
                 g = torch.Generator(device).manual_seed(0)
-                q, k, v = (torch.randn(2, 4, length, 64, device=device, dtype=dtype, generator=g).requires_grad_() for _ in range(3))
+                q, k, v = (
+                    torch.randn(2, 4, length, 64, device=device, dtype=dtype, generator=g).requires_grad_()
+                    for _ in range(3)
+                )
                 attend = torch.ones(2, 1, 1, length, dtype=torch.bool, device=device)
                 attend[1] = False  # the second sequence: every key blocked
                 try:
@@ -201,7 +236,15 @@ def empty_row_rows(device: torch.device) -> list[list[str]]:
                         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend)
                         out.float().square().sum().backward()
                 except RuntimeError as err:
-                    rows.append([name, str(dtype).removeprefix("torch."), str(length), f"refused ({str(err).splitlines()[0][:60]})", "-"])
+                    rows.append(
+                        [
+                            name,
+                            str(dtype).removeprefix("torch."),
+                            str(length),
+                            f"refused ({str(err).splitlines()[0][:60]})",
+                            "-",
+                        ]
+                    )
                     continue
                 empty = out[1]
                 verdict = "NaN" if empty.isnan().any() else ("zeros" if (empty == 0).all() else "finite, not zero")
@@ -285,10 +328,24 @@ def _fit(model: Any, loader: Any, batches: int, device: torch.device) -> BatchTi
     from pytorch_lightning.callbacks import Callback
 
     timer = BatchTimer()
-    callback = type("Timer", (Callback,), {"on_train_batch_start": timer.on_train_batch_start, "on_train_batch_end": timer.on_train_batch_end})()
-    trainer = pl.Trainer(accelerator=device.type, devices=1, max_steps=batches, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
-                         default_root_dir="runs/benchmark")
+    callback = type(
+        "Timer",
+        (Callback,),
+        {"on_train_batch_start": timer.on_train_batch_start, "on_train_batch_end": timer.on_train_batch_end},
+    )()
+    trainer = pl.Trainer(
+        accelerator=device.type,
+        devices=1,
+        max_steps=batches,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        default_root_dir="runs/benchmark",
+    )
     trainer.fit(model, train_dataloaders=loader)
     return timer
 
@@ -321,5 +378,14 @@ def data_pipeline_rows(config: str, workers: tuple[int, ...], batches: int, devi
         step_rate = _fit(model, cached, len(cached), device).rates(skip=3)[1]
         data, model = from_config(config, num_workers)
         fit_rate, _ = _fit(model, data, batches + 3, device).rates(skip=3)
-        rows.append([config, str(num_workers), f"{alone:,.0f}", f"{step_rate:,.0f}", f"{fit_rate:,.0f}", f"{100 * fit_rate / step_rate:.0f}%"])
+        rows.append(
+            [
+                config,
+                str(num_workers),
+                f"{alone:,.0f}",
+                f"{step_rate:,.0f}",
+                f"{fit_rate:,.0f}",
+                f"{100 * fit_rate / step_rate:.0f}%",
+            ]
+        )
     return rows

@@ -4,6 +4,7 @@ Bad input is a one-line error that names the file and the record (a ValueError o
 FileNotFoundError, which the CLI prints as ``attnlab: error: ...``), or a skip counted in one
 warning; never a traceback from deep inside PIL or torch, never a silently wrong run.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -25,7 +26,9 @@ def read_lines(path: str | Path, key: str) -> list[str]:
     else:
         p = Path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"{key}: file {p} does not exist" if not p.exists() else f"{key}: {p} is not a file")
+            raise FileNotFoundError(
+                f"{key}: file {p} does not exist" if not p.exists() else f"{key}: {p} is not a file"
+            )
         try:
             raw = p.read_bytes()
         except OSError as err:
@@ -49,7 +52,9 @@ def open_image(path: str | Path, mode: str) -> Image.Image:
         with Image.open(path) as image:
             return image.convert(mode)
     except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... for a bad file
-        raise ValueError(f"{path}: cannot read the image ({type(err).__name__}: {err}); replace or remove the file") from err
+        raise ValueError(
+            f"{path}: cannot read the image ({type(err).__name__}: {err}); replace or remove the file"
+        ) from err
 
 
 def check_train_batches(num_samples: int, batch_size: int, drop_last: bool, what: str) -> None:

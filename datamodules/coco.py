@@ -10,6 +10,7 @@ Records that cannot be used (missing or unreadable image files, an image whose s
 its record, annotations of unknown images or categories, malformed or non-finite numbers, a file
 that is not COCO) are refused with an error naming the file and the record.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,7 +70,9 @@ def _records(data: dict, key: str, source: str, required: Sequence[str]) -> list
         raise ValueError(f"{source}: '{key}' must be a list, found {type(data[key]).__name__}")
     for i, record in enumerate(data[key]):
         if not isinstance(record, dict) or any(k not in record for k in required):
-            raise ValueError(f"{source}: {key}[{i}] = {str(record)[:120]} lacks one of {', '.join(map(repr, required))}")
+            raise ValueError(
+                f"{source}: {key}[{i}] = {str(record)[:120]} lacks one of {', '.join(map(repr, required))}"
+            )
         if not _is_int(record["id"]):
             raise ValueError(f"{source}: {key}[{i}] has id {record['id']!r}; ids must be integers")
     return data[key]
@@ -96,7 +99,9 @@ def coco_from_dict(data: dict[str, Any], source: str) -> COCO:
         if not isinstance(img["file_name"], str) or not img["file_name"]:
             raise ValueError(f"{ref} has file_name {img['file_name']!r}; expected a file name")
         if not all(_is_number(img[k]) and img[k] > 0 for k in ("width", "height")):
-            raise ValueError(f"{ref} has width {img['width']!r} and height {img['height']!r}; expected positive numbers of pixels")
+            raise ValueError(
+                f"{ref} has width {img['width']!r} and height {img['height']!r}; expected positive numbers of pixels"
+            )
         images[img["id"]] = img
     if not images:
         raise ValueError(f"{source}: the file lists no images")
@@ -115,7 +120,9 @@ def coco_from_dict(data: dict[str, Any], source: str) -> COCO:
         if not _is_int(ann["image_id"]) or ann["image_id"] not in images:
             raise ValueError(f"{ref} refers to image id {ann['image_id']!r}, which is not in 'images'")
         if not _is_int(ann["category_id"]) or ann["category_id"] not in categories:
-            raise ValueError(f"{ref} refers to category id {ann['category_id']!r}, which is not in 'categories' {sorted(categories)}")
+            raise ValueError(
+                f"{ref} refers to category id {ann['category_id']!r}, which is not in 'categories' {sorted(categories)}"
+            )
         box = ann["bbox"]
         if not (isinstance(box, list) and len(box) == 4 and all(map(_is_number, box))):
             raise ValueError(f"{ref} has bbox {box!r}; expected [x, y, width, height] (4 finite numbers)")
@@ -132,8 +139,10 @@ def coco_from_dict(data: dict[str, Any], source: str) -> COCO:
         else:
             without_area.append(ann["id"])
     if without_area:
-        rank_zero_warn(f"{source}: left out {len(without_area)} annotations without area inside their image (zero or negative "
-                       f"width or height, or outside the image; e.g. annotation id {without_area[0]}): no detection could match them")
+        rank_zero_warn(
+            f"{source}: left out {len(without_area)} annotations without area inside their image (zero or negative "
+            f"width or height, or outside the image; e.g. annotation id {without_area[0]}): no detection could match them"
+        )
     coco = COCO()
     coco.dataset = dict(data, annotations=kept)
     _quiet(coco.createIndex)
@@ -166,13 +175,21 @@ class CocoDetection(Dataset):
     Attributes for evaluation: ``coco``, ``category_ids`` (label -> category id), ``class_names``.
     """
 
-    def __init__(self, images_dir: str | Path, coco: COCO, image_ids: Sequence[int] | None = None,
-                 transforms: Callable | None = None, source: str = "annotations"):
+    def __init__(
+        self,
+        images_dir: str | Path,
+        coco: COCO,
+        image_ids: Sequence[int] | None = None,
+        transforms: Callable | None = None,
+        source: str = "annotations",
+    ):
         self.images_dir, self.coco, self.transforms, self.source = Path(images_dir), coco, transforms, source
         self.image_ids = sorted(coco.imgs) if image_ids is None else list(image_ids)
         self.category_ids = sorted(coco.cats)
         self.class_names = [coco.cats[c]["name"] for c in self.category_ids]
-        missing = [i for i in self.image_ids if not self.image_path(i).is_file()]  # found now; unreadable files only when read
+        missing = [
+            i for i in self.image_ids if not self.image_path(i).is_file()
+        ]  # found now; unreadable files only when read
         if missing:
             first = coco.imgs[missing[0]]
             raise FileNotFoundError(
@@ -203,7 +220,10 @@ class CocoDetection(Dataset):
                 boxes.append(box)
                 labels.append(label_of[ann["category_id"]])
             counts["empty"] += not boxes
-            targets[image_id] = (torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4), torch.tensor(labels, dtype=torch.int64))
+            targets[image_id] = (
+                torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
+                torch.tensor(labels, dtype=torch.int64),
+            )
         notes = {
             "crowd": "crowd boxes left out of training (kept as ignore regions for evaluation)",
             "clipped": "boxes clipped to their image",
@@ -221,12 +241,20 @@ class CocoDetection(Dataset):
         record, path = self.coco.imgs[image_id], self.image_path(image_id)
         image = open_image(path, "RGB")  # grayscale and palette images become 3-channel
         if image.size != (record["width"], record["height"]):  # the boxes are in the record's pixels
-            raise ValueError(f"{path}: the image is {image.width}x{image.height} pixels but {self.source} records "
-                             f"{record['width']}x{record['height']} for image id {image_id}; fix the record or the file")
+            raise ValueError(
+                f"{path}: the image is {image.width}x{image.height} pixels but {self.source} records "
+                f"{record['width']}x{record['height']} for image id {image_id}; fix the record or the file"
+            )
         boxes, labels = self._targets[image_id]
         size = torch.tensor([image.height, image.width])
-        target = {"boxes": boxes.clone(), "labels": labels.clone(), "area": (boxes[:, 2:] - boxes[:, :2]).prod(-1),
-                  "image_id": torch.tensor(image_id), "orig_size": size, "size": size}
+        target = {
+            "boxes": boxes.clone(),
+            "labels": labels.clone(),
+            "area": (boxes[:, 2:] - boxes[:, :2]).prod(-1),
+            "image_id": torch.tensor(image_id),
+            "orig_size": size,
+            "size": size,
+        }
         if self.transforms is not None:
             image, target = self.transforms(image, target)
         return image, target
@@ -235,7 +263,14 @@ class CocoDetection(Dataset):
 class ImageFolderDetection(Dataset):
     """Unlabelled images of a folder, for `attnlab predict`; image ids are positions in sorted order."""
 
-    def __init__(self, folder: str | Path, category_ids: list[int], class_names: list[str], transforms: Callable, key: str = "data.predict_images"):
+    def __init__(
+        self,
+        folder: str | Path,
+        category_ids: list[int],
+        class_names: list[str],
+        transforms: Callable,
+        key: str = "data.predict_images",
+    ):
         folder = Path(folder)
         if not folder.is_dir():
             raise FileNotFoundError(f"{key}: {folder} is not a folder")
@@ -254,8 +289,14 @@ class ImageFolderDetection(Dataset):
     def __getitem__(self, index: int):
         image = open_image(self.paths[index], "RGB")
         size = torch.tensor([image.height, image.width])
-        empty = {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64), "area": torch.zeros(0),
-                 "image_id": torch.tensor(index), "orig_size": size, "size": size}
+        empty = {
+            "boxes": torch.zeros(0, 4),
+            "labels": torch.zeros(0, dtype=torch.int64),
+            "area": torch.zeros(0),
+            "image_id": torch.tensor(index),
+            "orig_size": size,
+            "size": size,
+        }
         return self.transforms(image, empty)
 
 
@@ -322,12 +363,16 @@ class DetectionDataModule(pl.LightningDataModule):
         if batch_size < 1:
             raise ValueError(f"data.batch_size={batch_size} must be >= 1")
         if not train_scales or min(train_scales) < 1 or val_size < 1:
-            raise ValueError(f"data.train_scales={list(train_scales)} and data.val_size={val_size} must be positive sizes")
+            raise ValueError(
+                f"data.train_scales={list(train_scales)} and data.val_size={val_size} must be positive sizes"
+            )
         if crop and crop_size[0] > crop_size[1]:
             raise ValueError(f"data.crop_size={list(crop_size)} must be (min, max)")
         self.batch_size, self.predict_images = batch_size, predict_images
         self.loader_kwargs = loader_settings(num_workers, pin_memory, persistent_workers)
-        self.train_transforms = make_transforms(True, train_scales, max_size, crop, crop_resize_scales, tuple(crop_size), val_size, hflip)
+        self.train_transforms = make_transforms(
+            True, train_scales, max_size, crop, crop_resize_scales, tuple(crop_size), val_size, hflip
+        )
         self.eval_transforms = make_transforms(False, val_size=val_size, max_size=max_size)
         self.datasets: dict[str, Dataset] = {}
 
@@ -342,7 +387,9 @@ class DetectionDataModule(pl.LightningDataModule):
         """The dataset of "train", "val", "test" or "predict", built on first use."""
         if stage not in self.datasets:
             if stage == "predict" and self.predict_images is not None:
-                self.datasets[stage] = ImageFolderDetection(self.predict_images, self.category_ids, self.class_names, self.eval_transforms)
+                self.datasets[stage] = ImageFolderDetection(
+                    self.predict_images, self.category_ids, self.class_names, self.eval_transforms
+                )
             else:
                 images_dir, coco, ids, source = self._split("test" if stage == "predict" else stage)
                 transforms = self.train_transforms if stage == "train" else self.eval_transforms
@@ -356,8 +403,12 @@ class DetectionDataModule(pl.LightningDataModule):
 
     def _loader(self, stage: str) -> DataLoader:
         return DataLoader(
-            self.dataset(stage), batch_size=self.batch_size, shuffle=stage == "train", drop_last=False,
-            collate_fn=collate_detection, **self.loader_kwargs,
+            self.dataset(stage),
+            batch_size=self.batch_size,
+            shuffle=stage == "train",
+            drop_last=False,
+            collate_fn=collate_detection,
+            **self.loader_kwargs,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -406,8 +457,20 @@ class CocoDataModule(DetectionDataModule):
         hflip: bool = True,
         predict_images: str | None = None,
     ):
-        super().__init__(batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, hflip, predict_images,
-                         pin_memory, persistent_workers)
+        super().__init__(
+            batch_size,
+            num_workers,
+            train_scales,
+            max_size,
+            crop,
+            crop_resize_scales,
+            crop_size,
+            val_size,
+            hflip,
+            predict_images,
+            pin_memory,
+            persistent_workers,
+        )
         for key, folder in (("images", images), ("val_images", val_images), ("test_images", test_images)):
             if folder is not None and not Path(folder).is_dir():
                 raise FileNotFoundError(f"data.{key}: {folder} is not a folder")
@@ -424,14 +487,22 @@ class CocoDataModule(DetectionDataModule):
             self.coco["val"], self.files["val"] = self.coco["train"], self.files["train"]
         else:
             self.train_ids = self.val_ids = None
-            self.coco["val"], self.files["val"] = self._load_matching(val_annotations, "data.val_annotations"), (Path(val_images), val_annotations)
+            self.coco["val"], self.files["val"] = (
+                self._load_matching(val_annotations, "data.val_annotations"),
+                (Path(val_images), val_annotations),
+            )
         if test_annotations is not None:
-            self.coco["test"], self.files["test"] = self._load_matching(test_annotations, "data.test_annotations"), (Path(test_images), test_annotations)
+            self.coco["test"], self.files["test"] = (
+                self._load_matching(test_annotations, "data.test_annotations"),
+                (Path(test_images), test_annotations),
+            )
 
     def _load_matching(self, path: str, key: str) -> COCO:
         coco = load_coco(path, key)
         if sorted(coco.cats) != self.category_ids:
-            raise ValueError(f"{key}: {path} has category ids {sorted(coco.cats)}, the training annotations {self.category_ids}")
+            raise ValueError(
+                f"{key}: {path} has category ids {sorted(coco.cats)}, the training annotations {self.category_ids}"
+            )
         return coco
 
     def _split(self, stage: str) -> tuple[Path, COCO, list[int] | None, str]:

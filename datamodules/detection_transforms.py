@@ -4,6 +4,7 @@ A sample is (PIL image, target) with target["boxes"] (N, 4) absolute xyxy pixels
 "area" (N,), "size" (2,) = (h, w). `Normalize` ends every pipeline: the image
 becomes a normalised tensor and the boxes normalised cxcywh, what DETR predicts.
 """
+
 from __future__ import annotations
 
 import random
@@ -25,7 +26,9 @@ def crop(image: Image.Image, target: Target, region: tuple[int, int, int, int]) 
     image = TF.crop(image, top, left, h, w)
     target = dict(target, size=torch.tensor([h, w]))
     boxes = target["boxes"] - torch.as_tensor([left, top, left, top], dtype=torch.float32)
-    boxes = torch.min(boxes.reshape(-1, 2, 2), torch.as_tensor([w, h], dtype=torch.float32)).clamp(min=0)  # (N, 2 corners, 2)
+    boxes = torch.min(boxes.reshape(-1, 2, 2), torch.as_tensor([w, h], dtype=torch.float32)).clamp(
+        min=0
+    )  # (N, 2 corners, 2)
     keep = torch.all(boxes[:, 1, :] > boxes[:, 0, :], dim=1)  # a box that lost all its area is gone
     target["boxes"] = boxes.reshape(-1, 4)
     target["area"] = (boxes[:, 1, :] - boxes[:, 0, :]).prod(dim=1)
@@ -125,7 +128,9 @@ class Normalize:
         tensor = TF.normalize(TF.to_tensor(image), self.mean, self.std)
         h, w = tensor.shape[-2:]
         x0, y0, x1, y1 = target["boxes"].unbind(-1)
-        boxes = torch.stack(((x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0), dim=-1) / torch.tensor([w, h, w, h], dtype=torch.float32)
+        boxes = torch.stack(((x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0), dim=-1) / torch.tensor(
+            [w, h, w, h], dtype=torch.float32
+        )
         return tensor, dict(target, boxes=boxes)
 
 
@@ -149,7 +154,11 @@ def make_transforms(
     multi_scale = RandomResize(scales, max_size)
     steps = [RandomHorizontalFlip()] if hflip else []
     if crop:
-        steps.append(RandomSelect(multi_scale, Compose([RandomResize(crop_resize_scales), RandomSizeCrop(*crop_size), multi_scale])))
+        steps.append(
+            RandomSelect(
+                multi_scale, Compose([RandomResize(crop_resize_scales), RandomSizeCrop(*crop_size), multi_scale])
+            )
+        )
     else:
         steps.append(multi_scale)
     return Compose(steps + [Normalize()])

@@ -1,4 +1,5 @@
 """DataLoader settings that every DataModule takes: worker processes, pinned memory, persistent workers."""
+
 from __future__ import annotations
 
 import torch
@@ -13,5 +14,8 @@ def loader_settings(num_workers: int, pin_memory: bool | None, persistent_worker
     """
     if num_workers < 0:
         raise ValueError(f"data.num_workers={num_workers} must be >= 0 (0 loads in the training process)")
-    return dict(num_workers=num_workers, pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-                persistent_workers=persistent_workers and num_workers > 0)
+    return dict(
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        persistent_workers=persistent_workers and num_workers > 0,
+    )

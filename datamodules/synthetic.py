@@ -7,6 +7,7 @@ circles, greenish squares, bluish triangles, so shape and colour both tell it). 
 deterministically from the seed, under ``data_dir`` and read back by the same `CocoDetection` as
 real COCO data, so `make demo` and the tests need no download.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,9 @@ def _colour(rng: random.Random, away_from: tuple[int, ...], family: int | None) 
             return tuple(c)
 
 
-def _draw_image(rng: random.Random, size: int, max_objects: int, min_side: int, max_side: int, palette: str) -> tuple[Image.Image, list[tuple[int, list[int]]]]:
+def _draw_image(
+    rng: random.Random, size: int, max_objects: int, min_side: int, max_side: int, palette: str
+) -> tuple[Image.Image, list[tuple[int, list[int]]]]:
     """One image and its objects as (category index, [x, y, w, h]) with tight pixel boxes."""
     background = tuple(rng.randrange(256) for _ in range(3)) if palette == "random" else (rng.randrange(256),) * 3
     image = Image.new("RGB", (size, size), background)
@@ -45,12 +48,19 @@ def _draw_image(rng: random.Random, size: int, max_objects: int, min_side: int, 
         for _attempt in range(50):  # rejection sampling for a free spot with a 2-pixel gap
             side = rng.randint(min_side, max_side)
             x, y = rng.randint(0, size - side), rng.randint(0, size - side)
-            if all(x + side + 2 <= bx or bx + bw + 2 <= x or y + side + 2 <= by or by + bh + 2 <= y for _, (bx, by, bw, bh) in objects):
+            if all(
+                x + side + 2 <= bx or bx + bw + 2 <= x or y + side + 2 <= by or by + bh + 2 <= y
+                for _, (bx, by, bw, bh) in objects
+            ):
                 break
         else:
             continue
         shape = rng.randrange(len(SHAPES))
-        fill, x1, y1 = _colour(rng, background, shape if palette == "by_class" else None), x + side - 1, y + side - 1  # PIL corners are inclusive
+        fill, x1, y1 = (
+            _colour(rng, background, shape if palette == "by_class" else None),
+            x + side - 1,
+            y + side - 1,
+        )  # PIL corners are inclusive
         if SHAPES[shape] == "circle":
             draw.ellipse([x, y, x1, y1], fill=fill)
         elif SHAPES[shape] == "square":
@@ -61,26 +71,50 @@ def _draw_image(rng: random.Random, size: int, max_objects: int, min_side: int, 
     return image, objects
 
 
-def generate_shapes(root: str | Path, split: str, num_images: int, image_size: int = 64, max_objects: int = 4,
-                    min_side: int = 10, max_side: int = 22, seed: int = 0, palette: Palette = "by_class") -> Path:
+def generate_shapes(
+    root: str | Path,
+    split: str,
+    num_images: int,
+    image_size: int = 64,
+    max_objects: int = 4,
+    min_side: int = 10,
+    max_side: int = 22,
+    seed: int = 0,
+    palette: Palette = "by_class",
+) -> Path:
     """Write ``root/<split>/images/*.png`` and ``root/annotations/instances_<split>.json`` (COCO).
 
     Nothing is rewritten when the JSON already records the same parameters. The JSON is written
     last and atomically, so a present JSON means a complete split. Returns the JSON path.
     """
     root = Path(root)
-    params = {"split": split, "num_images": num_images, "image_size": image_size, "max_objects": max_objects,
-              "min_side": min_side, "max_side": max_side, "seed": seed, "palette": palette, "shapes": list(SHAPES)}
+    params = {
+        "split": split,
+        "num_images": num_images,
+        "image_size": image_size,
+        "max_objects": max_objects,
+        "min_side": min_side,
+        "max_side": max_side,
+        "seed": seed,
+        "palette": palette,
+        "shapes": list(SHAPES),
+    }
     ann_path = root / "annotations" / f"instances_{split}.json"
     if ann_path.is_file():
         try:
             recorded = json.loads(ann_path.read_text())
         except ValueError:  # not JSON or not UTF-8: a damaged cache, written anew below
             recorded = None
-        if isinstance(recorded, dict) and isinstance(recorded.get("info"), dict) and recorded["info"].get("params") == params:
+        if (
+            isinstance(recorded, dict)
+            and isinstance(recorded.get("info"), dict)
+            and recorded["info"].get("params") == params
+        ):
             return ann_path
     if not 8 <= min_side <= max_side <= image_size:
-        raise ValueError(f"data: shape sides min_side={min_side}, max_side={max_side} must satisfy 8 <= min <= max <= image_size={image_size}")
+        raise ValueError(
+            f"data: shape sides min_side={min_side}, max_side={max_side} must satisfy 8 <= min <= max <= image_size={image_size}"
+        )
     if palette not in ("random", "by_class"):
         raise ValueError(f"data.palette={palette!r} is not known; choose 'random' or 'by_class'")
     image_dir = root / split / "images"
@@ -94,10 +128,23 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size: i
         image.save(image_dir / file_name)
         images.append({"id": image_id, "file_name": file_name, "width": image_size, "height": image_size})
         for shape, box in objects:
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": shape + 1, "bbox": box,
-                                "area": box[2] * box[3], "iscrowd": 0})
-    data = {"info": {"description": "attnlab synthetic shapes", "params": params}, "licenses": [], "images": images,
-            "annotations": annotations, "categories": [{"id": i + 1, "name": n, "supercategory": "shape"} for i, n in enumerate(SHAPES)]}
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": shape + 1,
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": 0,
+                }
+            )
+    data = {
+        "info": {"description": "attnlab synthetic shapes", "params": params},
+        "licenses": [],
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": i + 1, "name": n, "supercategory": "shape"} for i, n in enumerate(SHAPES)],
+    }
     tmp = ann_path.with_name(f"{ann_path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(ann_path)
@@ -145,12 +192,26 @@ class ShapesDataModule(DetectionDataModule):
         hflip: bool = True,
         predict_images: str | None = None,
     ):
-        super().__init__(batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, hflip, predict_images,
-                         pin_memory, persistent_workers)
+        super().__init__(
+            batch_size,
+            num_workers,
+            train_scales,
+            max_size,
+            crop,
+            crop_resize_scales,
+            crop_size,
+            val_size,
+            hflip,
+            predict_images,
+            pin_memory,
+            persistent_workers,
+        )
         if min(num_train, num_val, num_test) < 1:
             raise ValueError(f"data: num_train={num_train}, num_val={num_val}, num_test={num_test} must all be >= 1")
         if not 8 <= min_side <= max_side <= image_size:
-            raise ValueError(f"data: min_side={min_side}, max_side={max_side} must satisfy 8 <= min_side <= max_side <= image_size={image_size}")
+            raise ValueError(
+                f"data: min_side={min_side}, max_side={max_side} must satisfy 8 <= min_side <= max_side <= image_size={image_size}"
+            )
         if palette not in ("random", "by_class"):
             raise ValueError(f"data.palette={palette!r} is not known; choose 'random' or 'by_class'")
         self.save_hyperparameters()
@@ -159,7 +220,17 @@ class ShapesDataModule(DetectionDataModule):
 
     def _generate(self, split: str) -> Path:
         hp = self.hparams
-        return generate_shapes(self.data_dir, split, self.sizes[split], hp.image_size, hp.max_objects, hp.min_side, hp.max_side, hp.seed, hp.palette)
+        return generate_shapes(
+            self.data_dir,
+            split,
+            self.sizes[split],
+            hp.image_size,
+            hp.max_objects,
+            hp.min_side,
+            hp.max_side,
+            hp.seed,
+            hp.palette,
+        )
 
     def prepare_data(self) -> None:
         for split in self.sizes:

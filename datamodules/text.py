@@ -21,6 +21,7 @@ language model reads the folder's ``tokenizer.json`` with the ``tokenizers`` lib
 byte-level BPE); translation reads the folder with ``transformers`` (Marian's SentencePiece models,
 which need the ``sentencepiece`` package: ``pip install 'attnlab[pretrained-text]'``).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,7 +63,9 @@ def read_parallel(src_path: Path, tgt_path: Path, key: str) -> tuple[list[str], 
     for path, lines in ((src_path, src), (tgt_path, tgt)):
         for number, line in enumerate(lines, start=1):
             if not line.strip():
-                raise ValueError(f"{path} line {number} is empty; remove the pair from both {src_path.name} and {tgt_path.name}")
+                raise ValueError(
+                    f"{path} line {number} is empty; remove the pair from both {src_path.name} and {tgt_path.name}"
+                )
     return src, tgt
 
 
@@ -103,11 +106,15 @@ def build_tokenizer(kind: TokenizerKind, texts: list[str], vocab_size: int = 800
 
 def load_tokenizer(path: Path, key: str) -> Tokenizer:
     if not path.is_file():
-        raise FileNotFoundError(f"{key}: tokenizer file {path} does not exist; it is written beside the checkpoints by `attnlab fit`")
+        raise FileNotFoundError(
+            f"{key}: tokenizer file {path} does not exist; it is written beside the checkpoints by `attnlab fit`"
+        )
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as err:  # the Rust library raises a bare Exception for a damaged file
-        raise ValueError(f"{key}: tokenizer {path} cannot be read ({err}); copy it again from the run that wrote it") from err
+        raise ValueError(
+            f"{key}: tokenizer {path} cannot be read ({err}); copy it again from the run that wrote it"
+        ) from err
     for i, token in enumerate(SPECIAL_TOKENS):
         if tokenizer.token_to_id(token) != i:
             raise ValueError(f"{key}: tokenizer {path} does not map {token} to id {i}; it was not made by attnlab")
@@ -124,20 +131,26 @@ def load_pretrained_tokenizer(name: str, key: str) -> Tokenizer:
     if folder.is_dir():
         path = folder / "tokenizer.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{key}: {folder} has no tokenizer.json; a pretrained model needs the tokenizer it was trained with: "
-                                    "save it into the folder (tokenizer.save_pretrained(folder))")
+            raise FileNotFoundError(
+                f"{key}: {folder} has no tokenizer.json; a pretrained model needs the tokenizer it was trained with: "
+                "save it into the folder (tokenizer.save_pretrained(folder))"
+            )
     else:
         from huggingface_hub import hf_hub_download
 
         try:
             path = Path(hf_hub_download(name, "tokenizer.json", local_files_only=_offline()))
         except Exception as err:  # noqa: BLE001  not a hub name, not cached while offline, no network: all one answer
-            raise ValueError(f"{key}={name} is neither a local folder nor a hub model whose tokenizer.json could be fetched "
-                             f"({str(err).splitlines()[0]}); give a folder written by save_pretrained") from None
+            raise ValueError(
+                f"{key}={name} is neither a local folder nor a hub model whose tokenizer.json could be fetched "
+                f"({str(err).splitlines()[0]}); give a folder written by save_pretrained"
+            ) from None
     try:
         return Tokenizer.from_file(str(path))
     except Exception as err:  # noqa: BLE001  the Rust library raises a bare Exception for a type it does not know
-        raise ValueError(f"{key}: {path} cannot be read by the tokenizers library ({str(err).splitlines()[0]})") from None
+        raise ValueError(
+            f"{key}: {path} cannot be read by the tokenizers library ({str(err).splitlines()[0]})"
+        ) from None
 
 
 Encoding = namedtuple("Encoding", "ids")
@@ -153,7 +166,9 @@ class PretrainedTokenizerSide:
 
     def encode_batch(self, lines: list[str], add_special_tokens: bool = False) -> list[Encoding]:
         key = "text_target" if self.target else "text"
-        return [Encoding(ids) for ids in self.tokenizer(**{key: lines}, add_special_tokens=add_special_tokens)["input_ids"]]
+        return [
+            Encoding(ids) for ids in self.tokenizer(**{key: lines}, add_special_tokens=add_special_tokens)["input_ids"]
+        ]
 
     def decode_batch(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
         return self.tokenizer.batch_decode(ids, skip_special_tokens=skip_special_tokens)
@@ -162,28 +177,48 @@ class PretrainedTokenizerSide:
         return len(self.tokenizer)
 
 
-def load_pretrained_seq2seq_tokenizer(name: str, key: str) -> tuple[PretrainedTokenizerSide, PretrainedTokenizerSide, tuple[int, int, int]]:
+def load_pretrained_seq2seq_tokenizer(
+    name: str, key: str
+) -> tuple[PretrainedTokenizerSide, PretrainedTokenizerSide, tuple[int, int, int]]:
     """(source side, target side, (PAD, BOS, EOS) ids) of a pretrained translation model's tokenizer, read
     by ``transformers``; BOS is the model's ``decoder_start_token_id`` (Marian: PAD), from its config.json."""
     try:
         from transformers import AutoConfig, AutoTokenizer
     except ImportError:
-        raise ValueError(f"{key}: a pretrained translation tokenizer is read with transformers; pip install 'attnlab[pretrained-text]'") from None
+        raise ValueError(
+            f"{key}: a pretrained translation tokenizer is read with transformers; pip install 'attnlab[pretrained-text]'"
+        ) from None
     try:
         config = AutoConfig.from_pretrained(name, local_files_only=_offline())
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=_offline())
-    except (OSError, ValueError, ImportError, json.JSONDecodeError) as err:  # a missing file or package, an unknown type, offline
+    except (
+        OSError,
+        ValueError,
+        ImportError,
+        json.JSONDecodeError,
+    ) as err:  # a missing file or package, an unknown type, offline
         reason = str(err).strip().splitlines()[0]
-        raise ValueError(f"{key}={name}: its tokenizer cannot be read ({reason}); give a folder written by save_pretrained with the "
-                         "tokenizer files (Marian: source.spm, target.spm, vocab.json; needs sentencepiece: pip install 'attnlab[pretrained-text]')") from None
+        raise ValueError(
+            f"{key}={name}: its tokenizer cannot be read ({reason}); give a folder written by save_pretrained with the "
+            "tokenizer files (Marian: source.spm, target.spm, vocab.json; needs sentencepiece: pip install 'attnlab[pretrained-text]')"
+        ) from None
     ids = (tokenizer.pad_token_id, getattr(config, "decoder_start_token_id", None), tokenizer.eos_token_id)
     if None in ids:
-        raise ValueError(f"{key}={name}: the tokenizer or config.json lacks a PAD, EOS or decoder start token (got {ids})")
+        raise ValueError(
+            f"{key}={name}: the tokenizer or config.json lacks a PAD, EOS or decoder start token (got {ids})"
+        )
     return PretrainedTokenizerSide(tokenizer, False), PretrainedTokenizerSide(tokenizer, True), ids
 
 
-def encode(tokenizer: Tokenizer, lines: list[str], max_len: int, bos: bool, what: str, bos_id: int = BOS_ID,
-           eos_id: int = EOS_ID) -> list[list[int]]:
+def encode(
+    tokenizer: Tokenizer,
+    lines: list[str],
+    max_len: int,
+    bos: bool,
+    what: str,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> list[list[int]]:
     """Token ids + EOS (and BOS first when ``bos``), truncated to ``max_len`` with a warning that counts them."""
     room = max_len - 1 - int(bos)
     ids, truncated = [], 0
@@ -202,29 +237,76 @@ def encode(tokenizer: Tokenizer, lines: list[str], max_len: int, bos: bool, what
 # place comes first ("In the park, a dog sleeps." -> "Im Park schläft ein Hund."). Deterministic,
 # about 100 words per language, learnable to BLEU ~100 by a tiny model in seconds.
 _ANIMATE = [  # English singular, plural; German singular, plural, gender
-    ("man", "men", "Mann", "Männer", "m"), ("woman", "women", "Frau", "Frauen", "f"), ("child", "children", "Kind", "Kinder", "n"),
-    ("dog", "dogs", "Hund", "Hunde", "m"), ("cat", "cats", "Katze", "Katzen", "f"), ("girl", "girls", "Mädchen", "Mädchen", "n"),
-    ("boy", "boys", "Junge", "Jungen", "m"), ("bird", "birds", "Vogel", "Vögel", "m"),
+    ("man", "men", "Mann", "Männer", "m"),
+    ("woman", "women", "Frau", "Frauen", "f"),
+    ("child", "children", "Kind", "Kinder", "n"),
+    ("dog", "dogs", "Hund", "Hunde", "m"),
+    ("cat", "cats", "Katze", "Katzen", "f"),
+    ("girl", "girls", "Mädchen", "Mädchen", "n"),
+    ("boy", "boys", "Junge", "Jungen", "m"),
+    ("bird", "birds", "Vogel", "Vögel", "m"),
 ]
 _THINGS = [
-    ("ball", "balls", "Ball", "Bälle", "m"), ("bike", "bikes", "Fahrrad", "Fahrräder", "n"), ("car", "cars", "Auto", "Autos", "n"),
-    ("book", "books", "Buch", "Bücher", "n"), ("apple", "apples", "Apfel", "Äpfel", "m"), ("flower", "flowers", "Blume", "Blumen", "f"),
-    ("hat", "hats", "Hut", "Hüte", "m"), ("cup", "cups", "Tasse", "Tassen", "f"),
+    ("ball", "balls", "Ball", "Bälle", "m"),
+    ("bike", "bikes", "Fahrrad", "Fahrräder", "n"),
+    ("car", "cars", "Auto", "Autos", "n"),
+    ("book", "books", "Buch", "Bücher", "n"),
+    ("apple", "apples", "Apfel", "Äpfel", "m"),
+    ("flower", "flowers", "Blume", "Blumen", "f"),
+    ("hat", "hats", "Hut", "Hüte", "m"),
+    ("cup", "cups", "Tasse", "Tassen", "f"),
 ]
-_PLACES = [("park", "Park", "m"), ("street", "Straße", "f"), ("house", "Haus", "n"), ("garden", "Garten", "m"),
-           ("beach", "Strand", "m"), ("city", "Stadt", "f"), ("field", "Feld", "n"), ("lake", "See", "m")]
+_PLACES = [
+    ("park", "Park", "m"),
+    ("street", "Straße", "f"),
+    ("house", "Haus", "n"),
+    ("garden", "Garten", "m"),
+    ("beach", "Strand", "m"),
+    ("city", "Stadt", "f"),
+    ("field", "Feld", "n"),
+    ("lake", "See", "m"),
+]
 _PREPOSITIONS = [("in", "in"), ("on", "auf"), ("behind", "hinter"), ("in front of", "vor"), ("next to", "neben")]
-_ADJECTIVES = [("red", "rot"), ("big", "groß"), ("small", "klein"), ("old", "alt"), ("young", "jung"),
-               ("black", "schwarz"), ("white", "weiß"), ("happy", "glücklich"), ("blue", "blau"), ("green", "grün")]
-_TRANSITIVE = [("sees", "see", "sieht", "sehen"), ("holds", "hold", "hält", "halten"), ("carries", "carry", "trägt", "tragen"),
-               ("throws", "throw", "wirft", "werfen"), ("finds", "find", "findet", "finden"), ("buys", "buy", "kauft", "kaufen"),
-               ("watches", "watch", "beobachtet", "beobachten"), ("paints", "paint", "malt", "malen")]
-_INTRANSITIVE = [("sits", "sit", "sitzt", "sitzen"), ("stands", "stand", "steht", "stehen"), ("plays", "play", "spielt", "spielen"),
-                 ("sleeps", "sleep", "schläft", "schlafen"), ("waits", "wait", "wartet", "warten"), ("runs", "run", "läuft", "laufen")]
-_DEFINITE = {"nom": {"m": "der", "f": "die", "n": "das", "pl": "die"}, "acc": {"m": "den", "f": "die", "n": "das", "pl": "die"},
-             "dat": {"m": "dem", "f": "der", "n": "dem", "pl": "den"}}
-_INDEFINITE = {"nom": {"m": "ein", "f": "eine", "n": "ein"}, "acc": {"m": "einen", "f": "eine", "n": "ein"},
-               "dat": {"m": "einem", "f": "einer", "n": "einem"}}
+_ADJECTIVES = [
+    ("red", "rot"),
+    ("big", "groß"),
+    ("small", "klein"),
+    ("old", "alt"),
+    ("young", "jung"),
+    ("black", "schwarz"),
+    ("white", "weiß"),
+    ("happy", "glücklich"),
+    ("blue", "blau"),
+    ("green", "grün"),
+]
+_TRANSITIVE = [
+    ("sees", "see", "sieht", "sehen"),
+    ("holds", "hold", "hält", "halten"),
+    ("carries", "carry", "trägt", "tragen"),
+    ("throws", "throw", "wirft", "werfen"),
+    ("finds", "find", "findet", "finden"),
+    ("buys", "buy", "kauft", "kaufen"),
+    ("watches", "watch", "beobachtet", "beobachten"),
+    ("paints", "paint", "malt", "malen"),
+]
+_INTRANSITIVE = [
+    ("sits", "sit", "sitzt", "sitzen"),
+    ("stands", "stand", "steht", "stehen"),
+    ("plays", "play", "spielt", "spielen"),
+    ("sleeps", "sleep", "schläft", "schlafen"),
+    ("waits", "wait", "wartet", "warten"),
+    ("runs", "run", "läuft", "laufen"),
+]
+_DEFINITE = {
+    "nom": {"m": "der", "f": "die", "n": "das", "pl": "die"},
+    "acc": {"m": "den", "f": "die", "n": "das", "pl": "die"},
+    "dat": {"m": "dem", "f": "der", "n": "dem", "pl": "den"},
+}
+_INDEFINITE = {
+    "nom": {"m": "ein", "f": "eine", "n": "ein"},
+    "acc": {"m": "einen", "f": "eine", "n": "ein"},
+    "dat": {"m": "einem", "f": "einer", "n": "einem"},
+}
 _ENDING_AFTER_DEFINITE = {"nom": {"m": "e", "f": "e", "n": "e"}, "acc": {"m": "en", "f": "e", "n": "e"}}
 _ENDING_AFTER_INDEFINITE = {"nom": {"m": "er", "f": "e", "n": "es"}, "acc": {"m": "en", "f": "e", "n": "es"}}
 
@@ -347,7 +429,13 @@ def pad(sequences: list[list[int]], pad_id: int = PAD_ID) -> Tensor:
 class ParallelDataset(Dataset):
     """Encoded pairs with their raw text (the references for BLEU). Targets may be absent (predict)."""
 
-    def __init__(self, src_ids: list[list[int]], src_text: list[str], tgt_ids: list[list[int]] | None = None, tgt_text: list[str] | None = None):
+    def __init__(
+        self,
+        src_ids: list[list[int]],
+        src_text: list[str],
+        tgt_ids: list[list[int]] | None = None,
+        tgt_text: list[str] | None = None,
+    ):
         self.src_ids, self.src_text, self.tgt_ids, self.tgt_text = src_ids, src_text, tgt_ids, tgt_text
 
     def __len__(self) -> int:
@@ -364,11 +452,17 @@ def collate_pairs(items: list[dict], pad_id: int = PAD_ID) -> dict:
     """Batch: ``src`` (B, S) and ``tgt`` (B, T) padded with PAD (``tgt`` = BOS ... EOS), ``index`` (B,),
     the raw ``src_text`` / ``tgt_text`` lists, and ``tgt_tokens``, the number of target tokens to predict
     (an int counted here, so the training step reads no count back from the device)."""
-    batch = {"index": torch.tensor([it["index"] for it in items]), "src": pad([it["src"] for it in items], pad_id),
-             "src_text": [it["src_text"] for it in items]}
+    batch = {
+        "index": torch.tensor([it["index"] for it in items]),
+        "src": pad([it["src"] for it in items], pad_id),
+        "src_text": [it["src_text"] for it in items],
+    }
     if "tgt" in items[0]:
-        batch.update(tgt=pad([it["tgt"] for it in items], pad_id), tgt_text=[it["tgt_text"] for it in items],
-                     tgt_tokens=sum(len(it["tgt"]) - 1 for it in items))
+        batch.update(
+            tgt=pad([it["tgt"] for it in items], pad_id),
+            tgt_text=[it["tgt_text"] for it in items],
+            tgt_tokens=sum(len(it["tgt"]) - 1 for it in items),
+        )
     return batch
 
 
@@ -408,8 +502,14 @@ class _TokenizedDataModule(pl.LightningDataModule):
 
     def _loader(self, dataset: Dataset, collate, sampler=None, shuffle: bool = False) -> DataLoader:
         hp = self.hparams
-        return DataLoader(dataset, batch_size=hp.batch_size, sampler=sampler, shuffle=shuffle, collate_fn=collate,
-                          **loader_settings(hp.num_workers, hp.pin_memory, hp.persistent_workers))
+        return DataLoader(
+            dataset,
+            batch_size=hp.batch_size,
+            sampler=sampler,
+            shuffle=shuffle,
+            collate_fn=collate,
+            **loader_settings(hp.num_workers, hp.pin_memory, hp.persistent_workers),
+        )
 
 
 class ParallelTextDataModule(_TokenizedDataModule):
@@ -458,28 +558,44 @@ class ParallelTextDataModule(_TokenizedDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        loader_settings(num_workers, pin_memory, persistent_workers)  # refuses a bad num_workers now, not at the first batch
-        for key, value, low in (("batch_size", batch_size, 1), ("max_len", max_len, 3), ("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 1)):
+        loader_settings(
+            num_workers, pin_memory, persistent_workers
+        )  # refuses a bad num_workers now, not at the first batch
+        for key, value, low in (
+            ("batch_size", batch_size, 1),
+            ("max_len", max_len, 3),
+            ("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 1),
+        ):
             if value < low:
                 raise ValueError(f"data.{key}={value} must be >= {low}")
         if tokenizer not in ("word", "bpe", "pretrained"):
-            raise ValueError(f"data.tokenizer={tokenizer!r} is not known for translation; choose word, bpe or pretrained")
+            raise ValueError(
+                f"data.tokenizer={tokenizer!r} is not known for translation; choose word, bpe or pretrained"
+            )
         if tokenizer == "pretrained" and tokenizer_dir is None:
-            raise ValueError("data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name)")
+            raise ValueError(
+                "data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name)"
+            )
         if src_lang == tgt_lang:
             raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; name two languages")
         if train_split is None and tokenizer_dir is None:
-            raise ValueError("data.train_split=null needs data.tokenizer_dir: the tokenizer is trained on the training split")
+            raise ValueError(
+                "data.train_split=null needs data.tokenizer_dir: the tokenizer is trained on the training split"
+            )
         if data_dir is not None and not Path(data_dir).is_dir():
             raise FileNotFoundError(f"data.data_dir: folder {data_dir} does not exist")
         self.data_dir = Path(data_dir) if data_dir is not None else write_toy_corpus(Path(cache_dir) / "toy_en_de")
         self.max_len = max_len
-        self.splits = {s: name for s, name in (("train", train_split), ("val", val_split), ("test", test_split)) if name}
+        self.splits = {
+            s: name for s, name in (("train", train_split), ("val", val_split), ("test", test_split)) if name
+        }
         for split, name in self.splits.items():
             for lang in (src_lang, tgt_lang):
                 path = self.data_dir / f"{name}.{lang}"
                 if not path.is_file():
-                    raise FileNotFoundError(f"data.{split}_split: file {path} does not exist (expected {name}.{src_lang} and {name}.{tgt_lang} in {self.data_dir})")
+                    raise FileNotFoundError(
+                        f"data.{split}_split: file {path} does not exist (expected {name}.{src_lang} and {name}.{tgt_lang} in {self.data_dir})"
+                    )
         if predict_file not in (None, "-") and not Path(predict_file).is_file():
             raise FileNotFoundError(f"data.predict_file: file {predict_file} does not exist")
 
@@ -487,8 +603,12 @@ class ParallelTextDataModule(_TokenizedDataModule):
     def corpus(self) -> dict[str, tuple[list[str], list[str]]]:
         """split -> (source sentences, target sentences), read and checked once."""
         hp = self.hparams
-        return {split: read_parallel(self.data_dir / f"{name}.{hp.src_lang}", self.data_dir / f"{name}.{hp.tgt_lang}", f"data.{split}_split")
-                for split, name in self.splits.items()}
+        return {
+            split: read_parallel(
+                self.data_dir / f"{name}.{hp.src_lang}", self.data_dir / f"{name}.{hp.tgt_lang}", f"data.{split}_split"
+            )
+            for split, name in self.splits.items()
+        }
 
     @cached_property
     def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
@@ -505,8 +625,10 @@ class ParallelTextDataModule(_TokenizedDataModule):
         if hp.shared_vocab:
             shared = build_tokenizer(hp.tokenizer, src + tgt, hp.vocab_size, hp.min_frequency)
             return shared, shared
-        return (build_tokenizer(hp.tokenizer, src, hp.vocab_size, hp.min_frequency),
-                build_tokenizer(hp.tokenizer, tgt, hp.vocab_size, hp.min_frequency))
+        return (
+            build_tokenizer(hp.tokenizer, src, hp.vocab_size, hp.min_frequency),
+            build_tokenizer(hp.tokenizer, tgt, hp.vocab_size, hp.min_frequency),
+        )
 
     @cached_property
     def _pretrained(self) -> tuple[PretrainedTokenizerSide, PretrainedTokenizerSide, tuple[int, int, int]]:
@@ -550,16 +672,25 @@ class ParallelTextDataModule(_TokenizedDataModule):
         src_tok, tgt_tok = self.tokenizers
         what = f"{split} sentences ({self.hparams.src_lang}, {self.hparams.tgt_lang})"
         ids = {"bos_id": self.bos_id, "eos_id": self.eos_id}
-        return ParallelDataset(encode(src_tok, src, self.max_len, False, what, **ids), src, encode(tgt_tok, tgt, self.max_len, True, what, **ids), tgt)
+        return ParallelDataset(
+            encode(src_tok, src, self.max_len, False, what, **ids),
+            src,
+            encode(tgt_tok, tgt, self.max_len, True, what, **ids),
+            tgt,
+        )
 
     def setup(self, stage: str | None = None) -> None:
         if stage == "fit":
             self._save_tokenizers()
         if stage == "predict":
             if self.hparams.predict_file is None:
-                raise ValueError("attnlab predict needs data.predict_file: a file with one sentence per line, or - for standard input")
+                raise ValueError(
+                    "attnlab predict needs data.predict_file: a file with one sentence per line, or - for standard input"
+                )
             lines = read_inputs(self.hparams.predict_file, "data.predict_file", blank_lines=True)
-            self.predict_set = ParallelDataset(encode(self.tokenizers[0], lines, self.max_len, False, "input sentences", eos_id=self.eos_id), lines)
+            self.predict_set = ParallelDataset(
+                encode(self.tokenizers[0], lines, self.max_len, False, "input sentences", eos_id=self.eos_id), lines
+            )
             return
         needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, tuple(self.splits))
         for split in needed:
@@ -574,10 +705,16 @@ class ParallelTextDataModule(_TokenizedDataModule):
         return self._loader(dataset, partial(collate_pairs, pad_id=self.pad_id), sampler=order)
 
     def train_dataloader(self) -> DataLoader:
-        check_train_batches(len(self.train_set), self.hparams.batch_size, False, f"{self.data_dir}/{self.splits['train']}.*")
+        check_train_batches(
+            len(self.train_set), self.hparams.batch_size, False, f"{self.data_dir}/{self.splits['train']}.*"
+        )
         if self.hparams.bucket:
             lengths = [max(len(s), len(t)) for s, t in zip(self.train_set.src_ids, self.train_set.tgt_ids)]
-            return self._loader(self.train_set, partial(collate_pairs, pad_id=self.pad_id), sampler=LengthBucketSampler(lengths, self.hparams.batch_size))
+            return self._loader(
+                self.train_set,
+                partial(collate_pairs, pad_id=self.pad_id),
+                sampler=LengthBucketSampler(lengths, self.hparams.batch_size),
+            )
         return self._loader(self.train_set, partial(collate_pairs, pad_id=self.pad_id), shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
@@ -662,11 +799,17 @@ class TextCorpusDataModule(_TokenizedDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        loader_settings(num_workers, pin_memory, persistent_workers)  # refuses a bad num_workers now, not at the first batch
+        loader_settings(
+            num_workers, pin_memory, persistent_workers
+        )  # refuses a bad num_workers now, not at the first batch
         if tokenizer not in ("char", "bpe", "pretrained"):
-            raise ValueError(f"data.tokenizer={tokenizer!r} is not known for language modelling; choose char, bpe or pretrained")
+            raise ValueError(
+                f"data.tokenizer={tokenizer!r} is not known for language modelling; choose char, bpe or pretrained"
+            )
         if tokenizer == "pretrained" and tokenizer_dir is None:
-            raise ValueError("data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name) with its tokenizer.json")
+            raise ValueError(
+                "data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name) with its tokenizer.json"
+            )
         for key, value, low in (("batch_size", batch_size, 1), ("block_size", block_size, 1)):
             if value < low:
                 raise ValueError(f"data.{key}={value} must be >= {low}")
@@ -713,8 +856,14 @@ class TextCorpusDataModule(_TokenizedDataModule):
             self._save_tokenizers()
         if stage == "predict":
             if hp.prompt is None and hp.predict_file is None:
-                raise ValueError("attnlab predict needs data.prompt (a string to complete) or data.predict_file (one prompt per line, - for standard input)")
-            prompts = [hp.prompt] if hp.prompt is not None else read_inputs(hp.predict_file, "data.predict_file", blank_lines=False)
+                raise ValueError(
+                    "attnlab predict needs data.prompt (a string to complete) or data.predict_file (one prompt per line, - for standard input)"
+                )
+            prompts = (
+                [hp.prompt]
+                if hp.prompt is not None
+                else read_inputs(hp.predict_file, "data.predict_file", blank_lines=False)
+            )
             self.predict_set = _Prompts(prompts, self.tokenizer)
             return
         if hasattr(self, "val_set"):
@@ -723,13 +872,22 @@ class TextCorpusDataModule(_TokenizedDataModule):
         n_train = int(len(ids) * (1 - hp.val_fraction))
         for name, part in (("training", ids[:n_train]), ("validation", ids[n_train:])):
             if len(part) < hp.block_size + 1:
-                raise ValueError(f"data.path: the {name} part of {self.path} has {len(part)} tokens, fewer than data.block_size + 1 = {hp.block_size + 1}")
+                raise ValueError(
+                    f"data.path: the {name} part of {self.path} has {len(part)} tokens, fewer than data.block_size + 1 = {hp.block_size + 1}"
+                )
         self.train_set = BlockDataset(ids[:n_train], hp.block_size, random_offset=True)
         self.val_set = BlockDataset(ids[n_train:], hp.block_size, random_offset=False)
-        rank_zero_info(f"{self.path}: {len(ids)} tokens, vocabulary {self.vocab_size}, {len(self.train_set)} training blocks of {hp.block_size}")
+        rank_zero_info(
+            f"{self.path}: {len(ids)} tokens, vocabulary {self.vocab_size}, {len(self.train_set)} training blocks of {hp.block_size}"
+        )
 
     def train_dataloader(self) -> DataLoader:
-        check_train_batches(len(self.train_set), self.hparams.batch_size, False, f"{self.path} (blocks of {self.hparams.block_size} tokens)")
+        check_train_batches(
+            len(self.train_set),
+            self.hparams.batch_size,
+            False,
+            f"{self.path} (blocks of {self.hparams.block_size} tokens)",
+        )
         return self._loader(self.train_set, None, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:

@@ -18,6 +18,7 @@ Bad input is an error naming the file and the record: idx and CIFAR files are ch
 cannot be decoded is found when it is loaded and named then. Files of an ImageFolder that are not
 images by name are skipped and counted, as torchvision skips them (silently).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -53,7 +54,9 @@ def split_lengths(n: int, val_fraction: float, test_fraction: float = 0.0) -> li
             raise ValueError(f"data.{key}={f} must be in [0, 1)")
     n_val, n_test = round(n * val_fraction), round(n * test_fraction)
     if n - n_val - n_test < 1:
-        raise ValueError(f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave no training samples out of {n}")
+        raise ValueError(
+            f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave no training samples out of {n}"
+        )
     for key, f, size in (("val_fraction", val_fraction, n_val), ("test_fraction", test_fraction, n_test)):
         if f > 0 and size == 0:  # an empty split would silently skip its loop (and the checkpoint's metric)
             raise ValueError(f"data.{key}={f} of {n} samples is an empty split; raise it to at least {1 / n:.2g}")
@@ -179,7 +182,12 @@ class MixupCollate:
 
 
 # Options the DataModule sets itself -> where a user sets them instead.
-_TRANSFORM_FIXED = {"input_size": "data.img_size", "is_training": "data.augment: null", "mean": "data.mean", "std": "data.std"}
+_TRANSFORM_FIXED = {
+    "input_size": "data.img_size",
+    "is_training": "data.augment: null",
+    "mean": "data.mean",
+    "std": "data.std",
+}
 _MIXUP_FIXED = {"self": "", "num_classes": "the dataset", "label_smoothing": "model.label_smoothing"}
 
 
@@ -190,7 +198,9 @@ def _check_options(key: str, options: dict[str, Any], fn: Callable, fixed: dict[
         if name in fixed:
             raise ValueError(f"data.{key}.{name} is not set here; it comes from {fixed[name]}")
         if name not in known:
-            raise ValueError(f"data.{key}.{name} is not an option of {fn.__module__}.{fn.__qualname__}; choose from {', '.join(sorted(known))}")
+            raise ValueError(
+                f"data.{key}.{name} is not an option of {fn.__module__}.{fn.__qualname__}; choose from {', '.join(sorted(known))}"
+            )
     return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
@@ -242,7 +252,9 @@ class ImageDataModule(pl.LightningDataModule):
             raise ValueError(f"data.val_fraction={val_fraction} must be in [0, 1)")
         for key, stat in (("mean", mean), ("std", std)):
             if len(stat) != self.in_chans:
-                raise ValueError(f"data.{key}={list(stat)} has {len(stat)} values; the images have {self.in_chans} channels")
+                raise ValueError(
+                    f"data.{key}={list(stat)} has {len(stat)} values; the images have {self.in_chans} channels"
+                )
         self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
         self.loader_kwargs = loader_settings(num_workers, pin_memory, persistent_workers)
         self.train_subset = train_subset
@@ -251,7 +263,9 @@ class ImageDataModule(pl.LightningDataModule):
         if native_size == self.img_size:  # nothing to resize: skip PIL resampling, the slow part
             self.eval_transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(self.mean, self.std)])
         else:
-            self.eval_transform = create_transform(size, is_training=False, mean=self.mean, std=self.std, crop_pct=1.0, interpolation="bicubic")
+            self.eval_transform = create_transform(
+                size, is_training=False, mean=self.mean, std=self.std, crop_pct=1.0, interpolation="bicubic"
+            )
         if augment is None:
             self.train_transform = self.eval_transform
         else:
@@ -260,7 +274,9 @@ class ImageDataModule(pl.LightningDataModule):
         self.mixup = None
         if mixup is not None:
             if batch_size % 2:
-                raise ValueError(f"data.batch_size={batch_size} must be even with data.mixup (timm's Mixup pairs each image with another)")
+                raise ValueError(
+                    f"data.batch_size={batch_size} must be even with data.mixup (timm's Mixup pairs each image with another)"
+                )
             options = _check_options("mixup", mixup, Mixup.__init__, _MIXUP_FIXED)
             self.mixup = Mixup(**options, label_smoothing=0.0, num_classes=self.num_classes)
 
@@ -275,8 +291,14 @@ class ImageDataModule(pl.LightningDataModule):
         train_idx = torch.arange(len(train))
         if val is None:
             if self.val_fraction == 0:
-                raise ValueError(f"data.val_fraction=0: {type(self).__name__} has no validation split of its own; give a fraction such as 0.1")
-            parts = random_split(range(len(train)), split_lengths(len(train), self.val_fraction), generator=torch.Generator().manual_seed(self.seed))
+                raise ValueError(
+                    f"data.val_fraction=0: {type(self).__name__} has no validation split of its own; give a fraction such as 0.1"
+                )
+            parts = random_split(
+                range(len(train)),
+                split_lengths(len(train), self.val_fraction),
+                generator=torch.Generator().manual_seed(self.seed),
+            )
             train_idx, val, val_idx = torch.tensor(parts[0].indices), train, torch.tensor(parts[1].indices)
         else:
             val_idx = torch.arange(len(val))
@@ -287,8 +309,12 @@ class ImageDataModule(pl.LightningDataModule):
     def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
         mixup = train and self.mixup is not None
         return DataLoader(
-            dataset, batch_size=self.batch_size, shuffle=train, **self.loader_kwargs,
-            collate_fn=MixupCollate(self.mixup) if mixup else None, drop_last=mixup,  # timm's Mixup pairs a batch with its reverse
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            **self.loader_kwargs,
+            collate_fn=MixupCollate(self.mixup) if mixup else None,
+            drop_last=mixup,  # timm's Mixup pairs a batch with its reverse
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -300,7 +326,9 @@ class ImageDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         if self.test_set is None:
-            raise FileNotFoundError(f"{type(self).__name__}: no test split here ({self._test_hint()}); use `attnlab validate`")
+            raise FileNotFoundError(
+                f"{type(self).__name__}: no test split here ({self._test_hint()}); use `attnlab validate`"
+            )
         return self._loader(self.test_set)
 
     def predict_dataloader(self) -> DataLoader:
@@ -329,17 +357,64 @@ class Layout:
     class_names: tuple[str, ...] = ()
 
 
-_MNIST_FILES = dict(train=("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), test=("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"))
+_MNIST_FILES = dict(
+    train=("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    test=("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+)
 _CIFAR10_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 LAYOUTS = {
-    "MNIST": Layout("MNIST/raw", **_MNIST_FILES, num_classes=10, in_chans=1, img_size=28, mean=(0.1307,), std=(0.3081,),
-                    class_names=tuple(str(i) for i in range(10))),
-    "FashionMNIST": Layout("FashionMNIST/raw", **_MNIST_FILES, num_classes=10, in_chans=1, img_size=28, mean=(0.2860,), std=(0.3530,),
-                           class_names=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")),
-    "CIFAR10": Layout("cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)), ("test_batch",), num_classes=10, in_chans=3,
-                      img_size=32, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616), class_names=_CIFAR10_NAMES),
-    "CIFAR100": Layout("cifar-100-python", ("train",), ("test",), num_classes=100, in_chans=3, img_size=32,
-                       mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762)),
+    "MNIST": Layout(
+        "MNIST/raw",
+        **_MNIST_FILES,
+        num_classes=10,
+        in_chans=1,
+        img_size=28,
+        mean=(0.1307,),
+        std=(0.3081,),
+        class_names=tuple(str(i) for i in range(10)),
+    ),
+    "FashionMNIST": Layout(
+        "FashionMNIST/raw",
+        **_MNIST_FILES,
+        num_classes=10,
+        in_chans=1,
+        img_size=28,
+        mean=(0.2860,),
+        std=(0.3530,),
+        class_names=(
+            "T-shirt/top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle boot",
+        ),
+    ),
+    "CIFAR10": Layout(
+        "cifar-10-batches-py",
+        tuple(f"data_batch_{i}" for i in range(1, 6)),
+        ("test_batch",),
+        num_classes=10,
+        in_chans=3,
+        img_size=32,
+        mean=(0.4914, 0.4822, 0.4465),
+        std=(0.2470, 0.2435, 0.2616),
+        class_names=_CIFAR10_NAMES,
+    ),
+    "CIFAR100": Layout(
+        "cifar-100-python",
+        ("train",),
+        ("test",),
+        num_classes=100,
+        in_chans=3,
+        img_size=32,
+        mean=(0.5071, 0.4865, 0.4409),
+        std=(0.2673, 0.2564, 0.2762),
+    ),
 }
 
 
@@ -351,24 +426,34 @@ def read_idx_file(path: Path, shape: tuple[int | None, ...]) -> np.ndarray:
     if raw[:2] == b"\x1f\x8b":
         raise ValueError(f"{path} is gzip-compressed; decompress it (gunzip -k) to the name without .gz")
     if raw[:4] != bytes((0, 0, 8, ndim)):
-        raise ValueError(f"{path}: not an idx file of {ndim}-d unsigned bytes (starts with {raw[:4].hex(' ') or 'nothing'}, expected 00 00 08 {ndim:02x})")
+        raise ValueError(
+            f"{path}: not an idx file of {ndim}-d unsigned bytes (starts with {raw[:4].hex(' ') or 'nothing'}, expected 00 00 08 {ndim:02x})"
+        )
     if len(raw) < header:
         raise ValueError(f"{path}: {len(raw)} bytes, fewer than its header's {header}; the file is truncated")
     sizes = struct.unpack(f">{ndim}I", raw[4:header])
     if any(want is not None and got != want for got, want in zip(sizes, shape)):
-        raise ValueError(f"{path}: holds {'x'.join(map(str, sizes))} values; expected {'x'.join('N' if w is None else str(w) for w in shape)}")
+        raise ValueError(
+            f"{path}: holds {'x'.join(map(str, sizes))} values; expected {'x'.join('N' if w is None else str(w) for w in shape)}"
+        )
     if len(raw) != header + int(np.prod(sizes)):
-        raise ValueError(f"{path}: {len(raw)} bytes, but its header ({'x'.join(map(str, sizes))}) needs {header + int(np.prod(sizes))}; the file is truncated or corrupted")
+        raise ValueError(
+            f"{path}: {len(raw)} bytes, but its header ({'x'.join(map(str, sizes))}) needs {header + int(np.prod(sizes))}; the file is truncated or corrupted"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(sizes)
 
 
 def _checked_labels(path: Path, labels: np.ndarray, num_images: int, num_classes: int) -> np.ndarray:
     """``labels`` (N,) as int64 after checking there is one per image and each is a class index."""
     if labels.ndim != 1 or len(labels) != num_images or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"{path}: {labels.shape} labels of type {labels.dtype} for {num_images} images; expected one integer label per image")
+        raise ValueError(
+            f"{path}: {labels.shape} labels of type {labels.dtype} for {num_images} images; expected one integer label per image"
+        )
     bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
     if len(bad):
-        raise ValueError(f"{path}: record {bad[0]} has label {labels[bad[0]]}, outside 0..{num_classes - 1} ({len(bad)} such records)")
+        raise ValueError(
+            f"{path}: record {bad[0]} has label {labels[bad[0]]}, outside 0..{num_classes - 1} ({len(bad)} such records)"
+        )
     return labels.astype(np.int64)
 
 
@@ -393,12 +478,20 @@ def read_cifar(folder: Path, files: Sequence[str], num_classes: int) -> ArraySou
             raise ValueError(f"{path}: not a CIFAR python batch ({type(err).__name__}: {err})") from err
         if not isinstance(batch, dict) or "data" not in batch or not {"labels", "fine_labels"} & set(batch):
             found = sorted(map(str, batch)) if isinstance(batch, dict) else type(batch).__name__
-            raise ValueError(f"{path}: not a CIFAR python batch; expected a dict with 'data' and 'labels' (or 'fine_labels'), found {found}")
+            raise ValueError(
+                f"{path}: not a CIFAR python batch; expected a dict with 'data' and 'labels' (or 'fine_labels'), found {found}"
+            )
         data = np.asarray(batch["data"])
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) == 0:
-            raise ValueError(f"{path}: 'data' is {data.dtype} of shape {data.shape}; expected uint8 (N, 3072) with N >= 1 (32x32 RGB images)")
+            raise ValueError(
+                f"{path}: 'data' is {data.dtype} of shape {data.shape}; expected uint8 (N, 3072) with N >= 1 (32x32 RGB images)"
+            )
         images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-        labels.append(_checked_labels(path, np.asarray(batch["labels"] if "labels" in batch else batch["fine_labels"]), len(data), num_classes))
+        labels.append(
+            _checked_labels(
+                path, np.asarray(batch["labels"] if "labels" in batch else batch["fine_labels"]), len(data), num_classes
+            )
+        )
     return ArraySource(np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels))
 
 
@@ -443,9 +536,20 @@ class TorchvisionDataModule(ImageDataModule):
         self.num_classes, self.in_chans = self.layout.num_classes, self.layout.in_chans
         self.img_size = img_size or self.layout.img_size
         self.class_names = list(self.layout.class_names) or [str(i) for i in range(self.num_classes)]
-        super().__init__(batch_size, num_workers, val_fraction, seed, train_subset, augment, mixup,
-                         mean or self.layout.mean, std or self.layout.std, native_size=self.layout.img_size,
-                         pin_memory=pin_memory, persistent_workers=persistent_workers)
+        super().__init__(
+            batch_size,
+            num_workers,
+            val_fraction,
+            seed,
+            train_subset,
+            augment,
+            mixup,
+            mean or self.layout.mean,
+            std or self.layout.std,
+            native_size=self.layout.img_size,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+        )
 
     def _read(self, files: Sequence[str]) -> ArraySource:
         if self.name.startswith("CIFAR"):
@@ -500,8 +604,19 @@ class ImageFolderDataModule(ImageDataModule):
         rgb = in_chans == 3
         default_mean = IMAGENET_DEFAULT_MEAN if rgb else (sum(IMAGENET_DEFAULT_MEAN) / 3,)
         default_std = IMAGENET_DEFAULT_STD if rgb else (sum(IMAGENET_DEFAULT_STD) / 3,)
-        super().__init__(batch_size, num_workers, val_fraction, seed, train_subset, augment, mixup, mean or default_mean, std or default_std,
-                         pin_memory=pin_memory, persistent_workers=persistent_workers)
+        super().__init__(
+            batch_size,
+            num_workers,
+            val_fraction,
+            seed,
+            train_subset,
+            augment,
+            mixup,
+            mean or default_mean,
+            std or default_std,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+        )
 
     @staticmethod
     def _classes(folder: Path) -> list[str]:
@@ -528,11 +643,19 @@ class ImageFolderDataModule(ImageDataModule):
             return False
 
         try:
-            dataset = ImageFolder(str(folder), loader=partial(open_image, mode="RGB" if self.in_chans == 3 else "L"), is_valid_file=is_image)
+            dataset = ImageFolder(
+                str(folder),
+                loader=partial(open_image, mode="RGB" if self.in_chans == 3 else "L"),
+                is_valid_file=is_image,
+            )
         except FileNotFoundError as err:  # a class folder without images
-            raise FileNotFoundError(f"data.root: {folder}/: {err}(image files end in {' '.join(IMG_EXTENSIONS)})") from err
+            raise FileNotFoundError(
+                f"data.root: {folder}/: {err}(image files end in {' '.join(IMG_EXTENSIONS)})"
+            ) from err
         if skipped:
-            rank_zero_warn(f"{folder}/: skipped {len(skipped)} files that are not images ({' '.join(IMG_EXTENSIONS)}), e.g. {skipped[0]}")
+            rank_zero_warn(
+                f"{folder}/: skipped {len(skipped)} files that are not images ({' '.join(IMG_EXTENSIONS)}), e.g. {skipped[0]}"
+            )
         return dataset
 
     def _sources(self) -> tuple[Dataset, Dataset | None, Dataset | None]:

@@ -10,6 +10,7 @@ become crowd regions (ignored in training and evaluation, as VOC's own metric ig
 A file that cannot be read (not UTF-8, not XML, a missing tag, a value that is not a finite
 number) is an error naming the file, the object and the tag.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,7 +51,9 @@ def read_voc_split(root: Path, split: str, class_names: Sequence[str] | None = N
     """
     split_file = root / "ImageSets" / "Main" / f"{split}.txt"
     if not split_file.is_file():
-        raise FileNotFoundError(f"data.root: {split_file} does not exist (expected the VOC layout JPEGImages/, Annotations/, ImageSets/Main/)")
+        raise FileNotFoundError(
+            f"data.root: {split_file} does not exist (expected the VOC layout JPEGImages/, Annotations/, ImageSets/Main/)"
+        )
     names = [line.split()[0] for line in read_lines(split_file, "data.root") if line.strip()]
     if not names:
         raise ValueError(f"{split_file}: lists no images; expected one image name (without extension) per line")
@@ -68,10 +71,14 @@ def read_voc_split(root: Path, split: str, class_names: Sequence[str] | None = N
             where = f"{xml_path}: object {i}"
             corners = [_number(obj, f"bndbox/{k}", where) for k in ("xmin", "ymin", "xmax", "ymax")]
             difficult = obj.find("difficult")
-            objects.append((_text(obj, "name", where), corners, difficult is not None and (difficult.text or "0").strip() == "1"))
+            objects.append(
+                (_text(obj, "name", where), corners, difficult is not None and (difficult.text or "0").strip() == "1")
+            )
         size = tuple(_number(tree, f"size/{k}", str(xml_path)) for k in ("width", "height"))
         if min(size) <= 0:
-            raise ValueError(f"{xml_path}: <size> is {size[0]:g}x{size[1]:g}; expected a positive width and height in pixels")
+            raise ValueError(
+                f"{xml_path}: <size> is {size[0]:g}x{size[1]:g}; expected a positive width and height in pixels"
+            )
         records.append((name, tree.findtext("filename", f"{name}.jpg").strip(), size, objects))
     if class_names is None:
         class_names = sorted({obj[0] for _, _, _, objects in records for obj in objects})
@@ -81,10 +88,20 @@ def read_voc_split(root: Path, split: str, class_names: Sequence[str] | None = N
         images.append({"id": image_id, "file_name": file_name, "width": int(width), "height": int(height)})
         for obj_name, (x0, y0, x1, y1), difficult in objects:
             if obj_name not in category_of:
-                raise ValueError(f"{root / 'Annotations' / name}.xml: class {obj_name!r} is not one of data.class_names {list(class_names)}")
+                raise ValueError(
+                    f"{root / 'Annotations' / name}.xml: class {obj_name!r} is not one of data.class_names {list(class_names)}"
+                )
             w, h = (x1 - x0 + 1 if x1 > x0 else 0), (y1 - y0 + 1 if y1 > y0 else 0)  # a point is no object
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": category_of[obj_name],
-                                "bbox": [x0 - 1, y0 - 1, w, h], "area": w * h, "iscrowd": int(difficult)})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": category_of[obj_name],
+                    "bbox": [x0 - 1, y0 - 1, w, h],
+                    "area": w * h,
+                    "iscrowd": int(difficult),
+                }
+            )
     categories = [{"id": i + 1, "name": c} for i, c in enumerate(class_names)]
     return {"images": images, "annotations": annotations, "categories": categories}, list(class_names)
 
@@ -119,12 +136,26 @@ class VocDataModule(DetectionDataModule):
         hflip: bool = True,
         predict_images: str | None = None,
     ):
-        super().__init__(batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, hflip, predict_images,
-                         pin_memory, persistent_workers)
+        super().__init__(
+            batch_size,
+            num_workers,
+            train_scales,
+            max_size,
+            crop,
+            crop_resize_scales,
+            crop_size,
+            val_size,
+            hflip,
+            predict_images,
+            pin_memory,
+            persistent_workers,
+        )
         self.save_hyperparameters()
         self.root = Path(root)
         if not (self.root / "JPEGImages").is_dir():
-            raise FileNotFoundError(f"data.root: {self.root}/JPEGImages is not a folder (expected the VOC layout JPEGImages/, Annotations/, ImageSets/Main/)")
+            raise FileNotFoundError(
+                f"data.root: {self.root}/JPEGImages is not a folder (expected the VOC layout JPEGImages/, Annotations/, ImageSets/Main/)"
+            )
         self.splits = {"train": train_split, "val": val_split, "test": test_split}
         train, self.class_names = read_voc_split(self.root, train_split, class_names)
         self.category_ids = list(range(1, len(self.class_names) + 1))

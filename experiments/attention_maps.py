@@ -14,6 +14,7 @@ works unedited. Rendering uses matplotlib's object API (no pyplot, no global bac
     heads = cls_attention(maps)        # (B, H, g, g), last layer
     rollout = attention_rollout(maps)  # (B, g, g)
 """
+
 from __future__ import annotations
 
 import math
@@ -97,7 +98,15 @@ def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str =
         ax.imshow(shown, cmap=cmap, extent=extent)
         if heat is not None:
             heat = heat.detach().float().cpu()
-            ax.imshow(heat / heat.max().clamp_min(1e-8), cmap="inferno", alpha=0.6, extent=extent, interpolation="bilinear", vmin=0, vmax=1)
+            ax.imshow(
+                heat / heat.max().clamp_min(1e-8),
+                cmap="inferno",
+                alpha=0.6,
+                extent=extent,
+                interpolation="bilinear",
+                vmin=0,
+                vmax=1,
+            )
         ax.set_title(name, fontsize=7)
         ax.axis("off")
     if title:
@@ -129,7 +138,9 @@ class AttentionMapLogger(pl.Callback):
     def __init__(self, num_images: int = 8, every_n_epochs: int = 1, layer: int = -1, predict: bool = True):
         super().__init__()
         if num_images < 1 or every_n_epochs < 1:
-            raise ValueError(f"AttentionMapLogger: num_images={num_images} and every_n_epochs={every_n_epochs} must be >= 1")
+            raise ValueError(
+                f"AttentionMapLogger: num_images={num_images} and every_n_epochs={every_n_epochs} must be >= 1"
+            )
         self.num_images, self.every_n_epochs, self.layer, self.predict = num_images, every_n_epochs, layer, predict
         self._predicted = 0
         self._root = Path(".")
@@ -139,7 +150,15 @@ class AttentionMapLogger(pl.Callback):
         self._root = Path(trainer.log_dir or trainer.default_root_dir) / "attention_maps"
 
     @torch.no_grad()
-    def render(self, trainer: pl.Trainer, pl_module: pl.LightningModule, images: Tensor, labels: Tensor | None, folder: str, first: int = 0) -> list[str]:
+    def render(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        images: Tensor,
+        labels: Tensor | None,
+        folder: str,
+        first: int = 0,
+    ) -> list[str]:
         """Run ``pl_module`` on ``images`` (B, C, H, W) with weights captured, on every process; on rank 0,
         write one PNG per image, numbered from ``first``; return the paths (none on the other ranks)."""
         model = getattr(pl_module, "model", pl_module)
@@ -162,7 +181,9 @@ class AttentionMapLogger(pl.Callback):
             paths.append(str(path))
         return paths
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         if batch_idx or dataloader_idx or trainer.sanity_checking:
             return
         if trainer.current_epoch % self.every_n_epochs:
@@ -188,4 +209,7 @@ class AttentionMapLogger(pl.Callback):
 
     def on_predict_end(self, trainer, pl_module) -> None:
         if self.predict and self._predicted and trainer.is_global_zero:
-            print(f"attnlab: attention maps of {self._predicted} images written to {self._root / 'predict'}", file=sys.stderr)
+            print(
+                f"attnlab: attention maps of {self._predicted} images written to {self._root / 'predict'}",
+                file=sys.stderr,
+            )

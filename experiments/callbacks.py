@@ -1,4 +1,5 @@
 """Callbacks shared by every experiment."""
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,9 @@ class PredictionWriter(BasePredictionWriter):
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("w")
 
-    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
+    ) -> None:
         for row in _rows(prediction):
             self._file.write(json.dumps(row) + "\n")
 
@@ -113,14 +116,18 @@ class Throughput(Callback):
         self._samples, self._tokens, self._counting, self._start = 0, 0, False, None  # the span under way
         self._handles = []
         if self._active:
-            self._handles = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in _entry_attention(pl_module)]
+            self._handles = [
+                m.register_forward_pre_hook(self._count, with_kwargs=True) for m in _entry_attention(pl_module)
+            ]
 
     def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if self._counting:
             query = args[0] if args else kwargs["query"]
             padding = kwargs.get("key_padding_mask")
             same = padding is not None and padding.shape == query.shape[:2]
-            self._tokens = self._tokens + (padding.logical_not().sum() if same else query.shape[0] * query.shape[1])  # no GPU sync here
+            self._tokens = self._tokens + (
+                padding.logical_not().sum() if same else query.shape[0] * query.shape[1]
+            )  # no GPU sync here
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._counting = self._active and self._start is not None
@@ -165,7 +172,11 @@ class Throughput(Callback):
         self._fit += self._epoch
         self._epoch.zero_()
         if self._fit[2] > 0:  # an epoch of one batch measures nothing
-            pl_module.log_dict({"perf/samples_per_s": float(rates[0]), "perf/tokens_per_s": float(rates[1])}, on_step=False, on_epoch=True)
+            pl_module.log_dict(
+                {"perf/samples_per_s": float(rates[0]), "perf/tokens_per_s": float(rates[1])},
+                on_step=False,
+                on_epoch=True,
+            )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
@@ -280,9 +291,15 @@ class RunSummary(Callback):
             "dataset": type(dm).__name__ if dm is not None else None,
             "data": _jsonable(dict(dm.hparams)) if dm is not None else {},
             "params": {"total": params, "trainable": trainable},
-            "trainer": {"devices": trainer.num_devices, "num_nodes": trainer.num_nodes, "world_size": trainer.world_size,
-                        "strategy": type(trainer.strategy).__name__, "precision": str(trainer.precision),
-                        "accumulate_grad_batches": trainer.accumulate_grad_batches, "max_epochs": trainer.max_epochs},
+            "trainer": {
+                "devices": trainer.num_devices,
+                "num_nodes": trainer.num_nodes,
+                "world_size": trainer.world_size,
+                "strategy": type(trainer.strategy).__name__,
+                "precision": str(trainer.precision),
+                "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "max_epochs": trainer.max_epochs,
+            },
             "hardware": _hardware(trainer),
             "versions": _versions(),
             "wandb": _wandb_runs(trainer),
@@ -297,7 +314,9 @@ class RunSummary(Callback):
             return None
         try:
             with full_weights(trainer.model):
-                return summary_stats.attention_statistics(self._model, self._inputs.args, self._inputs.kwargs, self._special_ids(pl_module))
+                return summary_stats.attention_statistics(
+                    self._model, self._inputs.args, self._inputs.kwargs, self._special_ids(pl_module)
+                )
         except Exception as err:  # statistics must never cost a finished training run
             rank_zero_warn(f"attention statistics failed: {err!r}")
             return None
@@ -309,7 +328,9 @@ class RunSummary(Callback):
         if self._resumed is None:
             self._init_stats = self._measure(trainer, pl_module)  # the weights are still the initial ones
         elif trainer.is_global_zero:
-            self._summary.update(resumed_from=str(trainer.ckpt_path), started=self._resumed.get("started", self._summary["started"]))
+            self._summary.update(
+                resumed_from=str(trainer.ckpt_path), started=self._resumed.get("started", self._summary["started"])
+            )
             self._write()
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
@@ -331,7 +352,12 @@ class RunSummary(Callback):
         best = None
         if ckpt is not None and getattr(ckpt, "monitor", None):
             score = ckpt.best_model_score
-            best = {"monitor": ckpt.monitor, "mode": ckpt.mode, "value": None if score is None else float(score), "checkpoint": ckpt.best_model_path or None}
+            best = {
+                "monitor": ckpt.monitor,
+                "mode": ckpt.mode,
+                "value": None if score is None else float(score),
+                "checkpoint": ckpt.best_model_path or None,
+            }
         previous = self._resumed or {}
         previous_time = previous.get("train_time_s", 0.0)
         self._summary.update(
@@ -341,12 +367,21 @@ class RunSummary(Callback):
             global_step=trainer.global_step,
             epochs=trainer.current_epoch,
             flops_per_sample=flops,
-            throughput={"samples_per_s": getattr(throughput, "fit_samples_per_s", None), "tokens_per_s": getattr(throughput, "fit_tokens_per_s", None)},
+            throughput={
+                "samples_per_s": getattr(throughput, "fit_samples_per_s", None),
+                "tokens_per_s": getattr(throughput, "fit_tokens_per_s", None),
+            },
             grad_norm={"first": getattr(grad, "first", None), "mean": getattr(grad, "mean", None)},
             best=best,
-            metrics={k: float(v) for k, v in trainer.callback_metrics.items() if isinstance(v, torch.Tensor) and v.numel() == 1},
+            metrics={
+                k: float(v)
+                for k, v in trainer.callback_metrics.items()
+                if isinstance(v, torch.Tensor) and v.numel() == 1
+            },
         )
-        init = self._init_stats or (previous.get("attention") or {}).get("init")  # a resumed run keeps its first start's
+        init = self._init_stats or (previous.get("attention") or {}).get(
+            "init"
+        )  # a resumed run keeps its first start's
         self._summary["attention"] = {"init": init, "final": final}
         self._write()
         if figure is not None:
@@ -452,8 +487,13 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
 
 def _hardware(trainer: pl.Trainer) -> dict[str, Any]:
     device = trainer.strategy.root_device
-    info: dict[str, Any] = {"accelerator": device.type, "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-                            "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
+    info: dict[str, Any] = {
+        "accelerator": device.type,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
@@ -463,7 +503,11 @@ def _hardware(trainer: pl.Trainer) -> dict[str, Any]:
 def _versions() -> dict[str, str]:
     import pytorch_lightning
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "pytorch_lightning": pytorch_lightning.__version__}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pytorch_lightning": pytorch_lightning.__version__,
+    }
 
 
 def _wandb_runs(trainer: pl.Trainer) -> list[dict[str, Any]]:
@@ -473,10 +517,19 @@ def _wandb_runs(trainer: pl.Trainer) -> list[dict[str, Any]]:
         if type(logger).__name__ != "WandbLogger" or not hasattr(logger, "experiment"):
             continue
         run = logger.experiment
-        mode = "disabled" if getattr(run, "disabled", False) else "offline" if getattr(run, "offline", False) else "online"
-        runs.append({"id": getattr(run, "id", None), "project": getattr(run, "project", None), "entity": getattr(run, "entity", None),
-                     "mode": mode, "dir": str(Path(run.dir).parent) if getattr(run, "dir", None) and mode != "disabled" else None,
-                     "url": getattr(run, "url", None) if mode == "online" else None})
+        mode = (
+            "disabled" if getattr(run, "disabled", False) else "offline" if getattr(run, "offline", False) else "online"
+        )
+        runs.append(
+            {
+                "id": getattr(run, "id", None),
+                "project": getattr(run, "project", None),
+                "entity": getattr(run, "entity", None),
+                "mode": mode,
+                "dir": str(Path(run.dir).parent) if getattr(run, "dir", None) and mode != "disabled" else None,
+                "url": getattr(run, "url", None) if mode == "online" else None,
+            }
+        )
     return runs
 
 
@@ -509,7 +562,9 @@ class LearningRateScaling(Callback):
         for config in trainer.lr_scheduler_configs:
             if hasattr(config.scheduler, "base_lrs"):
                 config.scheduler.base_lrs = [lr * self.factor for lr in config.scheduler.base_lrs]
-        rank_zero_info(f"attnlab: learning rate × {self.factor:g} ({self.rule} in {k} = devices × nodes × accumulation)")
+        rank_zero_info(
+            f"attnlab: learning rate × {self.factor:g} ({self.rule} in {k} = devices × nodes × accumulation)"
+        )
 
 
 class Compile(Callback):

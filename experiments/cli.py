@@ -10,6 +10,7 @@ Configs name the classes (``model.class_path``, ``data.class_path``). Facts abou
 a model needs (number of classes, channels, image size, vocabulary sizes, special token ids) are
 linked from the DataModule to the model (`experiments.links`), so they are never typed twice.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -160,7 +161,9 @@ class AttnlabCLI(LightningCLI):
         root = Path(self.trainer.default_root_dir)
         found = sorted(root.glob(f"**/checkpoints/{alias}*.ckpt"), key=os.path.getmtime)
         if not found:
-            _fail(f"--ckpt_path {alias}: no '{alias}*.ckpt' under {root}/; run `attnlab fit` with this config first or pass a checkpoint file")
+            _fail(
+                f"--ckpt_path {alias}: no '{alias}*.ckpt' under {root}/; run `attnlab fit` with this config first or pass a checkpoint file"
+            )
         cfg["ckpt_path"] = str(found[-1])
         print(f"attnlab: using checkpoint {found[-1]}", file=sys.stderr)
 
@@ -187,7 +190,9 @@ def main(args: list[str] | None = None) -> None:
         subclass_mode_model=True,
         subclass_mode_data=True,
         parser_class=AttnlabParser,
-        parser_kwargs={"description": "attnlab: train, evaluate and compare Transformers for text, vision and detection."},
+        parser_kwargs={
+            "description": "attnlab: train, evaluate and compare Transformers for text, vision and detection."
+        },
         save_config_kwargs={"overwrite": True},
         save_config_callback=tracking.LoggedConfig,  # config.yaml in the run folder, and nested in W&B
         # progress bars only where someone watches; logs and CI get the epoch summaries

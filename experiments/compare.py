@@ -22,6 +22,7 @@ of a cell is the same cell with one setting at its first grid value (outside a s
 first cell), or the value ``--baseline KEY=VALUE`` names. A plot shows every seed's value and the
 intervals.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,14 @@ from typing import Any
 
 import yaml
 
-POSITION_KEYS = ("positions", "pos_embed", "pos_embed_type", "position_embedding", "pos_encoding", "positional_encoding")
+POSITION_KEYS = (
+    "positions",
+    "pos_embed",
+    "pos_embed_type",
+    "position_embedding",
+    "pos_encoding",
+    "positional_encoding",
+)
 
 
 def summarize(stats: dict[str, Any]) -> dict[str, float | None]:
@@ -65,7 +73,9 @@ def find_runs(paths: list[str]) -> list[Path]:
             data = _load(summary)
             if data.get("status") != "finished":
                 continue
-            experiment = summary.parent.parent.parent if summary.parent.parent.name == "lightning_logs" else summary.parent
+            experiment = (
+                summary.parent.parent.parent if summary.parent.parent.name == "lightning_logs" else summary.parent
+            )
             stamp = summary.stat().st_mtime
             if experiment not in newest or stamp > newest[experiment][0]:
                 newest[experiment] = (stamp, summary.parent)
@@ -152,26 +162,66 @@ def _best(summary: dict[str, Any]) -> str:
 
 
 def run_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    columns = ["run", "modality", "dataset", "similarity", "positions", "params", "FLOPs/sample", "samples/s", "tokens/s", "best",
-               "entropy (nats)", "distance", "special share", "logit var", "max weight"]
+    columns = [
+        "run",
+        "modality",
+        "dataset",
+        "similarity",
+        "positions",
+        "params",
+        "FLOPs/sample",
+        "samples/s",
+        "tokens/s",
+        "best",
+        "entropy (nats)",
+        "distance",
+        "special share",
+        "logit var",
+        "max weight",
+    ]
     rows = []
     for r in runs:
         s, f = r["summary"], r["final"]
         unit = ((s.get("attention") or {}).get("final") or {}).get("unit", "")
-        rows.append([
-            r["label"], s.get("modality") or "-", s.get("dataset") or "-", r["similarity"] or "-", r["positions"] or "-",
-            _num((s.get("params") or {}).get("total")), _num(s.get("flops_per_sample")),
-            _num((s.get("throughput") or {}).get("samples_per_s")), _num((s.get("throughput") or {}).get("tokens_per_s")),
-            _best(s), _num(f.get("entropy")), f"{_num(f.get('distance'))} {unit}" if f.get("distance") is not None else "-",
-            _num(f.get("special")), _num(f.get("logit_var")), _num(f.get("max_weight")),
-        ])
+        rows.append(
+            [
+                r["label"],
+                s.get("modality") or "-",
+                s.get("dataset") or "-",
+                r["similarity"] or "-",
+                r["positions"] or "-",
+                _num((s.get("params") or {}).get("total")),
+                _num(s.get("flops_per_sample")),
+                _num((s.get("throughput") or {}).get("samples_per_s")),
+                _num((s.get("throughput") or {}).get("tokens_per_s")),
+                _best(s),
+                _num(f.get("entropy")),
+                f"{_num(f.get('distance'))} {unit}" if f.get("distance") is not None else "-",
+                _num(f.get("special")),
+                _num(f.get("logit_var")),
+                _num(f.get("max_weight")),
+            ]
+        )
     return columns, rows
 
 
 def scaling_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """The √d section: runs of one modality that differ in similarity (all of them, sorted)."""
-    columns = ["modality", "similarity", "positions", "run", "logit var init", "logit var end", "max weight init", "max weight end",
-               "saturated init", "saturated end", "grad norm step 1", "grad norm mean", "best"]
+    columns = [
+        "modality",
+        "similarity",
+        "positions",
+        "run",
+        "logit var init",
+        "logit var end",
+        "max weight init",
+        "max weight end",
+        "saturated init",
+        "saturated end",
+        "grad norm step 1",
+        "grad norm mean",
+        "best",
+    ]
     by_modality: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_modality.setdefault(r["summary"].get("modality") or "-", []).append(r)
@@ -182,16 +232,35 @@ def scaling_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
             continue
         for r in sorted(group, key=lambda r: (order.get(r["similarity"], 9), str(r["positions"]), r["label"])):
             i, f, g = r["init"], r["final"], r["summary"].get("grad_norm") or {}
-            rows.append([modality_, r["similarity"] or "-", r["positions"] or "-", r["label"], _num(i.get("logit_var")), _num(f.get("logit_var")),
-                         _num(i.get("max_weight")), _num(f.get("max_weight")), _num(i.get("saturated")), _num(f.get("saturated")),
-                         _num(g.get("first")), _num(g.get("mean")), _best(r["summary"])])
+            rows.append(
+                [
+                    modality_,
+                    r["similarity"] or "-",
+                    r["positions"] or "-",
+                    r["label"],
+                    _num(i.get("logit_var")),
+                    _num(f.get("logit_var")),
+                    _num(i.get("max_weight")),
+                    _num(f.get("max_weight")),
+                    _num(i.get("saturated")),
+                    _num(f.get("saturated")),
+                    _num(g.get("first")),
+                    _num(g.get("mean")),
+                    _best(r["summary"]),
+                ]
+            )
     return columns, rows
 
 
 # ---- cells: runs that differ only in their seed, aggregated with 95% t-intervals
 
-STATS = (("entropy", "entropy (nats)"), ("distance", "distance"), ("special", "special share"), ("logit_var", "logit var"),
-         ("max_weight", "max weight"))
+STATS = (
+    ("entropy", "entropy (nats)"),
+    ("distance", "distance"),
+    ("special", "special share"),
+    ("logit_var", "logit var"),
+    ("max_weight", "max weight"),
+)
 IGNORED = ("seed_everything", "ckpt_path", "trainer.default_root_dir", "trainer.logger", "trainer.enable_progress_bar")
 _SEED = re.compile(r"(^|/)seed[=_-]?\d+(?=/|$)")
 
@@ -219,7 +288,9 @@ def _sweep_of(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
         status = _load(parent / "sweep.json")
         if status.get("runs"):
             # runs are found by name below the sweep's folder, wherever that folder was moved
-            entry = next((e for name, e in status["runs"].items() if (parent / name).resolve() in (here, *here.parents)), None)
+            entry = next(
+                (e for name, e in status["runs"].items() if (parent / name).resolve() in (here, *here.parents)), None
+            )
             return (status, entry) if entry else None
     return None
 
@@ -231,14 +302,29 @@ def identify(run: dict[str, Any]) -> None:
         status, entry = found
         stem = Path(entry["config"]).stem
         grid = ((status.get("configs") or {}).get(stem) or {}).get("grid") or {}
-        run.update(order=list(status["runs"].values()).index(entry), seed=entry["seed"], sweep=status.get("name"), group=stem, cell=entry["cell_name"],
-                   settings={k: _setting(v) for k, v in entry["cell"].items()},
-                   reference={k: _setting(values[0]) for k, values in grid.items() if values})
+        run.update(
+            order=list(status["runs"].values()).index(entry),
+            seed=entry["seed"],
+            sweep=status.get("name"),
+            group=stem,
+            cell=entry["cell_name"],
+            settings={k: _setting(v) for k, v in entry["cell"].items()},
+            reference={k: _setting(values[0]) for k, values in grid.items() if values},
+        )
         return
-    config = yaml.safe_load((run["dir"] / "config.yaml").read_text()) if (run["dir"] / "config.yaml").is_file() else None
+    config = (
+        yaml.safe_load((run["dir"] / "config.yaml").read_text()) if (run["dir"] / "config.yaml").is_file() else None
+    )
     config = config if isinstance(config, dict) else {"run": str(run["dir"])}  # without a config: a cell of its own
-    run.update(order=None, seed=config.get("seed_everything"), sweep=None, group=run["summary"].get("modality") or "-",
-               cell=_SEED.sub("", run["label"]).strip("/") or run["label"], settings=_flatten(config), reference={})
+    run.update(
+        order=None,
+        seed=config.get("seed_everything"),
+        sweep=None,
+        group=run["summary"].get("modality") or "-",
+        cell=_SEED.sub("", run["label"]).strip("/") or run["label"],
+        settings=_flatten(config),
+        reference={},
+    )
 
 
 def values_of(run: dict[str, Any]) -> dict[str, float | None]:
@@ -256,8 +342,17 @@ def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for run in sorted(runs, key=lambda r: (r["sweep"] or "", -1 if r["order"] is None else r["order"])):
         key = (run["sweep"], run["group"], json.dumps(run["settings"], sort_keys=True))
         label = f"{run['sweep']}: {run['cell']}" if several and run["sweep"] else run["cell"]
-        cell = cells.setdefault(key, {"label": label, "group": run["group"], "settings": run["settings"], "reference": run["reference"],
-                                      "modality": run["summary"].get("modality") or "-", "runs": []})
+        cell = cells.setdefault(
+            key,
+            {
+                "label": label,
+                "group": run["group"],
+                "settings": run["settings"],
+                "reference": run["reference"],
+                "modality": run["summary"].get("modality") or "-",
+                "runs": [],
+            },
+        )
         cell["runs"].append(run)
         best = run["summary"].get("best") or {}
         cell.setdefault("monitor", best.get("monitor"))
@@ -296,7 +391,11 @@ def paired(a: list[float], b: list[float]) -> dict[str, float | int | None]:
 
 def _by_seed(cell: dict[str, Any], key: str) -> dict[Any, float]:
     seeds = [r["seed"] for r in cell["runs"]]
-    return {r["seed"]: values_of(r)[key] for r in cell["runs"] if values_of(r)[key] is not None and seeds.count(r["seed"]) == 1}
+    return {
+        r["seed"]: values_of(r)[key]
+        for r in cell["runs"]
+        if values_of(r)[key] is not None and seeds.count(r["seed"]) == 1
+    }
 
 
 def _pm(stat: dict[str, Any]) -> str:
@@ -316,7 +415,9 @@ def cell_rows(cells: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     return columns, rows
 
 
-def pairs(cells: list[dict[str, Any]], baseline: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any], str, list[str]]]:
+def pairs(
+    cells: list[dict[str, Any]], baseline: str | None = None
+) -> list[tuple[dict[str, Any], dict[str, Any], str, list[str]]]:
     """(cell, reference cell, the key they differ in, the keys that vary in their group): each cell against the cell
     equal to it but for one key at its reference value (the first grid value; outside a sweep, the first cell's; or
     ``baseline`` KEY=VALUE)."""
@@ -342,12 +443,16 @@ def pairs(cells: list[dict[str, Any]], baseline: str | None = None) -> list[tupl
 
 
 def _comparison(cell: dict[str, Any], ref: dict[str, Any], key: str, varying: list[str]) -> str:
-    """"text, dot vs scaled_dot (positions=learned)": the group, the two values, the other settings that vary."""
+    """ "text, dot vs scaled_dot (positions=learned)": the group, the two values, the other settings that vary."""
     context = [f"{k.rpartition('.')[2]}={cell['settings'][k]}" for k in varying if k != key]
-    return f"{cell['group']}, {cell['settings'][key]} vs {ref['settings'][key]}" + (f" ({', '.join(context)})" if context else "")
+    return f"{cell['group']}, {cell['settings'][key]} vs {ref['settings'][key]}" + (
+        f" ({', '.join(context)})" if context else ""
+    )
 
 
-def paired_rows(cells: list[dict[str, Any]], baseline: str | None = None) -> tuple[list[str], list[list[str]], list[str]]:
+def paired_rows(
+    cells: list[dict[str, Any]], baseline: str | None = None
+) -> tuple[list[str], list[list[str]], list[str]]:
     """The paired comparisons over common seeds, and one sentence per comparison of the best metric."""
     columns = ["comparison", "metric", "n", "difference", "95% CI", "p (paired t)"]
     rows, conclusions = [], []
@@ -372,7 +477,9 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
     plt = _pyplot()
     groups = list(dict.fromkeys(c["group"] for c in cells))
     measures = [("best", "best")] + [(k, label) for k, label in STATS if any(_by_seed(c, k) for c in cells)]
-    fig, axes = plt.subplots(len(groups), len(measures), figsize=(3.2 * len(measures), 3.4 * len(groups)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(groups), len(measures), figsize=(3.2 * len(measures), 3.4 * len(groups)), squeeze=False
+    )
     for axes_row, group in zip(axes, groups):
         members = [c for c in cells if c["group"] == group]
         names = [c["label"].removeprefix(f"{group}/") for c in members]
@@ -384,10 +491,25 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
                 if not values:
                     continue
                 jitter = [(i - (len(values) - 1) / 2) * 0.06 for i in range(len(values))]
-                ax.plot([x + j for j in jitter], values, "o", color="gray", alpha=0.6, ms=4, label="a seed" if x == 0 else None)
+                ax.plot(
+                    [x + j for j in jitter],
+                    values,
+                    "o",
+                    color="gray",
+                    alpha=0.6,
+                    ms=4,
+                    label="a seed" if x == 0 else None,
+                )
                 stat = interval(values)
-                ax.errorbar([x + 0.25], [stat["mean"]], yerr=[[stat["half"] or 0], [stat["half"] or 0]], fmt="s", color="tab:blue",
-                            capsize=4, label="mean, 95% CI" if x == 0 else None)
+                ax.errorbar(
+                    [x + 0.25],
+                    [stat["mean"]],
+                    yerr=[[stat["half"] or 0], [stat["half"] or 0]],
+                    fmt="s",
+                    color="tab:blue",
+                    capsize=4,
+                    label="mean, 95% CI" if x == 0 else None,
+                )
             monitor = next((c.get("monitor") for c in members if c.get("monitor")), None)
             ax.set_title(f"{group}: {monitor or label}" if key == "best" else f"{group}: {label}", fontsize=9)
             ax.set_xticks(range(len(members)), names, rotation=30, ha="right", fontsize=7)
@@ -401,7 +523,10 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
 
 def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
     cell = lambda v: str(v).replace("|", "\\|")  # noqa: E731
-    return "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
+    return "\n".join(
+        ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    )
 
 
 def _train_loss(metrics: dict[str, list[tuple[int, float]]]) -> list[tuple[int, float]]:
@@ -447,7 +572,7 @@ def plot_by_layer(runs: list[dict[str, Any]], key: str, ylabel: str, path: Path)
     cols = min(len(panels), 4)
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.6 * rows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, (r, attention) in zip(axes.flat, panels):
         layers = [layer for layer in attention["layers"] if layer.get(key)]
@@ -493,7 +618,9 @@ def _pyplot():
     return plt
 
 
-def build_report(run_dirs: list[Path], out: Path, title: str = "attnlab: runs compared", baseline: str | None = None) -> dict[str, Any]:
+def build_report(
+    run_dirs: list[Path], out: Path, title: str = "attnlab: runs compared", baseline: str | None = None
+) -> dict[str, Any]:
     """Write report.md and its plots into ``out``; returns {"report", "table", "rows", "plots", "cells", ...}."""
     runs = load_runs(run_dirs)
     out.mkdir(parents=True, exist_ok=True)
@@ -504,17 +631,31 @@ def build_report(run_dirs: list[Path], out: Path, title: str = "attnlab: runs co
         if plot_by_layer(runs, key, ylabel, out / f"attention_{key}.png"):
             plots[key] = out / f"attention_{key}.png"
     table = markdown_table(columns, rows)
-    lines = [f"# {title}", "", "Attention statistics are means over layers and heads on each run's fixed batch at the end of training;",
-             "distance is in tokens for text and in pixels for image patches and detection memory.", "", table, ""]
+    lines = [
+        f"# {title}",
+        "",
+        "Attention statistics are means over layers and heads on each run's fixed batch at the end of training;",
+        "distance is in tokens for text and in pixels for image patches and detection memory.",
+        "",
+        table,
+        "",
+    ]
     scale_columns, scale = scaling_rows(runs)
     if scale:
         plots["scaling"] = out / "sqrt_d.png"
         plot_scaling(runs, plots["scaling"])
-        lines += ["## What the √d scaling does", "",
-                  "Logit variance: variance over the keys of q·k (×1/√d for scaled_dot) before softmax; max weight: mean largest",
-                  "attention weight (1 = one-hot); saturated: share of queries whose largest weight exceeds 0.9; 'init' is measured",
-                  "before the first update, 'end' after training, on the same fixed batch.", "", markdown_table(scale_columns, scale), "",
-                  f"![√d]({plots['scaling'].name})", ""]
+        lines += [
+            "## What the √d scaling does",
+            "",
+            "Logit variance: variance over the keys of q·k (×1/√d for scaled_dot) before softmax; max weight: mean largest",
+            "attention weight (1 = one-hot); saturated: share of queries whose largest weight exceeds 0.9; 'init' is measured",
+            "before the first update, 'end' after training, on the same fixed batch.",
+            "",
+            markdown_table(scale_columns, scale),
+            "",
+            f"![√d]({plots['scaling'].name})",
+            "",
+        ]
     cells = group_cells(runs)
     cell_columns, cell_table, paired_columns, paired_table, conclusions = [], [], [], [], []
     if any(len(c["runs"]) > 1 for c in cells):
@@ -522,28 +663,66 @@ def build_report(run_dirs: list[Path], out: Path, title: str = "attnlab: runs co
         paired_columns, paired_table, conclusions = paired_rows(cells, baseline)
         plots["seeds"] = out / "seeds.png"
         plot_cells(cells, plots["seeds"])
-        lines += ["## Cells: mean over seeds with 95% confidence intervals", "",
-                  "A cell is one setting run with several seeds. `mean ± h`: the mean over the seeds and h,",
-                  "the half-width of the 95% t-interval (scipy.stats.t with n - 1 degrees of freedom and the",
-                  "sample standard deviation); n: the number of seeds.",
-                  "", markdown_table(cell_columns, cell_table), "", f"![seeds]({plots['seeds'].name})", ""]
+        lines += [
+            "## Cells: mean over seeds with 95% confidence intervals",
+            "",
+            "A cell is one setting run with several seeds. `mean ± h`: the mean over the seeds and h,",
+            "the half-width of the 95% t-interval (scipy.stats.t with n - 1 degrees of freedom and the",
+            "sample standard deviation); n: the number of seeds.",
+            "",
+            markdown_table(cell_columns, cell_table),
+            "",
+            f"![seeds]({plots['seeds'].name})",
+            "",
+        ]
         if paired_table:
-            lines += ["## Paired comparisons over the same seeds", "",
-                      "Each cell against its reference (the same settings with one key at its first grid value" +
-                      (f", here {baseline}" if baseline else "") + "), over the seeds both ran:",
-                      "the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test",
-                      "(scipy.stats.ttest_rel).",
-                      "", *(f"- {line}" for line in conclusions), "", markdown_table(paired_columns, paired_table), ""]
+            lines += [
+                "## Paired comparisons over the same seeds",
+                "",
+                "Each cell against its reference (the same settings with one key at its first grid value"
+                + (f", here {baseline}" if baseline else "")
+                + "), over the seeds both ran:",
+                "the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test",
+                "(scipy.stats.ttest_rel).",
+                "",
+                *(f"- {line}" for line in conclusions),
+                "",
+                markdown_table(paired_columns, paired_table),
+                "",
+            ]
     lines += [f"![{name}]({path.name})" for name, path in plots.items() if name not in ("scaling", "seeds")]
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))
-    (out / "table.json").write_text(json.dumps({"columns": columns, "rows": rows, "scaling_columns": scale_columns, "scaling_rows": scale,
-                                                "cell_columns": cell_columns, "cell_rows": cell_table, "paired_columns": paired_columns,
-                                                "paired_rows": paired_table, "conclusions": conclusions}, indent=1))
-    return {"report": report, "table": table, "columns": columns, "rows": rows, "scaling": scale, "plots": plots,
-            "cell_columns": cell_columns, "cell_rows": cell_table, "paired_columns": paired_columns, "paired_rows": paired_table,
-            "conclusions": conclusions}
+    (out / "table.json").write_text(
+        json.dumps(
+            {
+                "columns": columns,
+                "rows": rows,
+                "scaling_columns": scale_columns,
+                "scaling_rows": scale,
+                "cell_columns": cell_columns,
+                "cell_rows": cell_table,
+                "paired_columns": paired_columns,
+                "paired_rows": paired_table,
+                "conclusions": conclusions,
+            },
+            indent=1,
+        )
+    )
+    return {
+        "report": report,
+        "table": table,
+        "columns": columns,
+        "rows": rows,
+        "scaling": scale,
+        "plots": plots,
+        "cell_columns": cell_columns,
+        "cell_rows": cell_table,
+        "paired_columns": paired_columns,
+        "paired_rows": paired_table,
+        "conclusions": conclusions,
+    }
 
 
 def plot_scaling(runs: list[dict[str, Any]], path: Path) -> None:
@@ -557,8 +736,14 @@ def plot_scaling(runs: list[dict[str, Any]], path: Path) -> None:
     sims = [s for s in ("scaled_dot", "dot", "general") if any(s in by_sim for by_sim in groups.values())]
     width = 0.8 / len(sims)
     colors = {"scaled_dot": "tab:blue", "dot": "tab:orange", "general": "tab:green"}
-    for ax, (key, stage, label) in zip(axes, (("logit_var", "init", "logit variance at init"), ("max_weight", "init", "max weight at init"),
-                                               ("max_weight", "final", "max weight at the end"))):
+    for ax, (key, stage, label) in zip(
+        axes,
+        (
+            ("logit_var", "init", "logit variance at init"),
+            ("max_weight", "init", "max weight at init"),
+            ("max_weight", "final", "max weight at the end"),
+        ),
+    ):
         for j, sim in enumerate(sims):
             xs, ys = [], []
             for i, (_modality, by_sim) in enumerate(sorted(groups.items())):
@@ -584,7 +769,14 @@ def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:
 
     entity, _, project = target.rpartition("/")
     mode = wandb_mode()
-    run = wandb.init(project=project, entity=entity or None, job_type="compare", dir=str(out), mode=mode, config={"runs": [str(r) for r in result["runs"]]})
+    run = wandb.init(
+        project=project,
+        entity=entity or None,
+        job_type="compare",
+        dir=str(out),
+        mode=mode,
+        config={"runs": [str(r) for r in result["runs"]]},
+    )
     tables = {"compare/runs": wandb.Table(columns=result["columns"], data=result["rows"])}
     if result["cell_rows"]:
         tables["compare/cells"] = wandb.Table(columns=result["cell_columns"], data=result["cell_rows"])
@@ -614,13 +806,20 @@ def print_result(result: dict[str, Any], runs: list[Path]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnlab compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with summary.json) or folders above them")
-    parser.add_argument("--out", default="runs/compare/report", help="folder for report.md and the plots (default: %(default)s)")
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run folders (with summary.json) or folders above them"
+    )
+    parser.add_argument(
+        "--out", default="runs/compare/report", help="folder for report.md and the plots (default: %(default)s)"
+    )
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also log the table and plots to this W&B project")
     parser.add_argument("--title", default="attnlab: runs compared")
-    parser.add_argument("--baseline", metavar="KEY=VALUE",
-                        help="compare each cell with the one where KEY (e.g. similarity) is VALUE "
-                             "(default: each key's first grid value)")
+    parser.add_argument(
+        "--baseline",
+        metavar="KEY=VALUE",
+        help="compare each cell with the one where KEY (e.g. similarity) is VALUE "
+        "(default: each key's first grid value)",
+    )
     args = parser.parse_args(argv)
     if args.baseline is not None and "=" not in args.baseline:
         message = f"--baseline {args.baseline!r}: expected KEY=VALUE, e.g. similarity=scaled_dot"

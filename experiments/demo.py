@@ -7,6 +7,7 @@ on the toy En->De corpus, DETR on generated shapes) into ``OUT/<modality>``, the
 `attnlab compare` over them and prints the report's table and path, and how to make it a sweep (several
 seeds, every similarity, intervals).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attnlab: demo: fit {config} -> {root}", flush=True)
         attnlab(["fit", "--config", config, f"--trainer.default_root_dir={root}", *extra])
         runs.append(str(root))
-    attnlab(["compare", *runs, "--out", str(out / "report"), "--title", "attnlab demo: three modalities, one attention core"])
-    print("attnlab: demo: one seed per modality; for means with 95% intervals over seeds, run them as a sweep: "
-          "`attnlab sweep configs/sweeps/ablation.yaml` (every similarity, 3 seeds; or `make ablation`), "
-          "then `attnlab compare runs/sweeps/ablation`")
+    attnlab(
+        [
+            "compare",
+            *runs,
+            "--out",
+            str(out / "report"),
+            "--title",
+            "attnlab demo: three modalities, one attention core",
+        ]
+    )
+    print(
+        "attnlab: demo: one seed per modality; for means with 95% intervals over seeds, run them as a sweep: "
+        "`attnlab sweep configs/sweeps/ablation.yaml` (every similarity, 3 seeds; or `make ablation`), "
+        "then `attnlab compare runs/sweeps/ablation`"
+    )
     return 0
 
 

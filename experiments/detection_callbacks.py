@@ -5,6 +5,7 @@ cross-attention (`DetectionImages`), and `attnlab predict`'s COCO results and dr
 Both read the images, class names and COCO ids from the dataset of the running dataloader
 (``image_path(image_id)``, ``class_names``, ``category_ids``), as `models.detr_module` does.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,9 @@ from models.detr import post_process
 from models.distributed import full_weights, gather_objects
 
 
-def draw_detections(image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float) -> Image.Image:
+def draw_detections(
+    image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float
+) -> Image.Image:
     """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small
     images are enlarged (pixels repeated) so that the labels stay readable."""
     scale = max(1, 256 // min(image.size))
@@ -62,7 +65,9 @@ class DetectionImages(pl.Callback):
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._batch = None
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         if batch_idx == 0 and dataloader_idx == 0:
             images, mask, targets = batch
             self._batch = (images[: self.num_images], mask[: self.num_images], targets[: self.num_images])
@@ -77,7 +82,10 @@ class DetectionImages(pl.Callback):
         feature_hw: list[tuple[int, int]] = []
         handle = model.backbone.register_forward_hook(lambda m, args, out: feature_hw.append(tuple(out.shape[-2:])))
         try:
-            with full_weights(trainer.model), capture_attention(model.transformer.decoder.layers[-1].multihead_attn, scores=True) as maps:
+            with (
+                full_weights(trainer.model),
+                capture_attention(model.transformer.decoder.layers[-1].multihead_attn, scores=True) as maps,
+            ):
                 outputs = model(images, mask)
         finally:
             handle.remove()
@@ -85,13 +93,17 @@ class DetectionImages(pl.Callback):
             scores = maps[""][0]
             padded = scores.blocked[:, 0, 0].view(-1, *feature_hw[0])  # (B, h, w) True at the padding's cells
             results = post_process(outputs, torch.stack([t["orig_size"] for t in targets]))
-            paths = [self._draw(dataset, t, r, weights, cells, trainer.current_epoch)
-                     for t, r, weights, cells in zip(targets, results, scores.weights.mean(1), padded)]  # weights (N, h·w)
+            paths = [
+                self._draw(dataset, t, r, weights, cells, trainer.current_epoch)
+                for t, r, weights, cells in zip(targets, results, scores.weights.mean(1), padded)
+            ]  # weights (N, h·w)
             for logger in trainer.loggers:
                 if hasattr(logger, "log_image"):  # W&B
                     logger.log_image(key="val/detections", images=paths, step=trainer.global_step)
 
-    def _draw(self, dataset, target: dict, result: dict[str, Tensor], weights: Tensor, padded: Tensor, epoch: int) -> str:
+    def _draw(
+        self, dataset, target: dict, result: dict[str, Tensor], weights: Tensor, padded: Tensor, epoch: int
+    ) -> str:
         """One image's PNG: the detections, then one panel per best query with its attention over the image."""
         import matplotlib
 
@@ -104,13 +116,20 @@ class DetectionImages(pl.Callback):
         top = result["scores"].topk(min(3, len(result["scores"]))).indices
         h, w = int((~padded[:, 0]).sum()), int((~padded[0, :]).sum())  # the image's cells, padding cut off
         fig, axes = plt.subplots(1, 1 + len(top), figsize=(3 * (1 + len(top)), 3))
-        axes[0].imshow(draw_detections(image, {k: v.cpu() for k, v in result.items()}, dataset.class_names, self.score_threshold))
+        axes[0].imshow(
+            draw_detections(image, {k: v.cpu() for k, v in result.items()}, dataset.class_names, self.score_threshold)
+        )
         axes[0].set_title(f"image {image_id}")
         for ax, q in zip(axes[1:], top.tolist()):
             attn = weights[q].view(padded.shape)[:h, :w].cpu()
             ax.imshow(image)
-            ax.imshow(attn, cmap="viridis", alpha=0.6, extent=(0, image.width, image.height, 0), interpolation="bilinear")
-            ax.set_title(f"query {q}: {dataset.class_names[int(result['labels'][q])]} {float(result['scores'][q]):.2f}", fontsize=8)
+            ax.imshow(
+                attn, cmap="viridis", alpha=0.6, extent=(0, image.width, image.height, 0), interpolation="bilinear"
+            )
+            ax.set_title(
+                f"query {q}: {dataset.class_names[int(result['labels'][q])]} {float(result['scores'][q]):.2f}",
+                fontsize=8,
+            )
         for ax in axes:
             ax.axis("off")
         self._folder.mkdir(parents=True, exist_ok=True)
@@ -143,7 +162,9 @@ class DetectionWriter(BasePredictionWriter):
         self._detections = {}
         (self._folder(trainer) / "images").mkdir(parents=True, exist_ok=True)
 
-    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
+    ) -> None:
         dataset = trainer.predict_dataloaders.dataset
         for det in prediction:
             image_id = det.pop("image_id")

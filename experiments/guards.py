@@ -18,6 +18,7 @@ all-reduce of a few flags per step, packed by this guard (`NonFiniteLoss.watch`)
 
 A `RunError`'s text is the one line the CLI prints after ``attnlab: error:``.
 """
+
 from __future__ import annotations
 
 import math
@@ -87,7 +88,9 @@ class NonFiniteLoss(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         device = trainer.strategy.root_device
-        self._bad = torch.zeros((), device=device)  # 1.0 from the first non-finite loss on (float: optimizers read it as found_inf)
+        self._bad = torch.zeros(
+            (), device=device
+        )  # 1.0 from the first non-finite loss on (float: optimizers read it as found_inf)
         self._step = torch.zeros((), dtype=torch.long, device=device)  # global step and epoch of the first bad loss
         self._epoch = torch.zeros_like(self._step)
         self._terms: dict[str, Tensor] = {}
@@ -99,7 +102,9 @@ class NonFiniteLoss(Callback):
         self._step = torch.where(fine, trainer.global_step, self._step)
         self._epoch = torch.where(fine, trainer.current_epoch, self._epoch)
         terms = _logged_terms(trainer) or {"loss": loss.detach()}
-        self._terms = {name: torch.where(fine, term.float(), self._terms.get(name, term.float())) for name, term in terms.items()}
+        self._terms = {
+            name: torch.where(fine, term.float(), self._terms.get(name, term.float())) for name, term in terms.items()
+        }
         torch.maximum(self._bad, loss.detach().isfinite().logical_not(), out=self._bad)
         if trainer.world_size > 1 and not trainer.fit_loop.epoch_loop._should_accumulate():
             self._agree(trainer)
@@ -107,14 +112,18 @@ class NonFiniteLoss(Callback):
     def _agree(self, trainer: pl.Trainer) -> None:
         """The step's one collective: [this process's flag, then max over processes of: the flag, each watched flag]."""
         names = list(self._watched)
-        packed = torch.stack([self._bad, self._bad, *(torch.full((), float(self._watched[n]()), device=self._bad.device) for n in names)])
+        packed = torch.stack(
+            [self._bad, self._bad, *(torch.full((), float(self._watched[n]()), device=self._bad.device) for n in names)]
+        )
         torch.distributed.all_reduce(packed[1:], op=torch.distributed.ReduceOp.MAX)
         mine, anyone, *flags = packed.tolist()
         self._agreed = (_batch_number(trainer), {name: flag > 0 for name, flag in zip(names, flags)})
         if anyone:
             raise self._error(trainer, here=mine > 0)
 
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
         if not self._active or trainer.world_size > 1:  # under DDP a bad loss stopped every process before backward
             return
         if getattr(optimizer, "_step_supports_amp_scaling", False):
@@ -132,7 +141,9 @@ class NonFiniteLoss(Callback):
         if getattr(self, "_active", False) and hasattr(self, "_bad") and trainer.world_size == 1 and self._bad.item():
             raise self._error(trainer, here=True)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer._logger_connector.should_update_logs:  # Lightning reads the logged metrics back now too
             self._check(trainer)
 
@@ -146,14 +157,21 @@ class NonFiniteLoss(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._check(trainer)
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         self._check(trainer)
-        weights = {k: v for k, v in checkpoint.get("state_dict", {}).items() if isinstance(v, Tensor) and v.is_floating_point()}
+        weights = {
+            k: v for k, v in checkpoint.get("state_dict", {}).items() if isinstance(v, Tensor) and v.is_floating_point()
+        }
         if not weights or torch.stack([v.isfinite().all() for v in weights.values()]).all():
             return
         name = next(k for k, v in weights.items() if not v.isfinite().all())
-        raise _stopped(trainer, f"the weights became non-finite ({name}) while the loss was finite, e.g. an overflowing gradient; "
-                                "that checkpoint was not written")
+        raise _stopped(
+            trainer,
+            f"the weights became non-finite ({name}) while the loss was finite, e.g. an overflowing gradient; "
+            "that checkpoint was not written",
+        )
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for optimizer in trainer.optimizers:
@@ -197,13 +215,20 @@ def _stopped(trainer: pl.Trainer, what: str, step: int | None = None, epoch: int
     kept = f"the last good checkpoint {checkpoint} was kept" if checkpoint else "no checkpoint had been saved yet"
     step = trainer.global_step if step is None else step
     epoch = trainer.current_epoch if epoch is None else epoch
-    return RunError(f"training stopped at global step {step} (epoch {epoch}): {what}; {kept} "
-                    "(a lower model.lr or trainer.gradient_clip_val may help)")
+    return RunError(
+        f"training stopped at global step {step} (epoch {epoch}): {what}; {kept} "
+        "(a lower model.lr or trainer.gradient_clip_val may help)"
+    )
 
 
 def last_checkpoint(trainer: pl.Trainer) -> Path | None:
     """The newest checkpoint file this fit's ModelCheckpoints wrote (last or best), if any."""
-    paths = {Path(p) for cb in trainer.checkpoint_callbacks for p in (getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", "")) if p}
+    paths = {
+        Path(p)
+        for cb in trainer.checkpoint_callbacks
+        for p in (getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", ""))
+        if p
+    }
     found = [p for p in paths if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
@@ -232,7 +257,9 @@ class SafeCheckpointIO(TorchCheckpointIO):
                 raise OSError(err.errno, err.strerror, str(path)) from err
             raise
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         if weights_only is False or "://" in str(path) or not Path(path).is_file():
             return super().load_checkpoint(path, map_location, weights_only)
         return load_weights_file(path, "ckpt_path", map_location)
@@ -277,7 +304,9 @@ def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: 
             probe.write_bytes(b"ok")
             probe.unlink()
         except OSError as err:
-            raise RunError(f"{setting}: cannot write to {folder} ({err.strerror}: {err.filename}); choose a folder you can write to") from None
+            raise RunError(
+                f"{setting}: cannot write to {folder} ({err.strerror}: {err.filename}); choose a folder you can write to"
+            ) from None
     callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
     if not callbacks:
         return
@@ -287,9 +316,11 @@ def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: 
     for folder in {_checkpoint_folder(trainer, cb) for cb in callbacks}:
         free = shutil.disk_usage(folder).free
         if free < needed:
-            raise RunError(f"{folder} has {_size(free)} free, but this fit needs about {_size(needed)}: {kept + 1} checkpoints of "
-                           f"{_size(one)} (weights and AdamW's two moments) and {_size(LOG_MARGIN_BYTES)} for logs; "
-                           "free space or choose another trainer.default_root_dir")
+            raise RunError(
+                f"{folder} has {_size(free)} free, but this fit needs about {_size(needed)}: {kept + 1} checkpoints of "
+                f"{_size(one)} (weights and AdamW's two moments) and {_size(LOG_MARGIN_BYTES)} for logs; "
+                "free space or choose another trainer.default_root_dir"
+            )
 
 
 def _files_kept(callback: ModelCheckpoint) -> int:
@@ -311,7 +342,11 @@ def _checkpoint_folder(trainer: pl.Trainer, callback: ModelCheckpoint) -> Path:
     """Where ``callback`` will write: its dirpath, else below the first logger's folder, else the root (as Lightning resolves it)."""
     if callback.dirpath:
         return Path(callback.dirpath)
-    return Path(trainer.loggers[0].save_dir or trainer.default_root_dir) if trainer.loggers else Path(trainer.default_root_dir)
+    return (
+        Path(trainer.loggers[0].save_dir or trainer.default_root_dir)
+        if trainer.loggers
+        else Path(trainer.default_root_dir)
+    )
 
 
 def _size(n: float) -> str:

@@ -20,6 +20,7 @@ in a config (the listed one replaces the default), e.g.::
     - class_path: experiments.interrupts.LastCheckpoint
       init_args: {every_n_minutes: 30}
 """
+
 from __future__ import annotations
 
 import math
@@ -68,7 +69,11 @@ class ResumableSampler(DistributedSampler):
     """
 
     def __init__(self, sampler: Sampler, num_replicas: int = 1, rank: int = 0, seed: int = 0):
-        shuffles = isinstance(sampler, RandomSampler) and not sampler.replacement and sampler.num_samples == len(sampler.data_source)
+        shuffles = (
+            isinstance(sampler, RandomSampler)
+            and not sampler.replacement
+            and sampler.num_samples == len(sampler.data_source)
+        )
         super().__init__(range(len(sampler)), num_replicas=num_replicas, rank=rank, shuffle=shuffles, seed=seed)
         self.inner = None if shuffles or isinstance(sampler, SequentialSampler) else sampler
         self.generator = torch.Generator()
@@ -101,8 +106,11 @@ def rng_states() -> dict[str, Any]:
     """The global random states of this process, torch (CPU and every CUDA device), numpy and Python, as
     tensors and plain values (checkpoints are read with ``weights_only``)."""
     _, keys, pos, has_gauss, gauss = np.random.get_state()
-    states = {"torch": torch.get_rng_state(), "python": random.getstate(),
-              "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}}
+    states = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss},
+    }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -112,7 +120,9 @@ def set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     random.setstate(states["python"])
     numpy = states["numpy"]
-    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"], numpy["gauss"]))
+    np.random.set_state(
+        ("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"], numpy["gauss"])
+    )
     cuda = states.get("cuda")
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
@@ -144,7 +154,11 @@ class ExactResume(Callback):
         self._wrapped = []
         # Lightning asks these attributes for the loaders (inside the context that lets it rebuild loaders)
         for hook, wrapper in (("train_dataloader", self._train_dataloader), ("val_dataloader", self._val_dataloaders)):
-            source = trainer.datamodule if trainer.datamodule is not None and is_overridden(hook, trainer.datamodule) else pl_module
+            source = (
+                trainer.datamodule
+                if trainer.datamodule is not None and is_overridden(hook, trainer.datamodule)
+                else pl_module
+            )
             if is_overridden(hook, source):
                 setattr(source, hook, partial(wrapper, getattr(source, hook)))
                 self._wrapped.append((source, hook))
@@ -156,9 +170,15 @@ class ExactResume(Callback):
 
     def _train_dataloader(self, make: Callable[[], Any]) -> Any:
         loader = make()
-        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset) or type(loader.batch_sampler) is not BatchSampler:
-            rank_zero_warn(f"ExactResume: the training loader ({type(loader).__name__}) is not a DataLoader with a plain batch size; "
-                           "an epoch interrupted mid-way restarts its sample order on resume")
+        if (
+            not isinstance(loader, DataLoader)
+            or isinstance(loader.dataset, IterableDataset)
+            or type(loader.batch_sampler) is not BatchSampler
+        ):
+            rank_zero_warn(
+                f"ExactResume: the training loader ({type(loader).__name__}) is not a DataLoader with a plain batch size; "
+                "an epoch interrupted mid-way restarts its sample order on resume"
+            )
             return loader
         kwargs = self._trainer.distributed_sampler_kwargs or {}
         sampler = ResumableSampler(loader.sampler, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)), **kwargs)
@@ -167,7 +187,9 @@ class ExactResume(Callback):
         loader = _update_dataloader(loader, sampler, mode=RunningStage.TRAINING)
         loader.generator = sampler.generator
         # Lightning warns that a mid-epoch resume with a loader lacking state_dict is unreliable; this one resumes exactly
-        warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended", PossibleUserWarning)
+        warnings.filterwarnings(
+            "ignore", "You're resuming from a checkpoint that ended before the epoch ended", PossibleUserWarning
+        )
         return loader
 
     def _val_dataloaders(self, make: Callable[[], Any]) -> Any:
@@ -184,7 +206,9 @@ class ExactResume(Callback):
         mine = rng_states()
         states = [mine]
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            states = [None] * trainer.world_size  # every process saves its checkpoint together: gather onto the one that writes
+            states = [
+                None
+            ] * trainer.world_size  # every process saves its checkpoint together: gather onto the one that writes
             torch.distributed.all_gather_object(states, mine)
         return {"epoch": epoch, "batches": batches, "world_size": trainer.world_size, "rng": states}
 
@@ -196,8 +220,10 @@ class ExactResume(Callback):
         if not self._active or self._resume is None:
             return
         if self._resume["world_size"] != trainer.world_size:
-            rank_zero_warn(f"ExactResume: the checkpoint was written by {self._resume['world_size']} processes, this run has "
-                           f"{trainer.world_size}: the sample order and random streams after resuming differ from an uninterrupted run")
+            rank_zero_warn(
+                f"ExactResume: the checkpoint was written by {self._resume['world_size']} processes, this run has "
+                f"{trainer.world_size}: the sample order and random streams after resuming differ from an uninterrupted run"
+            )
         states = self._resume["rng"]
         set_rng_states(states[trainer.global_rank] if trainer.global_rank < len(states) else states[0])
 
@@ -233,12 +259,18 @@ class LastCheckpoint(Callback):
     one of this callback's own where that guard is absent.
     """
 
-    def __init__(self, every_n_train_steps: int | None = None, every_n_minutes: float | None = None, on_sigterm: bool = True):
+    def __init__(
+        self, every_n_train_steps: int | None = None, every_n_minutes: float | None = None, on_sigterm: bool = True
+    ):
         if every_n_train_steps is not None and every_n_train_steps < 1:
             raise ValueError(f"LastCheckpoint: every_n_train_steps={every_n_train_steps} must be >= 1 (or null)")
         if every_n_minutes is not None and not every_n_minutes > 0:
             raise ValueError(f"LastCheckpoint: every_n_minutes={every_n_minutes} must be > 0 (or null)")
-        self.every_n_train_steps, self.every_n_minutes, self.on_sigterm = every_n_train_steps, every_n_minutes, on_sigterm
+        self.every_n_train_steps, self.every_n_minutes, self.on_sigterm = (
+            every_n_train_steps,
+            every_n_minutes,
+            on_sigterm,
+        )
         self._sigterm = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -256,7 +288,9 @@ class LastCheckpoint(Callback):
             # restores the previous handler when fit ends.
             self._sigterm = False
             signal.signal(signal.SIGTERM, self._note_sigterm)
-        self._guard = next((cb for cb in trainer.callbacks if isinstance(cb, NonFiniteLoss) and getattr(cb, "_active", False)), None)
+        self._guard = next(
+            (cb for cb in trainer.callbacks if isinstance(cb, NonFiniteLoss) and getattr(cb, "_active", False)), None
+        )
         if self._guard is not None and trainer.world_size > 1:
             self._guard.watch("sigterm", lambda: self._sigterm)
             self._guard.watch("save_due", self._minutes_due)
@@ -271,7 +305,9 @@ class LastCheckpoint(Callback):
     def _note_sigterm(self, signum: int, frame: Any) -> None:
         self._sigterm = True
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if not self._active or _validation_follows(trainer, batch_idx):
             return  # on_validation_end agrees on SIGTERM and saves
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
@@ -286,7 +322,9 @@ class LastCheckpoint(Callback):
         if not self._active or trainer.state.fn != "fit" or trainer.sanity_checking:
             return
         if self._agree(trainer, fresh=True)[0] and not _fit_ends_after_this_validation(trainer):
-            trainer._signal_connector.received_sigterm = True  # Lightning stops after the validation; on_exception saves
+            trainer._signal_connector.received_sigterm = (
+                True  # Lightning stops after the validation; on_exception saves
+            )
         else:
             self.save(trainer)
 
@@ -300,7 +338,9 @@ class LastCheckpoint(Callback):
         agreed = None if fresh or self._guard is None else self._guard.agreed(trainer)
         if agreed is not None:
             return agreed["sigterm"], agreed["save_due"]
-        flags = torch.tensor([self._sigterm, self._minutes_due()], dtype=torch.float32, device=trainer.strategy.root_device)
+        flags = torch.tensor(
+            [self._sigterm, self._minutes_due()], dtype=torch.float32, device=trainer.strategy.root_device
+        )
         flags = trainer.strategy.reduce(flags, reduce_op="max")
         return bool(flags[0]), bool(flags[1])
 

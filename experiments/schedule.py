@@ -9,6 +9,7 @@ first ``probe_steps``, from rank 0's clock broadcast to every rank, so all proce
 schedule. The horizon lives in the scheduler's state, and Lightning's Timer restores the elapsed time, so a
 resumed run keeps its budget and its place in the schedule.
 """
+
 from __future__ import annotations
 
 import pytorch_lightning as pl
@@ -29,8 +30,12 @@ class TimeBudget(pl.Callback):
 
     @staticmethod
     def _schedules(trainer: pl.Trainer) -> list[Schedule]:
-        return [f for config in trainer.lr_scheduler_configs for f in getattr(config.scheduler, "lr_lambdas", [])
-                if isinstance(f, Schedule)]
+        return [
+            f
+            for config in trainer.lr_scheduler_configs
+            for f in getattr(config.scheduler, "lr_lambdas", [])
+            if isinstance(f, Schedule)
+        ]
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -43,7 +48,12 @@ class TimeBudget(pl.Callback):
         total = estimate if limit is None else min(limit, estimate)
         budget_ends_first = limit is None or estimate < limit  # a step limit inside the warmup is the user's choice
         for schedule in self._schedules(trainer):
-            if step == self.probe_steps and schedule.name != "inverse_sqrt" and budget_ends_first and schedule.warmup_steps >= total:
+            if (
+                step == self.probe_steps
+                and schedule.name != "inverse_sqrt"
+                and budget_ends_first
+                and schedule.warmup_steps >= total
+            ):
                 raise ValueError(
                     f"trainer.max_time ({budget:.0f} s) ends before the learning-rate warmup: {schedule.warmup_steps} "
                     f"steps need about {schedule.warmup_steps * elapsed / step:.0f} s at the measured "

@@ -19,6 +19,7 @@ DETR; otherwise text), and its forward inputs are what the LightningModule passe
 the fixed batch (recorded by `FirstCall`): ViT ``(images,)``, DETR ``(images, mask)``, translation
 ``(src, tgt)``, language model ``(tokens,)``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -79,10 +80,16 @@ def _grid(h: int, w: int, stride_h: float, stride_w: float) -> Tensor:
 
 
 def _special(tokens: Tensor, ids: tuple[int, ...]) -> Tensor:
-    return torch.isin(tokens, torch.tensor(ids, device=tokens.device)) if ids else torch.zeros_like(tokens, dtype=torch.bool)
+    return (
+        torch.isin(tokens, torch.tensor(ids, device=tokens.device))
+        if ids
+        else torch.zeros_like(tokens, dtype=torch.bool)
+    )
 
 
-def _sequences(kind: str, model: nn.Module, args: tuple, feature_hw: tuple[int, int] | None, special_ids: tuple[int, ...]) -> tuple[Sequence, Sequence | None]:
+def _sequences(
+    kind: str, model: nn.Module, args: tuple, feature_hw: tuple[int, int] | None, special_ids: tuple[int, ...]
+) -> tuple[Sequence, Sequence | None]:
     """(encoder-side sequence, decoder-side sequence or None) of the fixed batch."""
     if kind == "vision":
         images = args[0]  # (B, C, H, W)
@@ -105,7 +112,9 @@ def _sequences(kind: str, model: nn.Module, args: tuple, feature_hw: tuple[int, 
     return enc, None
 
 
-def _layer_stats(weights: Tensor, logits: Tensor, blocked: Tensor, valid_q: Tensor, q_seq: Sequence | None, k_seq: Sequence | None) -> dict[str, list[float] | None]:
+def _layer_stats(
+    weights: Tensor, logits: Tensor, blocked: Tensor, valid_q: Tensor, q_seq: Sequence | None, k_seq: Sequence | None
+) -> dict[str, list[float] | None]:
     """Per-head statistics of one layer. weights/logits (B, H, Lq, Lk); blocked broadcastable to them; valid_q (B, Lq)."""
     allowed = ~blocked.expand_as(weights)
     rows = valid_q[:, None, :].expand(weights.shape[:3]) & allowed.any(-1)  # (B, H, Lq)
@@ -121,8 +130,14 @@ def _layer_stats(weights: Tensor, logits: Tensor, blocked: Tensor, valid_q: Tens
     x = logits.float().masked_fill(~allowed, 0.0)
     mu = x.sum(-1, keepdim=True) / k[..., None]
     var = ((x - mu).masked_fill(~allowed, 0.0) ** 2).sum(-1) / k
-    out = {"entropy": mean(entropy), "max_weight": mean(top), "saturated": mean((top > SATURATION).float()), "logit_var": mean(var),
-           "distance": None, "special": None}
+    out = {
+        "entropy": mean(entropy),
+        "max_weight": mean(top),
+        "saturated": mean((top > SATURATION).float()),
+        "logit_var": mean(var),
+        "distance": None,
+        "special": None,
+    }
     if q_seq is not None and k_seq is not None and q_seq.positions is not None and k_seq.positions is not None:
         d = torch.cdist(q_seq.positions, k_seq.positions).to(p.device)  # (Lq, Lk), NaN where a side has no place
         placed = ~d.isnan()
@@ -137,7 +152,9 @@ def _layer_stats(weights: Tensor, logits: Tensor, blocked: Tensor, valid_q: Tens
 
 
 @torch.no_grad()
-def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = None, special_ids: tuple[int, ...] = ()) -> dict[str, Any]:
+def attention_statistics(
+    model: nn.Module, args: tuple, kwargs: dict | None = None, special_ids: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """Run ``model(*args, **kwargs)`` once in eval mode and measure its attention (see the module docstring).
 
     Returns ``{"modality", "unit", "batch_size", "layers": [{"name", "kind": "self"|"cross", "heads",
@@ -151,7 +168,10 @@ def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = No
     def record_padding(name: str, kwargs: dict) -> None:
         padding.setdefault(name, kwargs.get("key_padding_mask"))
 
-    handles = [m.register_forward_pre_hook(lambda m, a, kw, name=name: record_padding(name, kw), with_kwargs=True) for name, m in layers.items()]
+    handles = [
+        m.register_forward_pre_hook(lambda m, a, kw, name=name: record_padding(name, kw), with_kwargs=True)
+        for name, m in layers.items()
+    ]
     feature_hw: list[tuple[int, int]] = []
     if kind == "detection":
         handles.append(model.backbone.register_forward_hook(lambda m, a, out: feature_hw.append(tuple(out.shape[-2:]))))
@@ -172,13 +192,21 @@ def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = No
             continue
         scores = maps[name][0]  # the first call: one forward pass
         b, _, lq, lk = scores.logits.shape
-        blocked = scores.blocked if scores.blocked is not None else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=scores.logits.device)
+        blocked = (
+            scores.blocked
+            if scores.blocked is not None
+            else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=scores.logits.device)
+        )
         kpm = padding[name]
         cross = name.endswith("multihead_attn")
         in_decoder = "decoder" in name.split(".")
         if cross:
             q_seq, k_seq = dec, enc
-            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else torch.ones(b, lq, dtype=torch.bool, device=blocked.device)
+            valid_q = (
+                dec_valid
+                if dec_valid is not None and dec_valid.shape == (b, lq)
+                else torch.ones(b, lq, dtype=torch.bool, device=blocked.device)
+            )
         else:
             q_seq = k_seq = dec if in_decoder and dec is not None else enc
             valid_q = ~kpm if kpm is not None else torch.ones(b, lq, dtype=torch.bool, device=blocked.device)
@@ -191,4 +219,9 @@ def attention_statistics(model: nn.Module, args: tuple, kwargs: dict | None = No
         layer = {"name": name, "kind": "cross" if cross else "self", "heads": m.num_heads}
         layer.update(_layer_stats(scores.weights, scores.logits, blocked, valid_q, q_seq, k_seq))
         stats.append(layer)
-    return {"modality": kind, "unit": unit(kind), "batch_size": int(args[0].shape[0]) if args and isinstance(args[0], Tensor) else None, "layers": stats}
+    return {
+        "modality": kind,
+        "unit": unit(kind),
+        "batch_size": int(args[0].shape[0]) if args and isinstance(args[0], Tensor) else None,
+        "layers": stats,
+    }

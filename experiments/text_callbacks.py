@@ -1,6 +1,7 @@
 """What a text run shows people: sample translations with the sacreBLEU signatures, and text the
 language model writes, as tables in the logger (W&B table, TensorBoard text, or Markdown in the
 run folder)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +18,10 @@ def log_table(trainer: pl.Trainer, key: str, columns: list[str], rows: list[list
     logger = trainer.logger
     if logger is None or not rows or not trainer.is_global_zero:
         return
-    markdown = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-                         + ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows])
+    markdown = "\n".join(
+        ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        + ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows]
+    )
     if hasattr(logger, "log_text"):  # WandbLogger
         logger.log_text(key=key, columns=columns, data=rows, step=trainer.global_step)
     elif hasattr(logger.experiment, "add_text"):  # TensorBoard
@@ -56,7 +59,12 @@ class TranslationSamples(pl.Callback):
             self._signature_shown = True
             signatures = pl_module.sacrebleu_signatures
             pl_module.print(f"sacreBLEU signatures: {signatures['BLEU']} | {signatures['chrF']}")
-            log_table(trainer, f"{stage}/sacrebleu_signature", ["metric", "signature"], [[k, v] for k, v in signatures.items()])
+            log_table(
+                trainer,
+                f"{stage}/sacrebleu_signature",
+                ["metric", "signature"],
+                [[k, v] for k, v in signatures.items()],
+            )
         if stage == "test":
             pl_module.print("\n".join(f"  {src}\n  -> {hyp}\n  (ref {ref})" for src, ref, hyp in samples))
 

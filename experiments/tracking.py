@@ -16,6 +16,7 @@ module without ``save_dir`` get ``trainer.default_root_dir``, and ``fit --ckpt_p
 newest ``last*.ckpt`` under the root into the same run folder and the same W&B run (or starts a new
 run, saying so, when there is none: the same command serves a first start and a requeued job).
 """
+
 from __future__ import annotations
 
 import json
@@ -84,19 +85,33 @@ class WandbLogger(_WandbLogger):
     ):
         self.mode = mode or wandb_mode()
         if self.mode not in ("online", "offline", "disabled"):
-            raise ValueError(f"trainer.logger: W&B mode={self.mode!r}; expected online, offline or disabled (WANDB_MODE)")
+            raise ValueError(
+                f"trainer.logger: W&B mode={self.mode!r}; expected online, offline or disabled (WANDB_MODE)"
+            )
         if log_model and self.mode != "online":
             log_model = False  # artifacts need the server; an offline run keeps its checkpoints locally
         # mode goes straight to wandb.init: Lightning's offline=True would set WANDB_MODE for the whole process
-        super().__init__(name=name, save_dir=save_dir or ".", project=project, id=id, log_model=log_model,
-                         entity=entity, group=group, tags=tags, mode=self.mode, settings={"init_timeout": init_timeout})
+        super().__init__(
+            name=name,
+            save_dir=save_dir or ".",
+            project=project,
+            id=id,
+            log_model=log_model,
+            entity=entity,
+            group=group,
+            tags=tags,
+            mode=self.mode,
+            settings={"init_timeout": init_timeout},
+        )
 
     @property
     def experiment(self):
         """The W&B run, started on first use; offline when an online start fails (told once, on stderr)."""
         try:
             return super().experiment
-        except Exception as err:  # wandb.errors.CommError/AuthenticationError/UsageError and whatever else the start raises
+        except (
+            Exception
+        ) as err:  # wandb.errors.CommError/AuthenticationError/UsageError and whatever else the start raises
             if self.mode != "online":
                 raise
             cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -104,8 +119,10 @@ class WandbLogger(_WandbLogger):
         self._log_model = False  # artifacts need the server
         run = super().experiment
         folder = Path(run.dir).parent
-        print(f"attnlab: W&B online run could not start ({cause}); logging offline to {folder}; upload it later with `wandb sync {folder}`",
-              file=sys.stderr)
+        print(
+            f"attnlab: W&B online run could not start ({cause}); logging offline to {folder}; upload it later with `wandb sync {folder}`",
+            file=sys.stderr,
+        )
         return run
 
     def log_hyperparams(self, params: Any) -> None:
@@ -131,8 +148,16 @@ class CSVLogger(_CSVLogger):
     """Lightning's CSVLogger whose ``save_dir`` defaults to ``trainer.default_root_dir`` and which, when
     given an existing ``version``, appends to that run's metrics.csv instead of deleting it."""
 
-    def __init__(self, save_dir: str | None = None, name: str = "lightning_logs", version: int | str | None = None, flush_logs_every_n_steps: int = 100):
-        super().__init__(save_dir=save_dir or ".", name=name, version=version, flush_logs_every_n_steps=flush_logs_every_n_steps)
+    def __init__(
+        self,
+        save_dir: str | None = None,
+        name: str = "lightning_logs",
+        version: int | str | None = None,
+        flush_logs_every_n_steps: int = 100,
+    ):
+        super().__init__(
+            save_dir=save_dir or ".", name=name, version=version, flush_logs_every_n_steps=flush_logs_every_n_steps
+        )
 
     @property
     def experiment(self) -> ExperimentWriter:
@@ -170,7 +195,9 @@ def _logger_entries(trainer: Namespace) -> list[Namespace]:
     loggers = trainer.get("logger")
     if isinstance(loggers, Namespace):
         loggers = [loggers]
-    return [lg for lg in loggers if isinstance(lg, Namespace) and "class_path" in lg] if isinstance(loggers, list) else []
+    return (
+        [lg for lg in loggers if isinstance(lg, Namespace) and "class_path" in lg] if isinstance(loggers, list) else []
+    )
 
 
 def _is(entry: Namespace, cls: type) -> bool:
@@ -185,7 +212,11 @@ def prepare(config: Namespace, subcommand: str | None) -> None:
     root = cfg.trainer.get("default_root_dir") or os.getcwd()
     entries = _logger_entries(cfg.trainer)
     for entry in entries:
-        if (_is(entry, WandbLogger) or _is(entry, CSVLogger)) and entry.get("init_args") is not None and not entry.init_args.get("save_dir"):
+        if (
+            (_is(entry, WandbLogger) or _is(entry, CSVLogger))
+            and entry.get("init_args") is not None
+            and not entry.init_args.get("save_dir")
+        ):
             entry.init_args.save_dir = str(root)
     if subcommand == "fit" and cfg.get("ckpt_path") == "last":
         _resume_last(cfg, Path(root), entries)
@@ -205,18 +236,26 @@ def _resume_last(cfg: Namespace, root: Path, entries: list[Namespace]) -> None:
         return
     logger = cfg.trainer.get("logger")
     if logger is None or logger is True:  # Lightning's default logger, pinned to the resumed run's folder
-        cfg.trainer.logger = Namespace(class_path=f"{CSVLogger.__module__}.CSVLogger",
-                                       init_args=Namespace(save_dir=str(run_dir.parent.parent), name=run_dir.parent.name, version=run_dir.name))
+        cfg.trainer.logger = Namespace(
+            class_path=f"{CSVLogger.__module__}.CSVLogger",
+            init_args=Namespace(save_dir=str(run_dir.parent.parent), name=run_dir.parent.name, version=run_dir.name),
+        )
         return
     summary = _read_json(run_dir / "summary.json")
     for entry in entries:
         args = entry.get("init_args")
         if args is None:
             continue
-        if _is(entry, CSVLogger) and args.get("version") is None and Path(args.save_dir or root) / (args.get("name") or "lightning_logs") == run_dir.parent:
+        if (
+            _is(entry, CSVLogger)
+            and args.get("version") is None
+            and Path(args.save_dir or root) / (args.get("name") or "lightning_logs") == run_dir.parent
+        ):
             args.version = run_dir.name
         elif _is(entry, WandbLogger) and not args.get("id"):
-            ids = [run.get("id") for run in summary.get("wandb") or [] if run.get("id") and run.get("mode") != "disabled"]
+            ids = [
+                run.get("id") for run in summary.get("wandb") or [] if run.get("id") and run.get("mode") != "disabled"
+            ]
             if ids:
                 args.id = ids[0]
 
@@ -238,5 +277,13 @@ def default_callbacks() -> list:
     from experiments.interrupts import ExactResume, LastCheckpoint
     from experiments.schedule import LearningRateLog, TimeBudget
 
-    return [Throughput(), GradientNorm(), RunSummary(), NonFiniteLoss(), ExactResume(), LastCheckpoint(),
-            TimeBudget(), LearningRateLog()]
+    return [
+        Throughput(),
+        GradientNorm(),
+        RunSummary(),
+        NonFiniteLoss(),
+        ExactResume(),
+        LastCheckpoint(),
+        TimeBudget(),
+        LearningRateLog(),
+    ]

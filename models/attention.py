@@ -30,6 +30,7 @@ Parameters use the layout of ``torch.nn.MultiheadAttention`` (packed ``in_proj_w
 (3D, D), ``in_proj_bias``, ``out_proj``), so its state dict loads unchanged and timm's ``attn.qkv``
 / DETR's checkpoints load by renaming keys.
 """
+
 from __future__ import annotations
 
 import math
@@ -146,7 +147,9 @@ def _cpu_sdpa_zeroes_empty_rows() -> bool:
 _CPU_SDPA_SAFE = _cpu_sdpa_zeroes_empty_rows()
 
 
-def attention_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
+def attention_fast(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0, is_causal: bool = False
+) -> Tensor:
     """SDPA with the project's mask convention. ``is_causal`` only when Lq == Lk and no other mask."""
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
@@ -154,8 +157,12 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: 
         sdpa_mask = ~mask if mask.dtype == torch.bool else mask
         return F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
     empty = _empty_rows(mask)
-    if mask.dtype == torch.bool:  # SDPA's boolean convention is True = attend; an empty row attends to all, then is zeroed
-        sdpa_mask = torch.logical_not(mask).logical_or_(empty)  # two kernels: each launch counts at these sizes on a GPU
+    if (
+        mask.dtype == torch.bool
+    ):  # SDPA's boolean convention is True = attend; an empty row attends to all, then is zeroed
+        sdpa_mask = torch.logical_not(mask).logical_or_(
+            empty
+        )  # two kernels: each launch counts at these sizes on a GPU
     else:
         sdpa_mask = mask.masked_fill(empty, 0.0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
@@ -217,7 +224,14 @@ class MultiHeadAttention(nn.Module):
     when requested, weights (B, H, Lq, Lk).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, similarity: Similarity = "scaled_dot", bias: bool = True):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        similarity: Similarity = "scaled_dot",
+        bias: bool = True,
+    ):
         super().__init__()
         if similarity not in SIMILARITIES:
             raise ValueError(f"similarity={similarity!r} is not known; choose one of {', '.join(SIMILARITIES)}")
@@ -295,7 +309,13 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         if cache is not None and cache.static and cache.k is not None:
-            q = self._heads(F.linear(query, self.in_proj_weight[: self.embed_dim], None if self.in_proj_bias is None else self.in_proj_bias[: self.embed_dim]))[0]
+            q = self._heads(
+                F.linear(
+                    query,
+                    self.in_proj_weight[: self.embed_dim],
+                    None if self.in_proj_bias is None else self.in_proj_bias[: self.embed_dim],
+                )
+            )[0]
             k, v = cache.k, cache.v
         else:
             q, k, v = self._project(query, key, value)
@@ -312,13 +332,30 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"query batch {bsz} is not a multiple of the key/value batch {kv_bsz}")
         if group > 1:  # the rows of one key/value row's group attend as one longer query (beams sharing a memory)
             if attn_mask is not None or is_causal:
-                raise ValueError("a query batch larger than the key/value batch (beams sharing one memory) takes key_padding_mask only")
-            q = q.view(kv_bsz, group, self.num_heads, lq, self.head_dim).transpose(1, 2).reshape(kv_bsz, self.num_heads, group * lq, self.head_dim)
+                raise ValueError(
+                    "a query batch larger than the key/value batch (beams sharing one memory) takes key_padding_mask only"
+                )
+            q = (
+                q.view(kv_bsz, group, self.num_heads, lq, self.head_dim)
+                .transpose(1, 2)
+                .reshape(kv_bsz, self.num_heads, group * lq, self.head_dim)
+            )
         dropout_p = self.dropout if self.training else 0.0
         want_weights = need_weights or self._captured is not None
         plain_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None
-        mask = None if plain_causal and not want_weights else merge_masks(
-            kv_bsz, q.shape[2], lk, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, device=q.device, dtype=q.dtype
+        mask = (
+            None
+            if plain_causal and not want_weights
+            else merge_masks(
+                kv_bsz,
+                q.shape[2],
+                lk,
+                attn_mask=attn_mask,
+                key_padding_mask=key_padding_mask,
+                is_causal=is_causal,
+                device=q.device,
+                dtype=q.dtype,
+            )
         )
         weights = logits = None
         if want_weights:
@@ -328,9 +365,13 @@ class MultiHeadAttention(nn.Module):
         if group > 1:  # (B_kv, H, group·Lq, ·) -> (B, H, Lq, ·)
             out = out.view(kv_bsz, self.num_heads, group, lq, -1).transpose(1, 2).reshape(bsz, self.num_heads, lq, -1)
             if weights is not None:
-                weights, logits = (x.view(kv_bsz, self.num_heads, group, lq, lk).transpose(1, 2).reshape(bsz, self.num_heads, lq, lk)
-                                   for x in (weights, logits))
-                mask = None if mask is None else mask.repeat_interleave(group, 0)  # key padding only: (B_kv, 1, 1, Lk) -> (B, 1, 1, Lk)
+                weights, logits = (
+                    x.view(kv_bsz, self.num_heads, group, lq, lk).transpose(1, 2).reshape(bsz, self.num_heads, lq, lk)
+                    for x in (weights, logits)
+                )
+                mask = (
+                    None if mask is None else mask.repeat_interleave(group, 0)
+                )  # key padding only: (B_kv, 1, 1, Lk) -> (B, 1, 1, Lk)
         if self._captured is not None:
             if self._capture_scores:
                 blocked = None if mask is None else mask if mask.dtype == torch.bool else torch.isneginf(mask)
@@ -342,7 +383,9 @@ class MultiHeadAttention(nn.Module):
 
 
 @contextmanager
-def capture_attention(model: nn.Module, scores: bool = False) -> Iterator[dict[str, list[Tensor]] | dict[str, list[AttentionScores]]]:
+def capture_attention(
+    model: nn.Module, scores: bool = False
+) -> Iterator[dict[str, list[Tensor]] | dict[str, list[AttentionScores]]]:
     """Record the attention weights of every `MultiHeadAttention` in ``model``, unedited.
 
     Inside the block every attention layer takes the reference path and appends its weights

@@ -5,6 +5,7 @@ batches of 2 images are too small to estimate them) and trains only layer2-layer
 learning rate. ImageNet weights come from a local file (``model.backbone_weights``) or, online,
 from timm's hub and cache (``model.backbone_pretrained``); otherwise the trunk starts random.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,10 @@ def load_backbone_weights(body: nn.Module, path: str | Path) -> None:
     "state_dict") into the trunk; the classifier (``fc.*``) and stages the trunk cut off are ignored."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"model.backbone_weights: {path} does not exist (this local file is never downloaded; "
-                                "model.backbone_pretrained=true fetches timm's weights when online)")
+        raise FileNotFoundError(
+            f"model.backbone_weights: {path} does not exist (this local file is never downloaded; "
+            "model.backbone_pretrained=true fetches timm's weights when online)"
+        )
     state = load_weights_file(path, "model.backbone_weights")  # tensors only: a file holding pickled code is refused
     for key in ("model", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
@@ -40,10 +43,14 @@ def load_backbone_weights(body: nn.Module, path: str | Path) -> None:
     kept = {k: v for k, v in state.items() if k in own}
     missing = [k for k in own if k not in kept and not k.endswith("num_batches_tracked")]
     if missing:
-        raise ValueError(f"model.backbone_weights: {path} lacks {len(missing)} weights of the trunk, e.g. {missing[:3]}; is it a checkpoint of this architecture?")
+        raise ValueError(
+            f"model.backbone_weights: {path} lacks {len(missing)} weights of the trunk, e.g. {missing[:3]}; is it a checkpoint of this architecture?"
+        )
     wrong = [k for k, v in kept.items() if v.shape != own[k].shape]
     if wrong:
-        raise ValueError(f"model.backbone_weights: {path} has weights of another shape, e.g. {wrong[0]}: {tuple(kept[wrong[0]].shape)} vs {tuple(own[wrong[0]].shape)}")
+        raise ValueError(
+            f"model.backbone_weights: {path} has weights of another shape, e.g. {wrong[0]}: {tuple(kept[wrong[0]].shape)} vs {tuple(own[wrong[0]].shape)}"
+        )
     body.load_state_dict(kept, strict=False)
 
 
@@ -82,12 +89,18 @@ class Backbone(nn.Module):
         if not 0 <= trainable_layers <= len(_RESNET_STAGES):
             raise ValueError(f"model.trainable_backbone_layers={trainable_layers} must be in 0..{len(_RESNET_STAGES)}")
         if pretrained and weights is not None:
-            raise ValueError(f"model.backbone_pretrained=true and model.backbone_weights={weights}: give one source of trunk weights")
+            raise ValueError(
+                f"model.backbone_pretrained=true and model.backbone_weights={weights}: give one source of trunk weights"
+            )
         try:
-            body = timm.create_model(name, pretrained=pretrained, features_only=True, out_indices=(out_index,), **timm_kwargs)
+            body = timm.create_model(
+                name, pretrained=pretrained, features_only=True, out_indices=(out_index,), **timm_kwargs
+            )
         except LocalEntryNotFoundError:
-            raise ValueError(f"model.backbone_pretrained=true: timm's weights for {name!r} are not in the Hugging Face cache and the hub "
-                             "cannot be reached (offline); give a local file instead: model.backbone_weights=PATH") from None
+            raise ValueError(
+                f"model.backbone_pretrained=true: timm's weights for {name!r} are not in the Hugging Face cache and the hub "
+                "cannot be reached (offline); give a local file instead: model.backbone_weights=PATH"
+            ) from None
         except (RuntimeError, IndexError) as err:
             raise ValueError(f"model.backbone={name!r} with out_index={out_index}: {err}") from err
         if weights is not None:
@@ -95,7 +108,9 @@ class Backbone(nn.Module):
         self.body = freeze_batch_norm_2d(body) if norm == "frozen_bn" else body
         self.num_channels = self.body.feature_info.channels()[-1]
         self.stride = self.body.feature_info.reduction()[-1]
-        trainable = tuple(p for stage in _RESNET_STAGES[:trainable_layers] for p in ((stage,) if isinstance(stage, str) else stage))
+        trainable = tuple(
+            p for stage in _RESNET_STAGES[:trainable_layers] for p in ((stage,) if isinstance(stage, str) else stage)
+        )
         for pname, p in self.body.named_parameters():
             p.requires_grad_(trainable_layers == len(_RESNET_STAGES) or pname.startswith(trainable))
 

@@ -3,6 +3,7 @@
 Formats: ``cxcywh`` (centre x, centre y, width, height; DETR predicts these, normalised to [0, 1])
 and ``xyxy`` (corners; torchvision, evaluation). COCO files store ``xywh`` (top-left corner, size).
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """DETR's set prediction loss: Hungarian matching, then class and box losses on the matched pairs."""
+
 from __future__ import annotations
 
 import torch
@@ -19,7 +20,9 @@ def num_boxes_across_processes(targets: list[dict[str, Tensor]], device: torch.d
     gradients of the processes, so N processes then train exactly like one process with the whole
     batch: (1/N) Σ_p S_p / (Σ_p n_p / N) = Σ_p S_p / Σ_p n_p.
     """
-    num_boxes = torch.full((), float(sum(len(t["labels"]) for t in targets)), device=device)  # a fill: no copy that waits for the GPU
+    num_boxes = torch.full(
+        (), float(sum(len(t["labels"]) for t in targets)), device=device
+    )  # a fill: no copy that waits for the GPU
     world_size = 1
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(num_boxes)
@@ -56,8 +59,17 @@ class SetCriterion(nn.Module):
     Shapes: see `HungarianMatcher`; ``forward`` returns a dict of scalar tensors.
     """
 
-    def __init__(self, num_classes: int, matcher: HungarianMatcher, eos_coef: float = 0.1, weight_dict: dict[str, float] | None = None, num_aux: int = 0,
-                 focal_alpha: float | None = None, focal_gamma: float = 2.0, denoising: bool = False):
+    def __init__(
+        self,
+        num_classes: int,
+        matcher: HungarianMatcher,
+        eos_coef: float = 0.1,
+        weight_dict: dict[str, float] | None = None,
+        num_aux: int = 0,
+        focal_alpha: float | None = None,
+        focal_gamma: float = 2.0,
+        denoising: bool = False,
+    ):
         super().__init__()
         self.num_classes, self.matcher, self.eos_coef = num_classes, matcher, eos_coef
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
@@ -92,7 +104,9 @@ class SetCriterion(nn.Module):
             losses = {"loss_ce": focal / num_boxes}
         if log:
             matched = logits[idx]
-            correct = (matched.argmax(-1) == target_classes_o).float().mean() if len(matched) else logits.new_tensor(1.0)
+            correct = (
+                (matched.argmax(-1) == target_classes_o).float().mean() if len(matched) else logits.new_tensor(1.0)
+            )
             losses["class_error"] = 100 * (1 - correct.detach())
         return losses
 
@@ -111,7 +125,9 @@ class SetCriterion(nn.Module):
         src_boxes = outputs["pred_boxes"][idx]  # (ΣT, 4)
         target_boxes = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).to(src_boxes.dtype)
         loss_bbox = F.l1_loss(src_boxes, target_boxes, reduction="none").sum() / num_boxes
-        giou = generalized_box_iou(box_cxcywh_to_xyxy(src_boxes)[:, None], box_cxcywh_to_xyxy(target_boxes)[:, None]).flatten()  # pairs, not all ΣT x ΣT
+        giou = generalized_box_iou(
+            box_cxcywh_to_xyxy(src_boxes)[:, None], box_cxcywh_to_xyxy(target_boxes)[:, None]
+        ).flatten()  # pairs, not all ΣT x ΣT
         return {"loss_bbox": loss_bbox, "loss_giou": (1 - giou).sum() / num_boxes}
 
     def _losses(self, outputs, targets, indices, num_boxes, log: bool) -> dict[str, Tensor]:
@@ -124,7 +140,9 @@ class SetCriterion(nn.Module):
     def forward(self, outputs: dict, targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         num_boxes = num_boxes_across_processes(targets, outputs["pred_logits"].device)
         aux_outputs = outputs.get("aux_outputs", [])
-        final_indices, *aux_indices = self.matcher.match_layers([outputs, *aux_outputs], targets)  # one matching pass for all layers
+        final_indices, *aux_indices = self.matcher.match_layers(
+            [outputs, *aux_outputs], targets
+        )  # one matching pass for all layers
         losses = self._losses(outputs, targets, final_indices, num_boxes, log=True)
         for i, (aux, indices) in enumerate(zip(aux_outputs, aux_indices)):
             losses.update({f"{k}_{i}": v for k, v in self._losses(aux, targets, indices, num_boxes, log=False).items()})
@@ -132,13 +150,22 @@ class SetCriterion(nn.Module):
             losses.update(self.denoising_losses(outputs["dn_outputs"], targets, num_boxes))
         return losses
 
-    def denoising_losses(self, dn_outputs: dict, targets: list[dict[str, Tensor]], num_boxes: Tensor) -> dict[str, Tensor]:
+    def denoising_losses(
+        self, dn_outputs: dict, targets: list[dict[str, Tensor]], num_boxes: Tensor
+    ) -> dict[str, Tensor]:
         """The losses of the denoising slots (B, G·P, ·): slot g·P + j against target j, no matching."""
         groups = dn_outputs["num_groups"]
         indices = denoising_indices(targets, groups, dn_outputs["pred_boxes"].shape[1] // groups)
-        losses = {f"{k}_dn": v for k, v in self._losses(dn_outputs, targets, indices, num_boxes * groups, log=False).items()}
+        losses = {
+            f"{k}_dn": v for k, v in self._losses(dn_outputs, targets, indices, num_boxes * groups, log=False).items()
+        }
         for i, aux in enumerate(dn_outputs["aux_outputs"]):
-            losses.update({f"{k}_dn_{i}": v for k, v in self._losses(aux, targets, indices, num_boxes * groups, log=False).items()})
+            losses.update(
+                {
+                    f"{k}_dn_{i}": v
+                    for k, v in self._losses(aux, targets, indices, num_boxes * groups, log=False).items()
+                }
+            )
         return losses
 
     def total(self, losses: dict[str, Tensor]) -> Tensor:

@@ -8,6 +8,7 @@ runs one token per step on its cache of keys and values, so a step costs one pos
 of the whole prefix. ``max_len`` counts generated tokens, EOS included; the last step is forced to
 EOS, so every hypothesis ends with EOS. Outputs exclude BOS and are padded with PAD after EOS.
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,13 +40,17 @@ def _top_log_probs(logits: Tensor, n: int, eos_id: int, force_eos: bool, banned:
     logits = logits.index_fill(-1, banned, float("-inf"))
     values, tokens = logits.topk(min(n, logits.size(-1)), dim=-1)
     if tokens.size(1) < n:  # a beam wider than the vocabulary: the missing candidates can never win
-        values, tokens = F.pad(values, (0, n - values.size(1)), value=float("-inf")), F.pad(tokens, (0, n - tokens.size(1)), value=eos_id)
+        values, tokens = (
+            F.pad(values, (0, n - values.size(1)), value=float("-inf")),
+            F.pad(tokens, (0, n - tokens.size(1)), value=eos_id),
+        )
     return values - lse, tokens
 
 
 @torch.no_grad()
-def greedy_decode(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_id: int, max_len: int,
-                  use_cache: bool = True) -> tuple[Tensor, Tensor]:
+def greedy_decode(
+    model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_id: int, max_len: int, use_cache: bool = True
+) -> tuple[Tensor, Tensor]:
     """Pick the most likely token at each step.
 
     src (B, S) -> (tokens (B, L) with L <= max_len, log-probability of each sequence (B,)).
@@ -75,8 +80,17 @@ def greedy_decode(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pa
 
 
 @torch.no_grad()
-def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_id: int, max_len: int,
-                beam_size: int = 4, alpha: float = 0.6) -> tuple[Tensor, Tensor]:
+def beam_search(
+    model: nn.Module,
+    src: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_len: int,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+) -> tuple[Tensor, Tensor]:
     """Keep the ``beam_size`` best prefixes of every sentence, all sentences in one batch.
 
     Each step extends every live prefix by every token and keeps, per sentence, the 2k best
@@ -111,7 +125,7 @@ def beam_search(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_
         candidates = (scores.unsqueeze(-1) + logp.view(n, k, 2 * k)).view(n, 2 * k * k)
         top_scores, top = candidates.topk(2 * k, dim=1)  # (n, 2k)
         beam, token = top // (2 * k), tokens.view(n, 2 * k * k).gather(1, top)
-        rows = (torch.arange(n, device=device)[:, None] * k + beam)  # (n, 2k) row of each candidate's prefix
+        rows = torch.arange(n, device=device)[:, None] * k + beam  # (n, 2k) row of each candidate's prefix
         is_eos = token.eq(eos_id)
 
         # finished: EOS among the k best candidates, merged with earlier finished hypotheses

@@ -13,6 +13,7 @@ matching queries from seeing any group (at inference there are none) and each gr
 others (a group would otherwise copy the answers of another); groups see the matching queries.
 Padding slots are blocked as keys by ``padding`` and are trained as "no object", as in DN-DETR.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,11 +26,15 @@ from torch.nn.utils.rnn import pad_sequence
 def check_denoising(num_groups: int, label_noise: float, box_noise: float) -> None:
     """One-line errors for settings that cannot work, raised when the model is built."""
     if not isinstance(num_groups, int) or num_groups < 0:
-        raise ValueError(f"model.dn_number={num_groups!r}: the number of denoising groups must be an integer >= 0 (0 turns denoising off)")
+        raise ValueError(
+            f"model.dn_number={num_groups!r}: the number of denoising groups must be an integer >= 0 (0 turns denoising off)"
+        )
     if not 0.0 <= label_noise <= 1.0:
         raise ValueError(f"model.dn_label_noise={label_noise}: the label flip probability must be in [0, 1]")
     if not 0.0 <= box_noise <= 1.0:
-        raise ValueError(f"model.dn_box_noise={box_noise}: the box noise scale must be in [0, 1] (1 shifts a centre by up to half the box)")
+        raise ValueError(
+            f"model.dn_box_noise={box_noise}: the box noise scale must be in [0, 1] (1 shifts a centre by up to half the box)"
+        )
 
 
 @dataclass
@@ -51,12 +56,23 @@ class DenoisingQueries:
 def denoising_attn_mask(num_queries: int, num_groups: int, pad_size: int, device: torch.device | None = None) -> Tensor:
     """(N + G·P, N + G·P) boolean, True where query i may not see key j: matching queries do not see the
     groups, a group does not see another group; groups see the matching queries and themselves."""
-    group = torch.cat([torch.full((num_queries,), -1, device=device), torch.arange(num_groups, device=device).repeat_interleave(pad_size)])
+    group = torch.cat(
+        [
+            torch.full((num_queries,), -1, device=device),
+            torch.arange(num_groups, device=device).repeat_interleave(pad_size),
+        ]
+    )
     return (group[:, None] != group[None, :]) & (group[None, :] >= 0)
 
 
-def denoising_queries(targets: list[dict[str, Tensor]], num_groups: int, label_noise: float, box_noise: float, num_classes: int,
-                      num_queries: int) -> DenoisingQueries | None:
+def denoising_queries(
+    targets: list[dict[str, Tensor]],
+    num_groups: int,
+    label_noise: float,
+    box_noise: float,
+    num_classes: int,
+    num_queries: int,
+) -> DenoisingQueries | None:
     """Noised copies of the targets (labels (T_b,), boxes (T_b, 4) normalised cxcywh); None when there is
     nothing to denoise (no groups, or no image of the batch has an object)."""
     sizes = [len(t["labels"]) for t in targets]
@@ -77,8 +93,13 @@ def denoising_queries(targets: list[dict[str, Tensor]], num_groups: int, label_n
     scale = torch.cat([wh / 2, wh], dim=-1)  # centres move by up to half the size, sizes change by up to all of it
     noised = (boxes + (torch.rand_like(boxes) * 2 - 1) * scale * box_noise).clamp(0.0, 1.0)
     noised = torch.where(valid[..., None], noised, 0.0)
-    return DenoisingQueries(labels.flatten(1), noised.flatten(1, 2), ~valid.flatten(1),
-                            denoising_attn_mask(num_queries, num_groups, pad, device), num_groups)
+    return DenoisingQueries(
+        labels.flatten(1),
+        noised.flatten(1, 2),
+        ~valid.flatten(1),
+        denoising_attn_mask(num_queries, num_groups, pad, device),
+        num_groups,
+    )
 
 
 def denoising_indices(targets: list[dict[str, Tensor]], num_groups: int, pad_size: int) -> list[tuple[Tensor, Tensor]]:

@@ -14,6 +14,7 @@ and denoising queries in training (DN-DETR, ``dn_number`` > 0, see models.denois
 only how queries are built, which queries see which (a self-attention mask), and the losses; every
 attention still runs through models.attention.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,12 +55,29 @@ class DETRTransformer(nn.Module):
     -> memory (B, h·w, D), mask (B, h·w), pos (B, h·w, D).
     """
 
-    def __init__(self, d_model: int = 256, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
-                 dim_feedforward: int = 2048, dropout: float = 0.1, activation: str = "relu", similarity: Similarity = "scaled_dot"):
+    def __init__(
+        self,
+        d_model: int = 256,
+        nhead: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        similarity: Similarity = "scaled_dot",
+    ):
         super().__init__()
-        layer_kwargs = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation, norm_first=False, similarity=similarity)
+        layer_kwargs = dict(
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation=activation,
+            norm_first=False,
+            similarity=similarity,
+        )
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=False, **layer_kwargs)
-        self.decoder = TransformerDecoder(num_decoder_layers, d_model, nhead, final_norm=True, return_intermediate=True, **layer_kwargs)
+        self.decoder = TransformerDecoder(
+            num_decoder_layers, d_model, nhead, final_norm=True, return_intermediate=True, **layer_kwargs
+        )
         self.d_model = d_model
         for name, p in self.named_parameters():  # the reference's init; the "general" W stays the identity
             if p.dim() > 1 and not name.endswith("general_weight"):
@@ -115,11 +133,26 @@ class DETR(nn.Module):
         ``num_groups``; with focal classes, ``sigmoid``: True.
     """
 
-    def __init__(self, backbone: Backbone, num_classes: int = 91, num_queries: int = 100, d_model: int = 256, nhead: int = 8,
-                 num_encoder_layers: int = 6, num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation: str = "relu", similarity: Similarity = "scaled_dot", aux_loss: bool = True,
-                 query_type: QueryType = "vanilla", class_loss: ClassLoss = "ce",
-                 dn_number: int = 0, dn_label_noise: float = 0.2, dn_box_noise: float = 0.4):
+    def __init__(
+        self,
+        backbone: Backbone,
+        num_classes: int = 91,
+        num_queries: int = 100,
+        d_model: int = 256,
+        nhead: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        similarity: Similarity = "scaled_dot",
+        aux_loss: bool = True,
+        query_type: QueryType = "vanilla",
+        class_loss: ClassLoss = "ce",
+        dn_number: int = 0,
+        dn_label_noise: float = 0.2,
+        dn_box_noise: float = 0.4,
+    ):
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes={num_classes} must be >= 1")
@@ -138,7 +171,9 @@ class DETR(nn.Module):
         self.input_proj = nn.Conv2d(backbone.num_channels, d_model, kernel_size=1)
         if query_type == "vanilla":
             self.query_embed = nn.Embedding(num_queries, d_model)
-        self.transformer = DETRTransformer(d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation, similarity)
+        self.transformer = DETRTransformer(
+            d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation, similarity
+        )
         self.class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
         self.bbox_embed = MLP(d_model, d_model, 4, 3)
         if query_type == "anchor":
@@ -157,12 +192,16 @@ class DETR(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"query_embed.weight", "refpoint_embed.weight"}
 
-    def forward(self, images: Tensor, mask: Tensor | None = None, targets: list[dict[str, Tensor]] | None = None) -> dict:
+    def forward(
+        self, images: Tensor, mask: Tensor | None = None, targets: list[dict[str, Tensor]] | None = None
+    ) -> dict:
         """``targets`` are read in training with ``dn_number > 0`` only (the denoising queries)."""
         memory, memory_mask, pos = self.encode(images, mask)
         dn = None
         if self.training and self.dn_number > 0 and targets is not None:
-            dn = denoising_queries(targets, self.dn_number, self.dn_label_noise, self.dn_box_noise, self.num_classes, self.num_queries)
+            dn = denoising_queries(
+                targets, self.dn_number, self.dn_label_noise, self.dn_box_noise, self.num_classes, self.num_queries
+            )
         return self.decode(memory, memory_mask, pos, dn)
 
     def encode(self, images: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -191,10 +230,19 @@ class DETR(nn.Module):
         else:
             query_pos = self.query_embed.weight[None].expand(batch, -1, -1)  # (B, N, D)
             if dn is not None:
-                dn_pos = self.ref_point_head(box_sine_embedding(dn.boxes.to(query_pos.dtype), self.transformer.d_model // 2))
+                dn_pos = self.ref_point_head(
+                    box_sine_embedding(dn.boxes.to(query_pos.dtype), self.transformer.d_model // 2)
+                )
                 query_pos = torch.cat([query_pos, dn_pos], dim=1)
-            hs = self.transformer.decoder(tgt, memory, tgt_mask=tgt_mask, tgt_key_padding_mask=padding, memory_key_padding_mask=memory_mask,
-                                          pos=pos, query_pos=query_pos)  # (L, B, N + G·P, D)
+            hs = self.transformer.decoder(
+                tgt,
+                memory,
+                tgt_mask=tgt_mask,
+                tgt_key_padding_mask=padding,
+                memory_key_padding_mask=memory_mask,
+                pos=pos,
+                query_pos=query_pos,
+            )  # (L, B, N + G·P, D)
             boxes = self.bbox_embed(hs).sigmoid()  # (L, B, N + G·P, 4)
         logits = self.class_embed(hs)  # (L, B, N + G·P, K + 1)
         out = self._outputs(logits[:, :, :n], boxes[:, :, :n])
@@ -209,8 +257,16 @@ class DETR(nn.Module):
         aux = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])] if self.aux_loss else []
         return {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
 
-    def _refine_anchors(self, tgt: Tensor, anchors: Tensor, memory: Tensor, memory_mask: Tensor, pos: Tensor,
-                        tgt_mask: Tensor | None, padding: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _refine_anchors(
+        self,
+        tgt: Tensor,
+        anchors: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor,
+        pos: Tensor,
+        tgt_mask: Tensor | None,
+        padding: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
         """DAB-DETR's decoder: layer l takes its positional query from its anchor a_l (B, Q, 4) and predicts
         b_l = sigmoid(inverse_sigmoid(a_l) + bbox_embed(h_l)); a_{l+1} = b_l, detached, so that each layer
         learns its own correction. Returns hs (L, B, Q, D) and boxes (L, B, Q, 4)."""
@@ -218,7 +274,15 @@ class DETR(nn.Module):
         hs, boxes = [], []
         for layer in decoder.layers:
             query_pos = self.ref_point_head(box_sine_embedding(anchors, self.transformer.d_model // 2))  # (B, Q, D)
-            x = layer(x, memory, tgt_mask=tgt_mask, tgt_key_padding_mask=padding, memory_key_padding_mask=memory_mask, pos=pos, query_pos=query_pos)
+            x = layer(
+                x,
+                memory,
+                tgt_mask=tgt_mask,
+                tgt_key_padding_mask=padding,
+                memory_key_padding_mask=memory_mask,
+                pos=pos,
+                query_pos=query_pos,
+            )
             h = decoder.norm(x)
             box = (inverse_sigmoid(anchors) + self.bbox_embed(h)).sigmoid()
             hs.append(h)

@@ -12,6 +12,7 @@ Every file is read as tensors only (`models.weights`). A class count or a query 
 from the file's re-initialises the class head (keeping the file's no-object row last) or the
 queries; anything else that does not fit is an error naming the first tensor that differs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,9 @@ log = logging.getLogger(__name__)
 KEY = "model.init_from"
 _HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")  # "owner/name" that is not a local path
 _HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
-_ARCHITECTURE = "make the YAML describe the checkpoint's architecture (backbone, d_model, nhead, dim_feedforward, layers)"
+_ARCHITECTURE = (
+    "make the YAML describe the checkpoint's architecture (backbone, d_model, nhead, dim_feedforward, layers)"
+)
 
 # Hugging Face DETR names -> ours. Files written by transformers 4 and 5 use the left names; transformers 5
 # models name the same tensors ``backbone.model``, ``o_proj`` and ``mlp.fc1`` in memory, accepted too.
@@ -55,10 +58,14 @@ _HF_KEYS = (
 _HF_RESNET_KEYS = (
     (r"\.embedder\.embedder\.convolution\.", lambda m: ".conv1."),
     (r"\.embedder\.embedder\.normalization\.", lambda m: ".bn1."),
-    (r"\.encoder\.stages\.(\d+)\.layers\.(\d+)\.shortcut\.(convolution|normalization)\.",
-     lambda m: f".layer{int(m[1]) + 1}.{m[2]}.downsample.{int(m[3] == 'normalization')}."),
-    (r"\.encoder\.stages\.(\d+)\.layers\.(\d+)\.layer\.(\d+)\.(convolution|normalization)\.",
-     lambda m: f".layer{int(m[1]) + 1}.{m[2]}.{'conv' if m[4] == 'convolution' else 'bn'}{int(m[3]) + 1}."),
+    (
+        r"\.encoder\.stages\.(\d+)\.layers\.(\d+)\.shortcut\.(convolution|normalization)\.",
+        lambda m: f".layer{int(m[1]) + 1}.{m[2]}.downsample.{int(m[3] == 'normalization')}.",
+    ),
+    (
+        r"\.encoder\.stages\.(\d+)\.layers\.(\d+)\.layer\.(\d+)\.(convolution|normalization)\.",
+        lambda m: f".layer{int(m[1]) + 1}.{m[2]}.{'conv' if m[4] == 'convolution' else 'bn'}{int(m[3]) + 1}.",
+    ),
 )
 
 
@@ -79,7 +86,9 @@ def hf_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
         prefix, kind = key.rsplit(".q_proj.", 1)
         parts = [renamed.pop(f"{prefix}.{p}_proj.{kind}", None) for p in "qkv"]
         if any(p is None for p in parts):
-            raise ValueError(f"{KEY}: {prefix} has q_proj.{kind} without k_proj.{kind} and v_proj.{kind}; is it a DETR checkpoint?")
+            raise ValueError(
+                f"{KEY}: {prefix} has q_proj.{kind} without k_proj.{kind} and v_proj.{kind}; is it a DETR checkpoint?"
+            )
         packed[f"{prefix}.in_proj_{kind}"] = torch.cat(parts)  # (3D, D) or (3D,)
     return {**renamed, **packed}
 
@@ -94,17 +103,23 @@ def _hub_snapshot(name: str) -> Path:
         if not (folder / _HF_WEIGHTS[0]).is_file():
             folder = Path(snapshot_download(name, allow_patterns=["config.json", _HF_WEIGHTS[1]]))
     except LocalEntryNotFoundError:
-        raise ValueError(f"{KEY}={name}: not a local path, and offline the Hugging Face cache does not hold it; give a local folder "
-                         f"instead (where online: `hf download {name} --local-dir DIR`, then {KEY}=DIR)") from None
+        raise ValueError(
+            f"{KEY}={name}: not a local path, and offline the Hugging Face cache does not hold it; give a local folder "
+            f"instead (where online: `hf download {name} --local-dir DIR`, then {KEY}=DIR)"
+        ) from None
     except HfHubHTTPError as err:
-        raise ValueError(f"{KEY}={name}: neither a local path nor a Hugging Face hub repository ({str(err).splitlines()[0]})") from None
+        raise ValueError(
+            f"{KEY}={name}: neither a local path nor a Hugging Face hub repository ({str(err).splitlines()[0]})"
+        ) from None
     return folder
 
 
 def _read_hf_config(folder: Path) -> dict:
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") != "detr":
-        raise ValueError(f"{KEY}: {folder}/config.json describes a {config.get('model_type')!r} model, not DETR (model_type 'detr')")
+        raise ValueError(
+            f"{KEY}: {folder}/config.json describes a {config.get('model_type')!r} model, not DETR (model_type 'detr')"
+        )
     return config
 
 
@@ -120,15 +135,19 @@ def read_detr_weights(source: str) -> tuple[dict[str, Tensor], dict | None]:
     path = Path(source)
     if not path.exists():
         if not _HUB_NAME.fullmatch(source) or path.suffix in (".pth", ".ckpt", ".safetensors", ".bin"):
-            raise FileNotFoundError(f"{KEY}: {path} does not exist (give a facebookresearch/detr .pth, an attnlab .ckpt, "
-                                    "a Hugging Face save_pretrained folder or a hub name such as facebook/detr-resnet-50)")
+            raise FileNotFoundError(
+                f"{KEY}: {path} does not exist (give a facebookresearch/detr .pth, an attnlab .ckpt, "
+                "a Hugging Face save_pretrained folder or a hub name such as facebook/detr-resnet-50)"
+            )
         path = _hub_snapshot(source)
     config = None
     if path.is_dir():
         found = [path / name for name in _HF_WEIGHTS if (path / name).is_file()]
         if not (path / "config.json").is_file() or not found:
-            raise FileNotFoundError(f"{KEY}: {path} is a folder without config.json and {' or '.join(_HF_WEIGHTS)}; "
-                                    "give a folder written by DetrForObjectDetection.save_pretrained")
+            raise FileNotFoundError(
+                f"{KEY}: {path} is a folder without config.json and {' or '.join(_HF_WEIGHTS)}; "
+                "give a folder written by DetrForObjectDetection.save_pretrained"
+            )
         config, path = _read_hf_config(path), found[0]
     state = load_weights_file(path, KEY, safe_globals=[argparse.Namespace])  # detr's own checkpoints hold args
     for key in ("state_dict", "model"):
@@ -151,14 +170,20 @@ def _check_hf_config(model: DETR, config: dict, source: str) -> None:
     nhead = model.transformer.encoder.layers[0].self_attn.num_heads
     for field in ("encoder_attention_heads", "decoder_attention_heads"):
         if config.get(field, nhead) != nhead:
-            raise ValueError(f"{KEY}: {source} has {config[field]} heads ({field} in config.json), the model model.nhead={nhead}")
+            raise ValueError(
+                f"{KEY}: {source} has {config[field]} heads ({field} in config.json), the model model.nhead={nhead}"
+            )
     if config.get("position_embedding_type", "sine") != "sine":
-        raise ValueError(f"{KEY}: {source} uses {config['position_embedding_type']!r} positions; attnlab's DETR has the sine ones")
+        raise ValueError(
+            f"{KEY}: {source} uses {config['position_embedding_type']!r} positions; attnlab's DETR has the sine ones"
+        )
     stride = 16 if config.get("dilation") else 32
     if model.backbone.stride != stride:
-        raise ValueError(f"{KEY}: {source} has a backbone of stride {stride} (dilation={config.get('dilation', False)} in config.json), "
-                         f"the model {model.backbone.stride}; set model.backbone_out_index=4"
-                         + (" and model.backbone_kwargs={output_stride: 16} (DC5)" if stride == 16 else ""))
+        raise ValueError(
+            f"{KEY}: {source} has a backbone of stride {stride} (dilation={config.get('dilation', False)} in config.json), "
+            f"the model {model.backbone.stride}; set model.backbone_out_index=4"
+            + (" and model.backbone_kwargs={output_stride: 16} (DC5)" if stride == 16 else "")
+        )
 
 
 def load_detr_weights(model: DETR, source: str) -> None:
@@ -177,23 +202,35 @@ def load_detr_weights(model: DETR, source: str) -> None:
     head, file_head = own["class_embed.weight"], state.get("class_embed.weight")
     if file_head is not None and file_head.shape[0] != head.shape[0] and file_head.shape[1:] == head.shape[1:]:
         for kind in ("weight", "bias"):  # the model's fresh class rows, then the file's no-object row
-            state[f"class_embed.{kind}"] = torch.cat([own[f"class_embed.{kind}"][:-1], state[f"class_embed.{kind}"][-1:]])
-        changed.append(f"class head re-initialised for {head.shape[0] - 1} classes (the file has {file_head.shape[0] - 1}; "
-                       "its no-object row is kept, last)")
+            state[f"class_embed.{kind}"] = torch.cat(
+                [own[f"class_embed.{kind}"][:-1], state[f"class_embed.{kind}"][-1:]]
+            )
+        changed.append(
+            f"class head re-initialised for {head.shape[0] - 1} classes (the file has {file_head.shape[0] - 1}; "
+            "its no-object row is kept, last)"
+        )
     queries, file_queries = own["query_embed.weight"], state.get("query_embed.weight")
-    if file_queries is not None and file_queries.shape[0] != queries.shape[0] and file_queries.shape[1:] == queries.shape[1:]:
+    if (
+        file_queries is not None
+        and file_queries.shape[0] != queries.shape[0]
+        and file_queries.shape[1:] == queries.shape[1:]
+    ):
         state["query_embed.weight"] = queries
         changed.append(f"{queries.shape[0]} object queries re-initialised (the file has {file_queries.shape[0]})")
     for name, tensor in own.items():
         if name not in state and not name.endswith("num_batches_tracked"):
             raise ValueError(f"{KEY}: {source} lacks {name} {tuple(tensor.shape)}; {_ARCHITECTURE}")
         if name in state and state[name].shape != tensor.shape:
-            raise ValueError(f"{KEY}: {source} does not fit this DETR: {name} is {tuple(tensor.shape)} in the model and "
-                             f"{tuple(state[name].shape)} in the file; {_ARCHITECTURE}")
+            raise ValueError(
+                f"{KEY}: {source} does not fit this DETR: {name} is {tuple(tensor.shape)} in the model and "
+                f"{tuple(state[name].shape)} in the file; {_ARCHITECTURE}"
+            )
     extra = [k for k in state if k not in own]
     if extra:
-        raise ValueError(f"{KEY}: {source} holds {extra[0]} {tuple(state[extra[0]].shape)} that this DETR lacks "
-                         f"({len(extra)} such tensors); {_ARCHITECTURE}")
+        raise ValueError(
+            f"{KEY}: {source} holds {extra[0]} {tuple(state[extra[0]].shape)} that this DETR lacks "
+            f"({len(extra)} such tensors); {_ARCHITECTURE}"
+        )
     model.load_state_dict(state, strict=False)  # strict but for num_batches_tracked, which files of frozen trunks lack
     if changed:
         log.warning("%s=%s: %s", KEY, source, "; ".join(changed))

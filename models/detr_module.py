@@ -5,6 +5,7 @@ detection DataModules make them. COCO evaluation reads the ground truth from the
 running dataloader (``coco``, ``category_ids``), so the model never imports a DataModule. Drawings
 and `attnlab predict`'s files are callbacks (`experiments.detection_callbacks`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -97,18 +98,47 @@ class ObjectDetector(pl.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        trunk = Backbone(backbone, backbone_out_index, backbone_norm, trainable_backbone_layers if lr_backbone > 0 else 0,
-                         backbone_weights, backbone_pretrained, **(backbone_kwargs or {}))
-        self.model = DETR(trunk, num_classes, num_queries, d_model, nhead, num_encoder_layers, num_decoder_layers,
-                          dim_feedforward, dropout, similarity=similarity, aux_loss=aux_loss, query_type=query_type, class_loss=class_loss,
-                          dn_number=dn_number, dn_label_noise=dn_label_noise, dn_box_noise=dn_box_noise)
+        trunk = Backbone(
+            backbone,
+            backbone_out_index,
+            backbone_norm,
+            trainable_backbone_layers if lr_backbone > 0 else 0,
+            backbone_weights,
+            backbone_pretrained,
+            **(backbone_kwargs or {}),
+        )
+        self.model = DETR(
+            trunk,
+            num_classes,
+            num_queries,
+            d_model,
+            nhead,
+            num_encoder_layers,
+            num_decoder_layers,
+            dim_feedforward,
+            dropout,
+            similarity=similarity,
+            aux_loss=aux_loss,
+            query_type=query_type,
+            class_loss=class_loss,
+            dn_number=dn_number,
+            dn_label_noise=dn_label_noise,
+            dn_box_noise=dn_box_noise,
+        )
         if init_from:
             load_detr_weights(self.model, init_from)
         focal = class_loss == "focal"
         matcher = HungarianMatcher(cost_class, cost_bbox, cost_giou, focal=focal, focal_alpha=focal_alpha)
         weights = {"loss_ce": ce_loss_coef, "loss_bbox": bbox_loss_coef, "loss_giou": giou_loss_coef}
-        self.criterion = SetCriterion(num_classes, matcher, eos_coef, weights, num_aux=num_decoder_layers - 1 if aux_loss else 0,
-                                      focal_alpha=focal_alpha if focal else None, denoising=dn_number > 0)
+        self.criterion = SetCriterion(
+            num_classes,
+            matcher,
+            eos_coef,
+            weights,
+            num_aux=num_decoder_layers - 1 if aux_loss else 0,
+            focal_alpha=focal_alpha if focal else None,
+            denoising=dn_number > 0,
+        )
         self._detections: Detections = {}
 
     def forward(self, images: Tensor, mask: Tensor | None = None, targets: list[dict] | None = None) -> dict:
@@ -120,8 +150,18 @@ class ObjectDetector(pl.LightningModule):
         losses = self.criterion(outputs, targets)
         total = self.criterion.total(losses)
         on_step = stage == "train"
-        logged = {f"{stage}/{k}": v.detach() for k, v in losses.items() if not k[-1].isdigit()}  # aux terms stay out of the logs
-        self.log(f"{stage}/loss", total, on_step=on_step, on_epoch=True, prog_bar=not on_step or self.trainer.progress_bar_callback is not None, sync_dist=not on_step, batch_size=len(targets))
+        logged = {
+            f"{stage}/{k}": v.detach() for k, v in losses.items() if not k[-1].isdigit()
+        }  # aux terms stay out of the logs
+        self.log(
+            f"{stage}/loss",
+            total,
+            on_step=on_step,
+            on_epoch=True,
+            prog_bar=not on_step or self.trainer.progress_bar_callback is not None,
+            sync_dist=not on_step,
+            batch_size=len(targets),
+        )
         self.log_dict(logged, on_step=on_step, on_epoch=True, sync_dist=not on_step, batch_size=len(targets))
         return outputs, total
 
@@ -153,7 +193,9 @@ class ObjectDetector(pl.LightningModule):
         stats = None
         if self.trainer.is_global_zero:
             results = to_coco_results(detections, dataset.category_ids)
-            stats = coco_evaluate(dataset.coco, results, list(detections), self.hparams.coco_backend, verbose=stage == "test")
+            stats = coco_evaluate(
+                dataset.coco, results, list(detections), self.hparams.coco_backend, verbose=stage == "test"
+            )
         stats = self.trainer.strategy.broadcast(stats, src=0)
         for key in ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large", "AR100"):
             self.log(f"{stage}/{key}", stats[key], sync_dist=False)
@@ -172,7 +214,9 @@ class ObjectDetector(pl.LightningModule):
     def predict_step(self, batch, batch_idx) -> list[dict[str, Any]]:
         images, mask, targets = batch
         results = post_process(self(images, mask), torch.stack([t["orig_size"] for t in targets]))
-        return [{"image_id": int(t["image_id"]), **{k: v.cpu() for k, v in r.items()}} for t, r in zip(targets, results)]
+        return [
+            {"image_id": int(t["image_id"]), **{k: v.cpu() for k, v in r.items()}} for t, r in zip(targets, results)
+        ]
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -180,5 +224,12 @@ class ObjectDetector(pl.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         optimizer = optim.adamw(self.model, hp.lr, hp.weight_decay, trunk=self.model.backbone, lr_trunk=hp.lr_backbone)
-        schedule = optim.schedule(optimizer, self.trainer, hp.schedule, hp.warmup_steps, min_ratio=hp.min_lr_ratio, drop_epoch=hp.lr_drop_epoch)
+        schedule = optim.schedule(
+            optimizer,
+            self.trainer,
+            hp.schedule,
+            hp.warmup_steps,
+            min_ratio=hp.min_lr_ratio,
+            drop_epoch=hp.lr_drop_epoch,
+        )
         return {"optimizer": optimizer, "lr_scheduler": schedule}

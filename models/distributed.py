@@ -3,6 +3,7 @@ weights of a sharded model for a forward pass outside the training loop.
 
 Both are collectives: every process must call them, the same number of times, or the run hangs.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -34,7 +35,9 @@ def full_weights(model: nn.Module) -> Iterator[None]:
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    sharded = isinstance(model, FullyShardedDataParallel) or any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+    sharded = isinstance(model, FullyShardedDataParallel) or any(
+        isinstance(m, FullyShardedDataParallel) for m in model.modules()
+    )
     with FullyShardedDataParallel.summon_full_params(model, writeback=False) if sharded else nullcontext():
         yield
 

@@ -16,6 +16,7 @@ sinusoidal positions laid out as all sines then all cosines (``sinusoidal_concat
 matrix shared by encoder, decoder and output, and ``final_logits_bias`` as the output bias. Its
 separate q/k/v projections are packed into our ``in_proj``; the decoder starts with PAD.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -30,7 +31,14 @@ from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.weights import load_weights_file
 
 # Hugging Face activation names -> ours (models.transformer)
-_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "swish": "silu", "silu": "silu"}
+_ACTIVATIONS = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "swish": "silu",
+    "silu": "silu",
+}
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
@@ -44,20 +52,30 @@ def pretrained_folder(name: str, key: str) -> Path:
     if path.is_dir():
         return path
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise FileNotFoundError(f"{key}={name} is not a folder; give a folder written by save_pretrained (config.json and weights) or a hub name")
+        raise FileNotFoundError(
+            f"{key}={name} is not a folder; give a folder written by save_pretrained (config.json and weights) or a hub name"
+        )
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
     try:
-        return Path(snapshot_download(name, local_files_only=offline, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.spm", "*.model", "*.txt"]))
+        return Path(
+            snapshot_download(
+                name,
+                local_files_only=offline,
+                allow_patterns=["*.json", "*.safetensors", "*.bin", "*.spm", "*.model", "*.txt"],
+            )
+        )
     except LocalEntryNotFoundError:
         raise ValueError(
             f"{key}={name}: no such local folder, and the hub name is not in the Hugging Face cache while offline (HF_HUB_OFFLINE=1); "
             f"set HF_HUB_OFFLINE=0 to download it, or give a local folder (huggingface-cli download {name} --local-dir DIR)"
         ) from None
     except (HfHubHTTPError, HFValidationError, OSError) as err:
-        raise ValueError(f"{key}={name} is neither a local folder nor a hub model that could be fetched ({str(err).splitlines()[0]})") from None
+        raise ValueError(
+            f"{key}={name} is neither a local folder nor a hub model that could be fetched ({str(err).splitlines()[0]})"
+        ) from None
 
 
 def read_config(folder: Path, key: str, model_type: str) -> dict:
@@ -67,7 +85,9 @@ def read_config(folder: Path, key: str, model_type: str) -> dict:
         raise FileNotFoundError(f"{key}: {folder} has no config.json; give a folder written by save_pretrained")
     config = json.loads(path.read_text())
     if config.get("model_type") != model_type:
-        raise ValueError(f"{key}: {path} describes a {config.get('model_type')!r} model; this model imports {model_type!r} folders only")
+        raise ValueError(
+            f"{key}: {path} describes a {config.get('model_type')!r} model; this model imports {model_type!r} folders only"
+        )
     return config
 
 
@@ -85,21 +105,31 @@ def read_state(folder: Path, key: str) -> dict[str, Tensor]:
 def _expect(config: dict, key: str, source: str, allowed: tuple, default=None) -> None:
     value = config.get(key, default)
     if value not in allowed:
-        raise ValueError(f"{source}: config.json sets {key}={value!r}, which attnlab cannot express (supported: {', '.join(map(repr, allowed))})")
+        raise ValueError(
+            f"{source}: config.json sets {key}={value!r}, which attnlab cannot express (supported: {', '.join(map(repr, allowed))})"
+        )
 
 
 def _activation(config: dict, source: str) -> str:
     name = config.get("activation_function")
     if name not in _ACTIVATIONS:
-        raise ValueError(f"{source}: config.json sets activation_function={name!r}, which attnlab cannot express (supported: {', '.join(_ACTIVATIONS)})")
+        raise ValueError(
+            f"{source}: config.json sets activation_function={name!r}, which attnlab cannot express (supported: {', '.join(_ACTIVATIONS)})"
+        )
     return _ACTIVATIONS[name]
 
 
 def _check_linked(source: str, pairs: dict[str, tuple[int, int]]) -> None:
     """The data's vocabulary facts must be the pretrained model's: its tokenizer is the folder's."""
-    diffs = [f"{name}={ours} from the data but {theirs} in config.json" for name, (ours, theirs) in pairs.items() if ours != theirs]
+    diffs = [
+        f"{name}={ours} from the data but {theirs} in config.json"
+        for name, (ours, theirs) in pairs.items()
+        if ours != theirs
+    ]
     if diffs:
-        raise ValueError(f"{source}: {'; '.join(diffs)}; use the folder's tokenizer (data.tokenizer=pretrained, data.tokenizer_dir= the same folder)")
+        raise ValueError(
+            f"{source}: {'; '.join(diffs)}; use the folder's tokenizer (data.tokenizer=pretrained, data.tokenizer_dir= the same folder)"
+        )
 
 
 def _load(model: nn.Module, state: dict[str, Tensor], source: str) -> None:
@@ -115,7 +145,9 @@ def _load(model: nn.Module, state: dict[str, Tensor], source: str) -> None:
     missing, unexpected = [k for k in own if k not in state], [k for k in state if k not in own]
     wrong = [k for k in state if k in own and state[k].shape != own[k].shape]
     if missing or unexpected or wrong:
-        raise ValueError(f"{source} does not fit: missing {missing[:3]}, unexpected {unexpected[:3]}, other shape {wrong[:3]}")
+        raise ValueError(
+            f"{source} does not fit: missing {missing[:3]}, unexpected {unexpected[:3]}, other shape {wrong[:3]}"
+        )
     model.load_state_dict(state)
 
 
@@ -124,18 +156,41 @@ def _load(model: nn.Module, state: dict[str, Tensor], source: str) -> None:
 
 def gpt2_arguments(config: dict, source: str) -> dict:
     """GPT-2's ``config.json`` -> `DecoderOnlyLM` arguments."""
-    for key, allowed, default in (("layer_norm_epsilon", (1e-5,), 1e-5), ("scale_attn_weights", (True,), True),
-                                  ("scale_attn_by_inverse_layer_idx", (False,), False), ("add_cross_attention", (False,), False),
-                                  ("tie_word_embeddings", (True,), True)):
+    for key, allowed, default in (
+        ("layer_norm_epsilon", (1e-5,), 1e-5),
+        ("scale_attn_weights", (True,), True),
+        ("scale_attn_by_inverse_layer_idx", (False,), False),
+        ("add_cross_attention", (False,), False),
+        ("tie_word_embeddings", (True,), True),
+    ):
         _expect(config, key, source, allowed, default)
-    return {"d_model": config["n_embd"], "nhead": config["n_head"], "num_layers": config["n_layer"],
-            "dim_feedforward": config.get("n_inner") or 4 * config["n_embd"], "activation": _activation(config, source), "norm_first": True,
-            "positions": "learned", "max_positions": config["n_positions"], "tie_embeddings": True}
+    return {
+        "d_model": config["n_embd"],
+        "nhead": config["n_head"],
+        "num_layers": config["n_layer"],
+        "dim_feedforward": config.get("n_inner") or 4 * config["n_embd"],
+        "activation": _activation(config, source),
+        "norm_first": True,
+        "positions": "learned",
+        "max_positions": config["n_positions"],
+        "tie_embeddings": True,
+    }
 
 
-_GPT2_BLOCK = {"ln_1": "norm1.", "ln_2": "norm2.", "attn.c_attn": "self_attn.in_proj_", "attn.c_proj": "self_attn.out_proj.",
-               "mlp.c_fc": "linear1.", "mlp.c_proj": "linear2."}
-_GPT2_TOP = {"wte.weight": "tok_embed.embedding.weight", "wpe.weight": "pos.weight", "ln_f.weight": "blocks.norm.weight", "ln_f.bias": "blocks.norm.bias"}
+_GPT2_BLOCK = {
+    "ln_1": "norm1.",
+    "ln_2": "norm2.",
+    "attn.c_attn": "self_attn.in_proj_",
+    "attn.c_proj": "self_attn.out_proj.",
+    "mlp.c_fc": "linear1.",
+    "mlp.c_proj": "linear2.",
+}
+_GPT2_TOP = {
+    "wte.weight": "tok_embed.embedding.weight",
+    "wpe.weight": "pos.weight",
+    "ln_f.weight": "blocks.norm.weight",
+    "ln_f.bias": "blocks.norm.bias",
+}
 
 
 def gpt2_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -143,14 +198,18 @@ def gpt2_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
     out = {}
     for key, value in state.items():
         key = key.removeprefix("transformer.")
-        if key == "lm_head.weight" or key.endswith((".attn.bias", ".attn.masked_bias")):  # tied; old causal-mask buffers
+        if key == "lm_head.weight" or key.endswith(
+            (".attn.bias", ".attn.masked_bias")
+        ):  # tied; old causal-mask buffers
             continue
         if key.startswith("h."):
             _, i, rest = key.split(".", 2)
             module, _, kind = rest.rpartition(".")  # kind: weight | bias
             if module in _GPT2_BLOCK:
                 conv = module != "ln_1" and module != "ln_2" and kind == "weight"
-                out[f"blocks.layers.{i}.{_GPT2_BLOCK[module]}{kind}"] = value.t() if conv else value  # Conv1D (in, out) -> (out, in)
+                out[f"blocks.layers.{i}.{_GPT2_BLOCK[module]}{kind}"] = (
+                    value.t() if conv else value
+                )  # Conv1D (in, out) -> (out, in)
                 continue
         out[_GPT2_TOP.get(key, key)] = value  # unknown keys pass through, and the load names them
     return out
@@ -172,7 +231,9 @@ def gpt2_from_pretrained(name: str, network: dict) -> tuple[DecoderOnlyLM, dict]
     config = read_config(folder, source, "gpt2")
     network = _with_defaults(DecoderOnlyLM, network)
     if network["similarity"] != "scaled_dot":
-        raise ValueError(f"{source}: GPT-2 was trained with scaled dot-product attention; set model.similarity=scaled_dot")
+        raise ValueError(
+            f"{source}: GPT-2 was trained with scaled dot-product attention; set model.similarity=scaled_dot"
+        )
     _check_linked(source, {"vocab_size": (network["vocab_size"], config["vocab_size"])})
     arguments = gpt2_arguments(config, source)
     model = DecoderOnlyLM(**{**network, **arguments})
@@ -182,9 +243,19 @@ def gpt2_from_pretrained(name: str, network: dict) -> tuple[DecoderOnlyLM, dict]
 
 # ----------------------------------------------------------------------------- Marian
 
-_MARIAN_LAYER = {"self_attn_layer_norm": "norm1", "fc1": "linear1", "fc2": "linear2", "self_attn.out_proj": "self_attn.out_proj"}
+_MARIAN_LAYER = {
+    "self_attn_layer_norm": "norm1",
+    "fc1": "linear1",
+    "fc2": "linear2",
+    "self_attn.out_proj": "self_attn.out_proj",
+}
 _MARIAN_ENCODER = {**_MARIAN_LAYER, "final_layer_norm": "norm2"}
-_MARIAN_DECODER = {**_MARIAN_LAYER, "encoder_attn_layer_norm": "norm2", "final_layer_norm": "norm3", "encoder_attn.out_proj": "multihead_attn.out_proj"}
+_MARIAN_DECODER = {
+    **_MARIAN_LAYER,
+    "encoder_attn_layer_norm": "norm2",
+    "final_layer_norm": "norm3",
+    "encoder_attn.out_proj": "multihead_attn.out_proj",
+}
 
 
 def marian_arguments(config: dict, source: str) -> dict:
@@ -195,12 +266,24 @@ def marian_arguments(config: dict, source: str) -> dict:
     _expect(config, "decoder_vocab_size", source, (None, config["vocab_size"]))
     for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if config[enc] != config[dec]:
-            raise ValueError(f"{source}: config.json sets {enc}={config[enc]} but {dec}={config[dec]}; attnlab's stacks share one value")
-    return {"d_model": config["d_model"], "nhead": config["encoder_attention_heads"], "num_encoder_layers": config["encoder_layers"],
-            "num_decoder_layers": config["decoder_layers"], "dim_feedforward": config["encoder_ffn_dim"],
-            "activation": _activation(config, source), "norm_first": False, "positions": "sinusoidal_concat",
-            "max_positions": config["max_position_embeddings"], "share_embeddings": True, "tie_output": True,
-            "scale_embeddings": config.get("scale_embedding", False), "output_bias": True}
+            raise ValueError(
+                f"{source}: config.json sets {enc}={config[enc]} but {dec}={config[dec]}; attnlab's stacks share one value"
+            )
+    return {
+        "d_model": config["d_model"],
+        "nhead": config["encoder_attention_heads"],
+        "num_encoder_layers": config["encoder_layers"],
+        "num_decoder_layers": config["decoder_layers"],
+        "dim_feedforward": config["encoder_ffn_dim"],
+        "activation": _activation(config, source),
+        "norm_first": False,
+        "positions": "sinusoidal_concat",
+        "max_positions": config["max_position_embeddings"],
+        "share_embeddings": True,
+        "tie_output": True,
+        "scale_embeddings": config.get("scale_embedding", False),
+        "output_bias": True,
+    }
 
 
 def marian_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -224,7 +307,7 @@ def marian_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
                 qkv.setdefault(f"{stack}.layers.{i}.{ours}.in_proj_{kind}", {})[proj[0]] = value
                 continue
             prefix = next((p for p in names if rest.startswith(p + ".")), None)
-            out[f"{stack}.layers.{i}.{names[prefix]}{rest[len(prefix):]}" if prefix else key] = value
+            out[f"{stack}.layers.{i}.{names[prefix]}{rest[len(prefix) :]}" if prefix else key] = value
         else:
             out[key] = value  # unknown: named by the load
     for name, parts in qkv.items():
@@ -242,9 +325,16 @@ def marian_from_pretrained(name: str, network: dict, bos_id: int, eos_id: int) -
     config = read_config(folder, source, "marian")
     network = _with_defaults(Seq2SeqTransformer, network)
     if network["similarity"] != "scaled_dot":
-        raise ValueError(f"{source}: Marian was trained with scaled dot-product attention; set model.similarity=scaled_dot")
-    theirs = {"src_vocab_size": config["vocab_size"], "tgt_vocab_size": config.get("decoder_vocab_size") or config["vocab_size"],
-              "pad_id": config["pad_token_id"], "bos_id": config["decoder_start_token_id"], "eos_id": config["eos_token_id"]}
+        raise ValueError(
+            f"{source}: Marian was trained with scaled dot-product attention; set model.similarity=scaled_dot"
+        )
+    theirs = {
+        "src_vocab_size": config["vocab_size"],
+        "tgt_vocab_size": config.get("decoder_vocab_size") or config["vocab_size"],
+        "pad_id": config["pad_token_id"],
+        "bos_id": config["decoder_start_token_id"],
+        "eos_id": config["eos_token_id"],
+    }
     ours = {**network, "bos_id": bos_id, "eos_id": eos_id}
     _check_linked(source, {k: (ours[k], theirs[k]) for k in theirs})
     arguments = marian_arguments(config, source)

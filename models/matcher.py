@@ -1,4 +1,5 @@
 """Hungarian matching between DETR's predictions and the ground-truth boxes (Carion et al. 2020)."""
+
 from __future__ import annotations
 
 import torch
@@ -35,11 +36,20 @@ class HungarianMatcher(nn.Module):
     predictions' device.
     """
 
-    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0, focal: bool = False,
-                 focal_alpha: float = 0.25, focal_gamma: float = 2.0):
+    def __init__(
+        self,
+        cost_class: float = 1.0,
+        cost_bbox: float = 5.0,
+        cost_giou: float = 2.0,
+        focal: bool = False,
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+    ):
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
-            raise ValueError("HungarianMatcher: cost_class, cost_bbox and cost_giou are all 0; at least one must be non-zero")
+            raise ValueError(
+                "HungarianMatcher: cost_class, cost_bbox and cost_giou are all 0; at least one must be non-zero"
+            )
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
         self.focal, self.focal_alpha, self.focal_gamma = focal, focal_alpha, focal_gamma
 
@@ -52,7 +62,10 @@ class HungarianMatcher(nn.Module):
         the targets of other images. Leading dims of the predictions (stacked decoder layers) carry
         through, so that every layer of a step is matched from one computation.
         """
-        logits, boxes = outputs["pred_logits"].float(), outputs["pred_boxes"].float()  # (..., B, Q, K + 1), (..., B, Q, 4)
+        logits, boxes = (
+            outputs["pred_logits"].float(),
+            outputs["pred_boxes"].float(),
+        )  # (..., B, Q, K + 1), (..., B, Q, 4)
         labels = pad_sequence([t["labels"] for t in targets], batch_first=True)  # (B, T)
         tgt_boxes = pad_sequence([t["boxes"] for t in targets], batch_first=True).to(boxes.dtype)  # (B, T, 4)
         index = labels[:, None, :].expand(*logits.shape[:-1], -1)  # (..., B, Q, T)
@@ -72,7 +85,9 @@ class HungarianMatcher(nn.Module):
         return self.match_layers([outputs], targets)[0]
 
     @torch.no_grad()
-    def match_layers(self, layers: list[dict[str, Tensor]], targets: list[dict[str, Tensor]]) -> list[list[tuple[Tensor, Tensor]]]:
+    def match_layers(
+        self, layers: list[dict[str, Tensor]], targets: list[dict[str, Tensor]]
+    ) -> list[list[tuple[Tensor, Tensor]]]:
         """Match several prediction sets against the same targets (DETR's final and auxiliary decoder
         outputs): one cost computation and one copy to the CPU for all of them, rather than one per layer,
         which on a GPU are a few dozen kernel launches and a synchronisation each.

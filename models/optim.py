@@ -10,6 +10,7 @@ DETR's step drop. Their length is the training horizon: the step or epoch limit 
 ``trainer.max_time`` set, `experiments.schedule.TimeBudget` re-estimates the horizon from the measured step
 time while training runs, so a time-budgeted run warms up, decays fully and ends on time.
 """
+
 from __future__ import annotations
 
 import math
@@ -89,8 +90,15 @@ class Schedule:
         total_steps: the horizon; None while a time budget has not estimated it yet (no decay until then).
     """
 
-    def __init__(self, name: ScheduleName, warmup_steps: int, total_steps: int | None, min_ratio: float = 0.0,
-                 drop_fraction: float = 1.0, gamma: float = 0.1):
+    def __init__(
+        self,
+        name: ScheduleName,
+        warmup_steps: int,
+        total_steps: int | None,
+        min_ratio: float = 0.0,
+        drop_fraction: float = 1.0,
+        gamma: float = 0.1,
+    ):
         self.name, self.warmup_steps, self.total_steps = name, warmup_steps, total_steps
         self.min_ratio, self.drop_fraction, self.gamma = min_ratio, drop_fraction, gamma
 

@@ -4,6 +4,7 @@ The 1D encodings return the vectors of a run of consecutive positions, (length, 
 their table; models add them to token embeddings. The 2D encoding maps a padding mask (B, H, W)
 to (B, D, H, W).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,10 @@ def sinusoidal_encoding(length: int, dim: int, base: float = 10000.0) -> Tensor:
 def _check_range(length: int, start: int, max_len: int) -> None:
     # on the host, from Python ints: a check of a positions tensor would wait for the GPU at every call
     if start + length > max_len:
-        raise ValueError(f"position {start + length - 1} exceeds max_positions={max_len} (positions 0..{max_len - 1}); "
-                         f"raise model.max_positions")
+        raise ValueError(
+            f"position {start + length - 1} exceeds max_positions={max_len} (positions 0..{max_len - 1}); "
+            f"raise model.max_positions"
+        )
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -72,7 +75,9 @@ class PositionEmbeddingSine2D(nn.Module):
     Shapes: mask (B, H, W) boolean, True at padding -> (B, 2 * num_pos_feats, H, W).
     """
 
-    def __init__(self, num_pos_feats: int = 128, temperature: float = 10000.0, normalize: bool = True, scale: float = 2 * math.pi):
+    def __init__(
+        self, num_pos_feats: int = 128, temperature: float = 10000.0, normalize: bool = True, scale: float = 2 * math.pi
+    ):
         super().__init__()
         self.num_pos_feats, self.temperature, self.normalize, self.scale = num_pos_feats, temperature, normalize, scale
 

@@ -10,6 +10,7 @@ shifted right (`teacher_forcing`) and predicts the next token, up to EOS.
 Both models decode incrementally: pass ``cache`` (one cache per layer, from ``init_cache()``) and
 the position of the new tokens, and each step attends to the cached keys/values of the prefix.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,7 +60,7 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
         self.scale = math.sqrt(d_model) if scale else 1.0
-        nn.init.normal_(self.embedding.weight, std=d_model ** -0.5 if scale else 0.02)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5 if scale else 0.02)
         if padding_idx is not None:
             nn.init.zeros_(self.embedding.weight[padding_idx])
 
@@ -144,10 +145,18 @@ class Seq2SeqTransformer(nn.Module):
             )
         self.pad_id, self.max_positions = pad_id, max_positions
         self.src_embed = TokenEmbedding(src_vocab_size, d_model, pad_id, scale_embeddings)
-        self.tgt_embed = self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, d_model, pad_id, scale_embeddings)
+        self.tgt_embed = (
+            self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, d_model, pad_id, scale_embeddings)
+        )
         self.pos = positional_encoding(positions, d_model, max_positions)
         self.dropout = nn.Dropout(dropout)
-        layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity)
+        layer = dict(
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation=activation,
+            norm_first=norm_first,
+            similarity=similarity,
+        )
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=norm_first, **layer)
         self.decoder = TransformerDecoder(num_decoder_layers, d_model, nhead, final_norm=norm_first, **layer)
         self.generator = nn.Linear(d_model, tgt_vocab_size, bias=output_bias)  # the pre-softmax projection
@@ -155,7 +164,11 @@ class Seq2SeqTransformer(nn.Module):
             nn.init.zeros_(self.generator.bias)
         for name, p in self.named_parameters():  # Xavier for the stacks, as in the Annotated Transformer
             # the core's `general` map keeps its identity start (it begins equal to `dot`)
-            if p.dim() > 1 and name.startswith(("encoder.", "decoder.", "generator.")) and not name.endswith("general_weight"):
+            if (
+                p.dim() > 1
+                and name.startswith(("encoder.", "decoder.", "generator."))
+                and not name.endswith("general_weight")
+            ):
                 nn.init.xavier_uniform_(p)
         if tie_output:
             self.generator.weight = self.tgt_embed.weight
@@ -190,8 +203,14 @@ class Seq2SeqTransformer(nn.Module):
         attends to the cached prefix; the causal mask is aligned to the end of the keys.
         """
         x = self._embed(self.tgt_embed, tgt, start_pos)
-        h = self.decoder(x, memory, tgt_key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
-                         tgt_is_causal=True, cache=cache)  # (B, T, D)
+        h = self.decoder(
+            x,
+            memory,
+            tgt_key_padding_mask=tgt_key_padding_mask,
+            memory_key_padding_mask=memory_key_padding_mask,
+            tgt_is_causal=True,
+            cache=cache,
+        )  # (B, T, D)
         return self.generator(h)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
@@ -242,8 +261,17 @@ class DecoderOnlyLM(nn.Module):
         self.tok_embed = TokenEmbedding(vocab_size, d_model, scale=False)
         self.pos = positional_encoding(positions, d_model, max_positions)
         self.dropout = nn.Dropout(dropout)
-        self.blocks = TransformerEncoder(num_layers, d_model, nhead, final_norm=norm_first, dim_feedforward=dim_feedforward or 4 * d_model,
-                                         dropout=dropout, activation=activation, norm_first=norm_first, similarity=similarity)
+        self.blocks = TransformerEncoder(
+            num_layers,
+            d_model,
+            nhead,
+            final_norm=norm_first,
+            dim_feedforward=dim_feedforward or 4 * d_model,
+            dropout=dropout,
+            activation=activation,
+            norm_first=norm_first,
+            similarity=similarity,
+        )
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self._init_weights(num_layers)
         if tie_embeddings:
@@ -271,8 +299,15 @@ class DecoderOnlyLM(nn.Module):
         return self.lm_head(self.blocks(x, is_causal=True, cache=cache))
 
     @torch.no_grad()
-    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
         """Continue ``prompt`` (B, T0) by ``max_new_tokens`` sampled tokens -> (B, T0 + max_new_tokens).
 
         ``temperature`` 0 picks the most likely token (greedy); ``top_k`` samples among the k most

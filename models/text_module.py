@@ -5,6 +5,7 @@ the DataModule's tokenizer (``trainer.datamodule.decode_target`` / ``decode``), 
 are computed by sacreBLEU on detokenized text against the raw reference sentences. Sample
 translations and generated text are shown by callbacks (`experiments.text_callbacks`).
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -28,8 +29,11 @@ def check_vocabulary(checkpoint: dict, current: dict, names: tuple[str, ...]) ->
     """Refuse a checkpoint whose vocabulary facts differ from the data's, before torch meets a shape mismatch.
     A fact missing on either side (a network default never written into the hyper-parameters) is not compared."""
     saved = checkpoint.get("hyper_parameters", {})
-    diffs = [f"{n}={saved[n]} in the checkpoint but {current[n]} from the data" for n in names
-             if n in saved and n in current and saved[n] != current[n]]
+    diffs = [
+        f"{n}={saved[n]} in the checkpoint but {current[n]} from the data"
+        for n in names
+        if n in saved and n in current and saved[n] != current[n]
+    ]
     if diffs:
         raise ValueError(
             f"the checkpoint's vocabulary does not match the data's tokenizer ({'; '.join(diffs)}): use the tokenizer settings "
@@ -41,7 +45,12 @@ def configure_adamw(module: pl.LightningModule, model: nn.Module) -> dict:
     """AdamW with weight decay on matrices only, and the chosen schedule stepped per optimizer step."""
     hp = module.hparams
     optimizer = optim.adamw(model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.eps)
-    return {"optimizer": optimizer, "lr_scheduler": optim.schedule(optimizer, module.trainer, hp.schedule, hp.warmup_steps, min_ratio=hp.min_lr_ratio)}
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": optim.schedule(
+            optimizer, module.trainer, hp.schedule, hp.warmup_steps, min_ratio=hp.min_lr_ratio
+        ),
+    }
 
 
 class TranslationModule(pl.LightningModule):
@@ -130,7 +139,9 @@ class TranslationModule(pl.LightningModule):
     def _detokenize(self, ids: Tensor) -> list[str]:
         datamodule = self.trainer.datamodule
         if not hasattr(datamodule, "decode_target"):
-            raise ValueError("TranslationModule needs a DataModule with decode_target() (e.g. datamodules.text.ParallelTextDataModule)")
+            raise ValueError(
+                "TranslationModule needs a DataModule with decode_target() (e.g. datamodules.text.ParallelTextDataModule)"
+            )
         return datamodule.decode_target(ids.tolist())
 
     def _losses(self, batch: dict) -> tuple[Tensor, Tensor, int]:
@@ -142,8 +153,14 @@ class TranslationModule(pl.LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, _, tokens = self._losses(batch)
         # the progress bar reads its values back from the device at every step: only when there is one
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=self.trainer.progress_bar_callback is not None,
-                 batch_size=tokens)
+        self.log(
+            "train/loss",
+            loss,
+            on_step=True,
+            on_epoch=True,
+            prog_bar=self.trainer.progress_bar_callback is not None,
+            batch_size=tokens,
+        )
         return loss
 
     def _eval_step(self, batch: dict, metric: MeanMetric, beam_size: int) -> None:
@@ -166,13 +183,22 @@ class TranslationModule(pl.LightningModule):
     def _eval_epoch_end(self, stage: str, metric: MeanMetric) -> None:
         nll = metric.compute()
         metric.reset()
-        rows = sorted({r[0]: r for part in gather_objects(self._outputs) for r in part}.values())  # DDP may repeat samples to even out ranks
+        rows = sorted(
+            {r[0]: r for part in gather_objects(self._outputs) for r in part}.values()
+        )  # DDP may repeat samples to even out ranks
         self._outputs = []
         self.translations = [(src, ref, hyp) for _, src, ref, hyp in rows]
         hyps, refs = [r[3] for r in rows], [r[2] for r in rows]
         bleu, chrf = BLEU(), CHRF()
-        self.log_dict({f"{stage}/loss": nll, f"{stage}/ppl": nll.exp(), f"{stage}/bleu": bleu.corpus_score(hyps, [refs]).score,
-                       f"{stage}/chrf": chrf.corpus_score(hyps, [refs]).score}, prog_bar=True)
+        self.log_dict(
+            {
+                f"{stage}/loss": nll,
+                f"{stage}/ppl": nll.exp(),
+                f"{stage}/bleu": bleu.corpus_score(hyps, [refs]).score,
+                f"{stage}/chrf": chrf.corpus_score(hyps, [refs]).score,
+            },
+            prog_bar=True,
+        )
         self.sacrebleu_signatures = {"BLEU": str(bleu.get_signature()), "chrF": str(chrf.get_signature())}
 
     def on_validation_epoch_end(self) -> None:
@@ -256,8 +282,14 @@ class LanguageModelModule(pl.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss = self._loss(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=self.trainer.progress_bar_callback is not None,
-                 batch_size=batch["target"].numel())
+        self.log(
+            "train/loss",
+            loss,
+            on_step=True,
+            on_epoch=True,
+            prog_bar=self.trainer.progress_bar_callback is not None,
+            batch_size=batch["target"].numel(),
+        )
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

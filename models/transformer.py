@@ -5,6 +5,7 @@ Parameter names follow ``torch.nn.TransformerEncoderLayer``/``TransformerDecoder
 load unchanged. Both layers run pre-norm (``norm_first=True``, ViT/GPT) or post-norm (the paper,
 DETR). Optional positional terms (DETR) are added to queries and keys only, never to values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -72,7 +73,9 @@ class TransformerEncoderLayer(nn.Module):
         attn_dropout: float | None = None,
     ):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout if attn_dropout is None else attn_dropout, similarity)
+        self.self_attn = MultiHeadAttention(
+            d_model, nhead, dropout if attn_dropout is None else attn_dropout, similarity
+        )
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.dropout = nn.Dropout(dropout)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
@@ -84,7 +87,15 @@ class TransformerEncoderLayer(nn.Module):
         self.activation = _activation(activation)
         self.norm_first = norm_first
 
-    def _sa(self, x: Tensor, pos: Tensor | None, mask: Tensor | None, kpm: Tensor | None, is_causal: bool, cache: KVCache | None) -> Tensor:
+    def _sa(
+        self,
+        x: Tensor,
+        pos: Tensor | None,
+        mask: Tensor | None,
+        kpm: Tensor | None,
+        is_causal: bool,
+        cache: KVCache | None,
+    ) -> Tensor:
         qk = _with_pos(x, pos)
         out = self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=cache)[0]
         return self.drop_path(self.dropout1(out))
@@ -150,12 +161,16 @@ class TransformerDecoderLayer(nn.Module):
     def _sa(self, x, query_pos, mask, kpm, is_causal, cache):
         qk = _with_pos(x, query_pos)
         sub = None if cache is None else cache.self_attn
-        return self.dropout1(self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=sub)[0])
+        return self.dropout1(
+            self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=sub)[0]
+        )
 
     def _ca(self, x, memory, query_pos, pos, mask, kpm, cache):
         sub = None if cache is None else cache.cross_attn
         key = _with_pos(memory, pos)
-        out = self.multihead_attn(_with_pos(x, query_pos), key, memory, attn_mask=mask, key_padding_mask=kpm, cache=sub)[0]
+        out = self.multihead_attn(
+            _with_pos(x, query_pos), key, memory, attn_mask=mask, key_padding_mask=kpm, cache=sub
+        )[0]
         return self.dropout2(out)
 
     def _ff(self, x: Tensor) -> Tensor:
@@ -190,7 +205,15 @@ class TransformerEncoder(nn.Module):
     ``drop_path`` rises linearly from 0 to the given rate over the layers (stochastic depth).
     """
 
-    def __init__(self, num_layers: int, d_model: int, nhead: int, final_norm: bool = False, drop_path: float = 0.0, **layer_kwargs):
+    def __init__(
+        self,
+        num_layers: int,
+        d_model: int,
+        nhead: int,
+        final_norm: bool = False,
+        drop_path: float = 0.0,
+        **layer_kwargs,
+    ):
         super().__init__()
         rates = torch.linspace(0, drop_path, num_layers).tolist() if num_layers > 1 else [drop_path] * num_layers
         self.layers = nn.ModuleList(TransformerEncoderLayer(d_model, nhead, drop_path=r, **layer_kwargs) for r in rates)
@@ -216,7 +239,15 @@ class TransformerDecoder(nn.Module):
     """A stack of `TransformerDecoderLayer`; with ``return_intermediate`` it returns every layer's
     (normed) output stacked as (num_layers, B, T, D), for DETR's auxiliary losses."""
 
-    def __init__(self, num_layers: int, d_model: int, nhead: int, final_norm: bool = False, return_intermediate: bool = False, **layer_kwargs):
+    def __init__(
+        self,
+        num_layers: int,
+        d_model: int,
+        nhead: int,
+        final_norm: bool = False,
+        return_intermediate: bool = False,
+        **layer_kwargs,
+    ):
         super().__init__()
         self.layers = nn.ModuleList(TransformerDecoderLayer(d_model, nhead, **layer_kwargs) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model, eps=layer_kwargs.get("layer_norm_eps", 1e-5)) if final_norm else None
@@ -239,8 +270,18 @@ class TransformerDecoder(nn.Module):
         x, intermediate = tgt, []
         norm = self.norm if self.norm is not None else nn.Identity()
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal, pos, query_pos,
-                      None if cache is None else cache[i])
+            x = layer(
+                x,
+                memory,
+                tgt_mask,
+                memory_mask,
+                tgt_key_padding_mask,
+                memory_key_padding_mask,
+                tgt_is_causal,
+                pos,
+                query_pos,
+                None if cache is None else cache[i],
+            )
             if self.return_intermediate:
                 intermediate.append(norm(x))
         return torch.stack(intermediate) if self.return_intermediate else norm(x)

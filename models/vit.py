@@ -13,6 +13,7 @@ Weights come from a local file (`load_pretrained`): a checkpoint of our own
 the patch projection is adapted when the channel count differs, and the head is re-initialised
 when the class count differs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,7 +41,9 @@ class PatchEmbed(nn.Module):
     def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768):
         super().__init__()
         if img_size % patch_size:
-            raise ValueError(f"model.patch_size={patch_size} does not divide the image size {img_size}; choose a divisor of {img_size}")
+            raise ValueError(
+                f"model.patch_size={patch_size} does not divide the image size {img_size}; choose a divisor of {img_size}"
+            )
         self.img_size, self.patch_size = img_size, patch_size
         self.grid_size = img_size // patch_size
         self.num_patches = self.grid_size**2
@@ -48,7 +51,9 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-2:] != (self.img_size, self.img_size):
-            raise ValueError(f"input images are {tuple(x.shape[-2:])}, the model expects {self.img_size}x{self.img_size}")
+            raise ValueError(
+                f"input images are {tuple(x.shape[-2:])}, the model expects {self.img_size}x{self.img_size}"
+            )
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
@@ -101,17 +106,28 @@ class VisionTransformer(nn.Module):
         if global_pool not in ("token", "avg"):
             raise ValueError(f"model.global_pool={global_pool!r}; expected 'token' or 'avg'")
         if num_heads < 1 or embed_dim % num_heads:
-            raise ValueError(f"model.num_heads={num_heads} does not divide model.embed_dim={embed_dim}; "
-                             f"choose a divisor of {embed_dim}")
+            raise ValueError(
+                f"model.num_heads={num_heads} does not divide model.embed_dim={embed_dim}; "
+                f"choose a divisor of {embed_dim}"
+            )
         self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.patch_embed.num_patches, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         self.encoder = TransformerEncoder(
-            depth, embed_dim, num_heads, final_norm=global_pool == "token", drop_path=drop_path_rate,
-            dim_feedforward=int(embed_dim * mlp_ratio), dropout=drop_rate, attn_dropout=attn_drop_rate,
-            activation="gelu", norm_first=True, similarity=similarity, layer_norm_eps=1e-6,
+            depth,
+            embed_dim,
+            num_heads,
+            final_norm=global_pool == "token",
+            drop_path=drop_path_rate,
+            dim_feedforward=int(embed_dim * mlp_ratio),
+            dropout=drop_rate,
+            attn_dropout=attn_drop_rate,
+            activation="gelu",
+            norm_first=True,
+            similarity=similarity,
+            layer_norm_eps=1e-6,
         )
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "avg" else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -149,7 +165,9 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, tokens: Tensor) -> Tensor:
         """Tokens (B, 1 + N, D) -> logits (B, num_classes)."""
-        pooled = tokens[:, 0] if self.global_pool == "token" else tokens[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
+        pooled = (
+            tokens[:, 0] if self.global_pool == "token" else tokens[:, self.num_prefix_tokens :].mean(dim=1)
+        )  # (B, D)
         return self.head(self.fc_norm(pooled))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -194,7 +212,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"model.init_from: {path} does not exist (weights are never downloaded; give a local .ckpt, .pth or .safetensors file)")
+        raise FileNotFoundError(
+            f"model.init_from: {path} does not exist (weights are never downloaded; give a local .ckpt, .pth or .safetensors file)"
+        )
     state = load_weights_file(path, "model.init_from")
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
@@ -228,7 +248,9 @@ def read_init_from(name: str) -> dict[str, Tensor]:
     try:
         timm_model = timm.create_model(f"hf-hub:{name}" if "/" in name else name, pretrained=True)
     except Exception as err:  # noqa: BLE001  an unknown name, no network, a model without weights: timm's reasons vary
-        raise ValueError(f"model.init_from={name}: timm could not load it ({str(err).splitlines()[0]}); give a timm ViT name or a local file") from None
+        raise ValueError(
+            f"model.init_from={name}: timm could not load it ({str(err).splitlines()[0]}); give a timm ViT name or a local file"
+        ) from None
     return timm_to_attnlab(timm_model.state_dict())
 
 
@@ -251,28 +273,46 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
     if pos is not None and pos.shape != own["pos_embed"].shape and pos.shape[-1] == own["pos_embed"].shape[-1]:
         old_grid = math.isqrt(pos.shape[1] - model.num_prefix_tokens)
         if old_grid**2 + model.num_prefix_tokens != pos.shape[1]:
-            raise ValueError(f"{source}: pos_embed has {pos.shape[1]} positions, not a class token and a square patch grid")
+            raise ValueError(
+                f"{source}: pos_embed has {pos.shape[1]} positions, not a class token and a square patch grid"
+            )
         grid = model.patch_embed.grid_size
-        state["pos_embed"] = resample_abs_pos_embed(pos, [grid, grid], [old_grid, old_grid], num_prefix_tokens=model.num_prefix_tokens)
-        log.warning("%s: positions resampled from a %dx%d to a %dx%d patch grid", source, old_grid, old_grid, grid, grid)
+        state["pos_embed"] = resample_abs_pos_embed(
+            pos, [grid, grid], [old_grid, old_grid], num_prefix_tokens=model.num_prefix_tokens
+        )
+        log.warning(
+            "%s: positions resampled from a %dx%d to a %dx%d patch grid", source, old_grid, old_grid, grid, grid
+        )
     proj = state.get("patch_embed.proj.weight")
     in_chans = own["patch_embed.proj.weight"].shape[1]
     if proj is not None and proj.shape[1] != in_chans:
         state["patch_embed.proj.weight"] = adapt_input_conv(in_chans, proj)
         log.warning("%s: patch projection adapted from %d to %d input channels", source, proj.shape[1], in_chans)
-    classes = {name: d["head.weight"].shape[0] if "head.weight" in d else 0 for name, d in (("checkpoint", state), ("model", own))}
+    classes = {
+        name: d["head.weight"].shape[0] if "head.weight" in d else 0
+        for name, d in (("checkpoint", state), ("model", own))
+    }
     new_head = classes["checkpoint"] != classes["model"]
     if new_head:
         state = {k: v for k, v in state.items() if not k.startswith("head.")}
-        log.warning("%s: its head has %d classes, the model %d; the head is re-initialised", source, classes["checkpoint"], classes["model"])
+        log.warning(
+            "%s: its head has %d classes, the model %d; the head is re-initialised",
+            source,
+            classes["checkpoint"],
+            classes["model"],
+        )
     missing = [k for k in own if k not in state and not (new_head and k.startswith("head."))]
     unexpected = [k for k in state if k not in own]
     if missing or unexpected:
-        raise ValueError(f"{source} does not fit this ViT: missing {missing[:3]}, unexpected {unexpected[:3]}; is it a ViT of this depth and pooling?")
+        raise ValueError(
+            f"{source} does not fit this ViT: missing {missing[:3]}, unexpected {unexpected[:3]}; is it a ViT of this depth and pooling?"
+        )
     wrong = [k for k in state if state[k].shape != own[k].shape]
     if wrong:
         k = wrong[0]
-        raise ValueError(f"{source} has weights of another shape, e.g. {k}: {tuple(state[k].shape)} vs the model's {tuple(own[k].shape)}; check embed_dim, patch_size, mlp_ratio")
+        raise ValueError(
+            f"{source} has weights of another shape, e.g. {k}: {tuple(state[k].shape)} vs the model's {tuple(own[k].shape)}; check embed_dim, patch_size, mlp_ratio"
+        )
     model.load_state_dict(state, strict=not new_head)
     if new_head:
         model.reset_head()

@@ -1,5 +1,6 @@
 """LightningModule that trains a `VisionTransformer` for image classification, from scratch or
 fine-tuned from a local checkpoint (ours or timm's) or a timm hub name."""
+
 from __future__ import annotations
 
 import pytorch_lightning as pl
@@ -68,10 +69,20 @@ class ImageClassifier(pl.LightningModule):
     def _step(self, batch: tuple[Tensor, Tensor], stage: str, metric: MulticlassAccuracy) -> Tensor:
         images, labels = batch  # labels (B,) class indices, or (B, K) soft targets from Mixup/CutMix
         logits = self(images)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing if stage == "train" else 0.0)
+        loss = F.cross_entropy(
+            logits, labels, label_smoothing=self.hparams.label_smoothing if stage == "train" else 0.0
+        )
         metric(logits, labels if labels.ndim == 1 else labels.argmax(-1))
         on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=not on_step or self.trainer.progress_bar_callback is not None, sync_dist=not on_step, batch_size=len(labels))
+        self.log(
+            f"{stage}/loss",
+            loss,
+            on_step=on_step,
+            on_epoch=True,
+            prog_bar=not on_step or self.trainer.progress_bar_callback is not None,
+            sync_dist=not on_step,
+            batch_size=len(labels),
+        )
         self.log(f"{stage}/acc", metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(labels))
         return loss
 
@@ -96,5 +107,7 @@ class ImageClassifier(pl.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         optimizer = optim.adamw(self.model, hp.lr, hp.weight_decay, layer_decay=hp.layer_decay)
-        schedule = optim.schedule(optimizer, self.trainer, "cosine", warmup_epochs=hp.warmup_epochs, min_ratio=hp.min_lr_ratio)
+        schedule = optim.schedule(
+            optimizer, self.trainer, "cosine", warmup_epochs=hp.warmup_epochs, min_ratio=hp.min_lr_ratio
+        )
         return {"optimizer": optimizer, "lr_scheduler": schedule}

@@ -5,6 +5,7 @@ A ``.ckpt``/``.pth``/``.bin`` file is a pickle, and unpickling can run any code 
 is not a tensor or plain data, before running anything; ``.safetensors`` holds tensors only by
 construction. Every failure is one ValueError naming the setting and the file.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -44,14 +45,20 @@ def load_weights_file(path: str | Path, key: str, map_location: Any = "cpu", saf
 
 def unreadable(path: str | Path, key: str, err: Exception) -> ValueError:
     """Why ``torch.load(path, weights_only=True)`` (or safetensors) failed, in one line naming ``key`` and the file."""
-    if isinstance(err, pickle.UnpicklingError) and (found := re.search(r"GLOBAL ([\w.]+)", str(err))):  # what it would have called
-        return ValueError(f"{key}: {path} was refused: it holds pickled code or objects other than tensors ({found.group(1)}); "
-                          "attnlab never unpickles arbitrary objects: give a state dict of tensors, a .safetensors file "
-                          "or a checkpoint written by `attnlab fit`")
+    if isinstance(err, pickle.UnpicklingError) and (
+        found := re.search(r"GLOBAL ([\w.]+)", str(err))
+    ):  # what it would have called
+        return ValueError(
+            f"{key}: {path} was refused: it holds pickled code or objects other than tensors ({found.group(1)}); "
+            "attnlab never unpickles arbitrary objects: give a state dict of tensors, a .safetensors file "
+            "or a checkpoint written by `attnlab fit`"
+        )
     if isinstance(err, EOFError):
         reason = "it ends early"
     elif isinstance(err, pickle.UnpicklingError):
         reason = "no PyTorch weights format"
     else:  # torch's zip reader (RuntimeError), safetensors' header check
         reason = str(err).split(". ")[0].strip()
-    return ValueError(f"{key}: {path} cannot be read as weights ({reason}): it is truncated, corrupt or not a weights file")
+    return ValueError(
+        f"{key}: {path} cannot be read as weights ({reason}): it is truncated, corrupt or not a weights file"
+    )

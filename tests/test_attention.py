@@ -1,4 +1,5 @@
 """The shared attention core against torch.nn.MultiheadAttention and its own invariants."""
+
 import itertools
 import math
 
@@ -54,7 +55,9 @@ def test_matches_nn_multihead_attention(cross, padded, causal):
 def test_is_causal_flag_equals_explicit_subsequent_mask():
     _, ours = _pair()
     x = torch.randn(B, LQ, D)
-    torch.testing.assert_close(ours(x, is_causal=True)[0], ours(x, attn_mask=subsequent_mask(LQ))[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        ours(x, is_causal=True)[0], ours(x, attn_mask=subsequent_mask(LQ))[0], atol=1e-6, rtol=1e-6
+    )
 
 
 MASKS = ["none", "causal", "padding", "bool", "float", "padding+causal"]
@@ -84,7 +87,9 @@ def test_fast_path_equals_reference_path(similarity, kind):
     ref, w = ours(x, need_weights=True, **kw)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
     g = torch.randn_like(fast)
-    torch.testing.assert_close(torch.autograd.grad(fast, x, g)[0], torch.autograd.grad(ref, x, g)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.autograd.grad(fast, x, g)[0], torch.autograd.grad(ref, x, g)[0], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_general_with_identity_equals_dot_and_dot_is_scaled_dot_times_sqrt_d():
@@ -134,7 +139,10 @@ def test_own_fix_for_empty_rows_equals_the_reference(boolean, monkeypatch):
     blocked[1] = True  # a sequence with every key blocked
     mask = blocked if boolean else torch.zeros(blocked.shape).masked_fill(blocked, float("-inf"))
     results = []
-    for fn in (lambda: attention.attention_fast(q, k, v, mask, 0.5), lambda: attention.attention_reference(q, k, v, mask, 0.5)[0]):
+    for fn in (
+        lambda: attention.attention_fast(q, k, v, mask, 0.5),
+        lambda: attention.attention_reference(q, k, v, mask, 0.5)[0],
+    ):
         out = fn()
         grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
         results.append((out, *grads))
@@ -204,10 +212,30 @@ def test_every_model_starts_general_at_the_identity():
     from models.vit import VisionTransformer
 
     models = [
-        Seq2SeqTransformer(20, 20, d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, similarity="general"),
+        Seq2SeqTransformer(
+            20,
+            20,
+            d_model=16,
+            nhead=4,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            dim_feedforward=32,
+            similarity="general",
+        ),
         DecoderOnlyLM(20, d_model=16, nhead=4, num_layers=1, similarity="general"),
-        VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=2, embed_dim=16, depth=1, num_heads=4, similarity="general"),
-        DETRTransformer(d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, similarity="general"),
+        VisionTransformer(
+            img_size=8,
+            patch_size=4,
+            in_chans=1,
+            num_classes=2,
+            embed_dim=16,
+            depth=1,
+            num_heads=4,
+            similarity="general",
+        ),
+        DETRTransformer(
+            d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, similarity="general"
+        ),
     ]
     for model in models:
         weights = [m.general_weight for m in model.modules() if isinstance(m, MultiHeadAttention)]
@@ -220,7 +248,9 @@ def test_query_rows_share_a_key_row_when_the_key_batch_is_smaller():
     mha = MultiHeadAttention(16, 2).eval()
     memory, query = torch.randn(3, 5, 16), torch.randn(6, 2, 16)
     kpm = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1]], dtype=torch.bool)
-    repeated, weights = mha(query, memory.repeat_interleave(2, 0), key_padding_mask=kpm.repeat_interleave(2, 0), need_weights=True)
+    repeated, weights = mha(
+        query, memory.repeat_interleave(2, 0), key_padding_mask=kpm.repeat_interleave(2, 0), need_weights=True
+    )
     shared, shared_weights = mha(query, memory, key_padding_mask=kpm, need_weights=True)
     torch.testing.assert_close(shared, repeated)
     torch.testing.assert_close(shared_weights, weights)
@@ -235,7 +265,10 @@ def test_query_rows_share_a_key_row_when_the_key_batch_is_smaller():
 
 def test_cache_reorder_follows_the_beams_and_keeps_a_static_cache_per_sentence():
     rows = torch.arange(4.0).view(4, 1, 1, 1)  # (B=4, H, L, d): row i holds i
-    grown, static = KVCache(rows.clone(), rows.clone() + 10), KVCache(rows[:2].clone(), rows[:2].clone() + 10, static=True)
+    grown, static = (
+        KVCache(rows.clone(), rows.clone() + 10),
+        KVCache(rows[:2].clone(), rows[:2].clone() + 10, static=True),
+    )
     k_before = static.k
     for cache in (grown, static):
         cache.reorder(torch.tensor([1, 1, 3, 2]), static_index=None)  # beams reordered within their sentences
@@ -243,5 +276,9 @@ def test_cache_reorder_follows_the_beams_and_keeps_a_static_cache_per_sentence()
     assert static.k is k_before  # one row per sentence: untouched
     for cache in (grown, static):
         cache.reorder(torch.tensor([2, 3]), static_index=torch.tensor([1]))  # sentence 0 done: its rows leave
-    assert grown.k.flatten().tolist() == [3, 2] and static.k.flatten().tolist() == [1] and static.v.flatten().tolist() == [11]
+    assert (
+        grown.k.flatten().tolist() == [3, 2]
+        and static.k.flatten().tolist() == [1]
+        and static.v.flatten().tolist() == [11]
+    )
     KVCache().reorder(torch.tensor([0]), None)  # an empty cache (no step yet) has nothing to move

@@ -2,6 +2,7 @@
 that names the file and the record, or skips and counts what the reference implementations skip
 (DETR drops boxes without area); never a crash deep inside PIL or torch, never a silently wrong
 result. Property tests (hypothesis) feed arbitrary bytes and numbers; example tests cover the rest."""
+
 import gzip
 import io
 import json
@@ -41,7 +42,9 @@ def with_byte(data: bytes, position: int, value: int) -> bytes:
     return data[:position] + bytes([value]) + data[position + 1 :]
 
 
-NOISE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 24, 3), dtype=np.uint8))  # long compressed data to cut
+NOISE = Image.fromarray(
+    np.random.default_rng(0).integers(0, 256, (16, 24, 3), dtype=np.uint8)
+)  # long compressed data to cut
 PNG, JPEG = encoded(NOISE, "PNG"), encoded(NOISE, "JPEG")
 BAD_IMAGES = {  # PIL raises OSError for most, ValueError for the IHDR, SyntaxError for the chunk
     "truncated PNG": PNG[: len(PNG) // 2],
@@ -67,6 +70,7 @@ def read_all(dataset) -> None:
 
 # --- data in every layout, tiny -----------------------------------------------------------------
 
+
 def image_folder(root: Path, per_class: int = 2) -> Path:
     for split in ("train", "val"):
         for c in ("cat", "dog"):
@@ -76,7 +80,10 @@ def image_folder(root: Path, per_class: int = 2) -> Path:
     return root
 
 
-IMAGES = [{"id": 1, "file_name": "1.png", "width": 40, "height": 30}, {"id": 2, "file_name": "2.png", "width": 25, "height": 50}]
+IMAGES = [
+    {"id": 1, "file_name": "1.png", "width": 40, "height": 30},
+    {"id": 2, "file_name": "2.png", "width": 25, "height": 50},
+]
 CATS = [{"id": 1, "name": "cat"}, {"id": 5, "name": "dog"}]
 
 
@@ -90,7 +97,15 @@ def coco_dir(root: Path, annotations: list[dict] | None = None) -> Path:
     for img in IMAGES:
         Image.new("RGB", (img["width"], img["height"])).save(root / "images" / img["file_name"])
     path = root / "instances.json"
-    path.write_text(json.dumps({"images": IMAGES, "annotations": [ann(1), ann(2, 2)] if annotations is None else annotations, "categories": CATS}))
+    path.write_text(
+        json.dumps(
+            {
+                "images": IMAGES,
+                "annotations": [ann(1), ann(2, 2)] if annotations is None else annotations,
+                "categories": CATS,
+            }
+        )
+    )
     return path
 
 
@@ -109,7 +124,9 @@ def voc_dir(root: Path, xmin="2", size=("64", "48")) -> Path:
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
-    path.write_bytes(struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes())
+    path.write_bytes(
+        struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+    )
 
 
 def mnist_dir(root: Path, n: int = 8, side: int = 28, labels: np.ndarray | None = None) -> Path:
@@ -140,6 +157,7 @@ def text_dir(root: Path, lines: str = "A dog.\nA cat.\n", de: str = "Ein Hund.\n
 
 # --- corrupted images: found when read, named in the error ------------------------------------------
 
+
 def imagefolder_reader(root: Path) -> tuple[object, Path]:
     dm = ImageFolderDataModule(str(image_folder(root)), img_size=8, batch_size=2)
     dm.setup()
@@ -162,7 +180,9 @@ def predict_reader(root: Path) -> tuple[object, Path]:
 
 
 @pytest.mark.parametrize("fault", BAD_IMAGES)
-@pytest.mark.parametrize("reader", [imagefolder_reader, coco_reader, voc_reader, predict_reader], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "reader", [imagefolder_reader, coco_reader, voc_reader, predict_reader], ids=lambda f: f.__name__
+)
 def test_a_corrupted_image_is_an_error_naming_the_file(tmp_path, reader, fault):
     dataset, bad = reader(tmp_path / "data")
     read_all(dataset)  # the intact data reads
@@ -172,8 +192,14 @@ def test_a_corrupted_image_is_an_error_naming_the_file(tmp_path, reader, fault):
 
 
 @PROPERTY
-@given(data=st.one_of(st.binary(max_size=300), st.integers(0, len(PNG)).map(lambda n: PNG[:n]), st.integers(0, len(JPEG)).map(lambda n: JPEG[:n]),
-                     st.tuples(st.integers(0, 60), st.integers(0, 255)).map(lambda change: with_byte(PNG, *change))))
+@given(
+    data=st.one_of(
+        st.binary(max_size=300),
+        st.integers(0, len(PNG)).map(lambda n: PNG[:n]),
+        st.integers(0, len(JPEG)).map(lambda n: JPEG[:n]),
+        st.tuples(st.integers(0, 60), st.integers(0, 255)).map(lambda change: with_byte(PNG, *change)),
+    )
+)
 def test_any_bytes_as_an_image_decode_or_fail_naming_the_file(tmp_path, data):
     path = tmp_path / "x.png"
     path.write_bytes(data)
@@ -188,9 +214,13 @@ def test_any_bytes_as_an_image_decode_or_fail_naming_the_file(tmp_path, data):
 def test_an_image_whose_size_differs_from_its_record_is_refused(tmp_path):
     path = coco_dir(tmp_path)
     dataset = CocoDetection(tmp_path / "images", load_coco(path), source=str(path))
-    Image.new("RGB", (50, 25)).save(tmp_path / "images" / "2.png")  # the record says 25x50: the boxes would be misplaced
+    Image.new("RGB", (50, 25)).save(
+        tmp_path / "images" / "2.png"
+    )  # the record says 25x50: the boxes would be misplaced
     dataset[0]
-    with pytest.raises(ValueError, match=rf"2.png: the image is 50x25 pixels but {re.escape(str(path))} records 25x50 for image id 2"):
+    with pytest.raises(
+        ValueError, match=rf"2.png: the image is 50x25 pixels but {re.escape(str(path))} records 25x50 for image id 2"
+    ):
         dataset[1]
 
 
@@ -232,18 +262,44 @@ def test_an_idx_file_cut_anywhere_is_refused_by_name(tmp_path_factory, cut):
     "make, expected",
     [
         (lambda root: mnist_dir(root, side=32), r"train-images-idx3-ubyte: holds 8x32x32 values; expected Nx28x28"),
-        (lambda root: mnist_dir(root, labels=np.zeros(7, dtype=np.uint8)), r"train-labels-idx1-ubyte: \(7,\) labels .* for 8 images"),
-        (lambda root: mnist_dir(root, labels=np.array([0, 1, 2, 12, 4, 5, 6, 7], dtype=np.uint8)),
-         r"train-labels-idx1-ubyte: record 3 has label 12, outside 0..9"),
+        (
+            lambda root: mnist_dir(root, labels=np.zeros(7, dtype=np.uint8)),
+            r"train-labels-idx1-ubyte: \(7,\) labels .* for 8 images",
+        ),
+        (
+            lambda root: mnist_dir(root, labels=np.array([0, 1, 2, 12, 4, 5, 6, 7], dtype=np.uint8)),
+            r"train-labels-idx1-ubyte: record 3 has label 12, outside 0..9",
+        ),
         (lambda root: mnist_dir(root, n=0), r"train-images-idx3-ubyte: holds no images"),
-        (lambda root: cifar_dir(root, pickle.dumps({"data": 1})[:-3]), r"data_batch_3: not a CIFAR python batch \((UnpicklingError|EOFError)"),
+        (
+            lambda root: cifar_dir(root, pickle.dumps({"data": 1})[:-3]),
+            r"data_batch_3: not a CIFAR python batch \((UnpicklingError|EOFError)",
+        ),
         (lambda root: cifar_dir(root, b""), r"data_batch_3: not a CIFAR python batch \(EOFError"),
-        (lambda root: cifar_dir(root, [1, 2]), r"data_batch_3: not a CIFAR python batch; expected a dict .* found list"),
-        (lambda root: cifar_dir(root, {"data": np.zeros((2, 3000), np.uint8), "labels": [0, 1]}), r"data_batch_3: 'data' is uint8 of shape \(2, 3000\)"),
-        (lambda root: cifar_dir(root, {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]}), r"data_batch_3: record 1 has label 10"),
+        (
+            lambda root: cifar_dir(root, [1, 2]),
+            r"data_batch_3: not a CIFAR python batch; expected a dict .* found list",
+        ),
+        (
+            lambda root: cifar_dir(root, {"data": np.zeros((2, 3000), np.uint8), "labels": [0, 1]}),
+            r"data_batch_3: 'data' is uint8 of shape \(2, 3000\)",
+        ),
+        (
+            lambda root: cifar_dir(root, {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]}),
+            r"data_batch_3: record 1 has label 10",
+        ),
     ],
-    ids=["wrong image size", "label count", "label out of range", "no images", "truncated pickle", "empty pickle", "not a dict",
-         "wrong data shape", "cifar label out of range"],
+    ids=[
+        "wrong image size",
+        "label count",
+        "label out of range",
+        "no images",
+        "truncated pickle",
+        "empty pickle",
+        "not a dict",
+        "wrong data shape",
+        "cifar label out of range",
+    ],
 )
 def test_malformed_dataset_files_name_the_file_and_record(tmp_path, make, expected):
     make(tmp_path)
@@ -253,6 +309,7 @@ def test_malformed_dataset_files_name_the_file_and_record(tmp_path, make, expect
 
 
 # --- COCO JSON -------------------------------------------------------------------------------------------
+
 
 @PROPERTY
 @given(cut=st.integers(0, 300))
@@ -276,18 +333,26 @@ def _has_area_inside(bbox, width, height) -> bool:
     return f32(max(x, 0)) < f32(min(x + w, width)) and f32(max(y, 0)) < f32(min(y + h, height))
 
 
-COORDINATE = st.one_of(st.integers(-50, 80), st.floats(-50, 80), st.floats(), st.sampled_from([10**300, 10**400, True, None, "3"]))
+COORDINATE = st.one_of(
+    st.integers(-50, 80), st.floats(-50, 80), st.floats(), st.sampled_from([10**300, 10**400, True, None, "3"])
+)
 
 
 @PROPERTY
-@given(boxes=st.lists(st.tuples(st.sampled_from([1, 2]), st.lists(COORDINATE, min_size=4, max_size=4), st.booleans()), max_size=6))
+@given(
+    boxes=st.lists(
+        st.tuples(st.sampled_from([1, 2]), st.lists(COORDINATE, min_size=4, max_size=4), st.booleans()), max_size=6
+    )
+)
 @example(boxes=[(1, [0, 0, 1.0, 3.3423855844368586e-248], False)])  # a height > 0 that is 0 in float32
 def test_any_boxes_are_refused_by_name_or_become_finite_boxes_inside_the_image(tmp_path, boxes):
     anns = [ann(i + 1, image_id, bbox=bbox, iscrowd=int(crowd)) for i, (image_id, bbox, crowd) in enumerate(boxes)]
     path = coco_dir(tmp_path, anns)  # through JSON: NaN and Infinity are JSON's spellings
     first_bad = next((i for i, a in enumerate(anns) if not all(map(_is_finite_number, a["bbox"]))), None)
     if first_bad is not None:
-        with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: annotations\[{first_bad}\] \(id {first_bad + 1}\) has bbox"):
+        with pytest.raises(
+            ValueError, match=rf"{re.escape(str(path))}: annotations\[{first_bad}\] \(id {first_bad + 1}\) has bbox"
+        ):
             load_coco(path)
         return
     size = {img["id"]: (img["width"], img["height"]) for img in IMAGES}
@@ -311,20 +376,49 @@ def test_any_boxes_are_refused_by_name_or_become_finite_boxes_inside_the_image(t
         (lambda d: d.update(images={"1": IMAGES[0]}), r"'images' must be a list, found dict"),
         (lambda d: d["images"].clear(), r"the file lists no images"),
         (lambda d: d["images"][1].update(id="2"), r"images\[1\] has id '2'; ids must be integers"),
-        (lambda d: d["images"][1].update(width=float("nan")), r"images\[1\] \(id 2\) has width nan and height 50; expected positive"),
+        (
+            lambda d: d["images"][1].update(width=float("nan")),
+            r"images\[1\] \(id 2\) has width nan and height 50; expected positive",
+        ),
         (lambda d: d["images"][0].update(height=-30), r"images\[0\] \(id 1\) has width 40 and height -30"),
         (lambda d: d["images"][0].update(file_name=None), r"images\[0\] \(id 1\) has file_name None"),
         (lambda d: d["categories"].append({"id": 1, "name": "again"}), r"categories\[2\] repeats category id 1"),
         (lambda d: d["annotations"].append(ann(1, 2)), r"annotations\[2\] \(id 1\) repeats the id of annotations\[0\]"),
-        (lambda d: d["annotations"].append(ann(3, image_id=9)), r"annotations\[2\] \(id 3\) refers to image id 9, which is not in 'images'"),
-        (lambda d: d["annotations"].append(ann(3, category_id=2)), r"annotations\[2\] \(id 3\) refers to category id 2, which is not in 'categories' \[1, 5\]"),
-        (lambda d: d["annotations"].append(ann(3, bbox=[1, 1, float("inf"), 2])), r"annotations\[2\] \(id 3\) has bbox \[1, 1, inf, 2\]"),
+        (
+            lambda d: d["annotations"].append(ann(3, image_id=9)),
+            r"annotations\[2\] \(id 3\) refers to image id 9, which is not in 'images'",
+        ),
+        (
+            lambda d: d["annotations"].append(ann(3, category_id=2)),
+            r"annotations\[2\] \(id 3\) refers to category id 2, which is not in 'categories' \[1, 5\]",
+        ),
+        (
+            lambda d: d["annotations"].append(ann(3, bbox=[1, 1, float("inf"), 2])),
+            r"annotations\[2\] \(id 3\) has bbox \[1, 1, inf, 2\]",
+        ),
         (lambda d: d["annotations"].append(ann(3, area=float("nan"))), r"annotations\[2\] \(id 3\) has area nan"),
-        (lambda d: d["annotations"].append(ann(3, iscrowd=2)), r"annotations\[2\] \(id 3\) has iscrowd 2; expected 0 or 1"),
+        (
+            lambda d: d["annotations"].append(ann(3, iscrowd=2)),
+            r"annotations\[2\] \(id 3\) has iscrowd 2; expected 0 or 1",
+        ),
         (lambda d: d["annotations"].append("box"), r"annotations\[2\] = box lacks one of 'id'"),
     ],
-    ids=["images not a list", "no images", "string image id", "NaN width", "negative height", "no file name", "repeated category",
-         "repeated annotation id", "unknown image", "unknown category", "infinite width", "NaN area", "bad iscrowd", "not a record"],
+    ids=[
+        "images not a list",
+        "no images",
+        "string image id",
+        "NaN width",
+        "negative height",
+        "no file name",
+        "repeated category",
+        "repeated annotation id",
+        "unknown image",
+        "unknown category",
+        "infinite width",
+        "NaN area",
+        "bad iscrowd",
+        "not a record",
+    ],
 )
 def test_json_that_is_not_valid_coco_names_file_and_record(tmp_path, change, expected):
     path = coco_dir(tmp_path)
@@ -336,7 +430,13 @@ def test_json_that_is_not_valid_coco_names_file_and_record(tmp_path, change, exp
 
 
 def test_boxes_outside_the_image_are_clipped_or_left_out_and_counted(tmp_path):
-    anns = [ann(1, bbox=[30, 20, 20, 20]), ann(2, bbox=[45, 5, 5, 5]), ann(3, bbox=[5, 5, -4, 8]), ann(4, 2, bbox=[0, 0, 0, 50]), ann(5, 2)]
+    anns = [
+        ann(1, bbox=[30, 20, 20, 20]),
+        ann(2, bbox=[45, 5, 5, 5]),
+        ann(3, bbox=[5, 5, -4, 8]),
+        ann(4, 2, bbox=[0, 0, 0, 50]),
+        ann(5, 2),
+    ]
     path = coco_dir(tmp_path, anns)
     with pytest.warns(UserWarning, match=r"left out 3 annotations without area inside their image .*annotation id 2"):
         coco = load_coco(path)
@@ -346,6 +446,7 @@ def test_boxes_outside_the_image_are_clipped_or_left_out_and_counted(tmp_path):
 
 
 # --- VOC XML -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "kwargs, expected",
@@ -383,7 +484,9 @@ def test_voc_split_files_that_are_empty_truncated_or_not_utf8(tmp_path):
 
 # --- text ----------------------------------------------------------------------------------------------
 
-TEXT_PIECES = st.sampled_from([b"a", b" ", b"\n", b"\r", b"\r\n", b"\xc3\xa4", b"\xe4", b"\xf0\x9f", b"\xef\xbb\xbf", b"\x00"])
+TEXT_PIECES = st.sampled_from(
+    [b"a", b" ", b"\n", b"\r", b"\r\n", b"\xc3\xa4", b"\xe4", b"\xf0\x9f", b"\xef\xbb\xbf", b"\x00"]
+)
 
 
 @PROPERTY
@@ -396,7 +499,10 @@ def test_any_bytes_as_text_decode_or_fail_naming_file_and_line(tmp_path, raw):
         text = body.decode("utf-8")
     except UnicodeDecodeError as err:
         line = 1 + len(re.findall(rb"\r\n|\r|\n", body[: err.start]))
-        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} line {line}: byte 0x{body[err.start]:02x} at column \d+ is not UTF-8"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^{re.escape(str(path))} line {line}: byte 0x{body[err.start]:02x} at column \d+ is not UTF-8",
+        ):
             read_lines(path, "data.path")
     else:
         assert "\n".join(read_lines(path, "data.path")) == re.sub(r"\r\n?", "\n", text).removesuffix("\n")
@@ -404,7 +510,11 @@ def test_any_bytes_as_text_decode_or_fail_naming_file_and_line(tmp_path, raw):
 
 @pytest.mark.parametrize(
     "en, expected",
-    [("", r"train.en and .*train.de hold no sentences"), ("\n\n", r"train.en line 1 is empty"), ("A dog.\n", r"train.en has 1 lines but .*train.de has 2")],
+    [
+        ("", r"train.en and .*train.de hold no sentences"),
+        ("\n\n", r"train.en line 1 is empty"),
+        ("A dog.\n", r"train.en has 1 lines but .*train.de has 2"),
+    ],
     ids=["empty", "blank lines only", "mismatched line counts"],
 )
 def test_parallel_files_that_are_empty_blank_or_misaligned(tmp_path, en, expected):
@@ -421,7 +531,9 @@ def test_corpus_that_is_empty_blank_or_shorter_than_a_block(tmp_path):
         with pytest.raises(ValueError, match=rf"data.path: {re.escape(str(tmp_path / name))} holds no text"):
             TextCorpusDataModule(str(tmp_path / name)).vocab_size
     (tmp_path / "short.txt").write_text("to be or not to be\n")
-    with pytest.raises(ValueError, match=r"the training part of .*short.txt has 17 tokens, fewer than data.block_size \+ 1 = 65"):
+    with pytest.raises(
+        ValueError, match=r"the training part of .*short.txt has 17 tokens, fewer than data.block_size \+ 1 = 65"
+    ):
         TextCorpusDataModule(str(tmp_path / "short.txt"), block_size=64).setup("fit")
 
 
@@ -430,7 +542,9 @@ def test_inputs_to_predict_are_lines_and_prompts_are_not_empty(tmp_path):
     corpus.write_text("to be or not to be\n" * 20)
     inputs.write_text("")
     lm = TextCorpusDataModule(str(corpus), block_size=8, predict_file=str(inputs))
-    translation = ParallelTextDataModule(str(text_dir(tmp_path / "p")), test_split=None, tokenizer="word", min_frequency=1, predict_file=str(inputs))
+    translation = ParallelTextDataModule(
+        str(text_dir(tmp_path / "p")), test_split=None, tokenizer="word", min_frequency=1, predict_file=str(inputs)
+    )
     for dm in (lm, translation):
         with pytest.raises(ValueError, match=rf"data.predict_file: {re.escape(str(inputs))} holds no lines"):
             dm.setup("predict")
@@ -443,10 +557,14 @@ def test_inputs_to_predict_are_lines_and_prompts_are_not_empty(tmp_path):
         TextCorpusDataModule(str(corpus), prompt="")
 
 
-@pytest.mark.parametrize("content", [b'{"version": "1.0", "trunc', b"\xff\xfe", b""], ids=["truncated", "not UTF-8", "empty"])
+@pytest.mark.parametrize(
+    "content", [b'{"version": "1.0", "trunc', b"\xff\xfe", b""], ids=["truncated", "not UTF-8", "empty"]
+)
 def test_a_damaged_saved_tokenizer_names_the_file(tmp_path, content):
     (tmp_path / "tokenizer.json").write_bytes(content)
-    with pytest.raises(ValueError, match=rf"data.tokenizer_dir: tokenizer {re.escape(str(tmp_path / 'tokenizer.json'))} cannot be read"):
+    with pytest.raises(
+        ValueError, match=rf"data.tokenizer_dir: tokenizer {re.escape(str(tmp_path / 'tokenizer.json'))} cannot be read"
+    ):
         TextCorpusDataModule(str(text_dir(tmp_path / "t") / "train.en"), tokenizer_dir=str(tmp_path)).vocab_size
 
 
@@ -458,8 +576,11 @@ def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
 
 # --- empty datasets and splits ---------------------------------------------------------------------------
 
+
 def test_a_fraction_that_rounds_to_an_empty_split_is_refused():
-    with pytest.raises(ValueError, match=r"data.val_fraction=0.0001 of 1797 samples is an empty split; raise it to at least 0.00056"):
+    with pytest.raises(
+        ValueError, match=r"data.val_fraction=0.0001 of 1797 samples is an empty split; raise it to at least 0.00056"
+    ):
         DigitsDataModule(val_fraction=0.0001)
     with pytest.raises(ValueError, match=r"data.test_fraction=0.01 of 40 samples is an empty split"):
         split_lengths(40, 0.5, 0.01)
@@ -472,7 +593,10 @@ def test_empty_image_folders_are_named(tmp_path):
         png.unlink()
     (tmp_path / "val" / "dog" / "notes.txt").write_text("not an image")
     dm = ImageFolderDataModule(str(tmp_path), img_size=8)
-    with pytest.raises(FileNotFoundError, match=rf"data.root: {re.escape(str(tmp_path / 'val'))}/: Found no valid file for the classes dog"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"data.root: {re.escape(str(tmp_path / 'val'))}/: Found no valid file for the classes dog",
+    ):
         dm.setup()
 
 
@@ -481,7 +605,9 @@ def test_files_that_are_not_images_are_skipped_and_counted(tmp_path):
     for name in ("scan.gif", "labels.csv", ".DS_Store"):
         (tmp_path / "train" / "cat" / name).write_text("x")
     dm = ImageFolderDataModule(str(tmp_path), img_size=8)
-    with pytest.warns(UserWarning, match=rf"{re.escape(str(tmp_path / 'train'))}/: skipped 2 files that are not images"):
+    with pytest.warns(
+        UserWarning, match=rf"{re.escape(str(tmp_path / 'train'))}/: skipped 2 files that are not images"
+    ):
         dm.setup()
     assert len(dm.train_set) == 4
 
@@ -499,12 +625,13 @@ def test_empty_detection_splits_are_refused(tmp_path):
 
 def test_a_damaged_shapes_cache_is_regenerated(tmp_path):
     path = generate_shapes(tmp_path, "val", 2)
-    for damage in (b"[1, 2]", b"{\"info\": 3}", b"\xff\xfe", b"{\"images\": ["):
+    for damage in (b"[1, 2]", b'{"info": 3}', b"\xff\xfe", b'{"images": ['):
         path.write_bytes(damage)
         assert load_coco(generate_shapes(tmp_path, "val", 2)).imgs.keys() == {1, 2}
 
 
 # --- a batch larger than the dataset -------------------------------------------------------------------
+
 
 def _digits(tmp_path):
     return DigitsDataModule(train_subset=10, batch_size=16)
@@ -520,7 +647,9 @@ def _image_folder(tmp_path):
 
 
 def _parallel(tmp_path):
-    return ParallelTextDataModule(str(text_dir(tmp_path)), test_split=None, tokenizer="word", min_frequency=1, batch_size=16)
+    return ParallelTextDataModule(
+        str(text_dir(tmp_path)), test_split=None, tokenizer="word", min_frequency=1, batch_size=16
+    )
 
 
 def _corpus(tmp_path):
@@ -529,33 +658,56 @@ def _corpus(tmp_path):
 
 
 def _coco(tmp_path):
-    return CocoDataModule(str(tmp_path / "images"), str(coco_dir(tmp_path)), batch_size=16, num_workers=0, train_scales=[32], max_size=64, crop=False, val_size=32)
+    return CocoDataModule(
+        str(tmp_path / "images"),
+        str(coco_dir(tmp_path)),
+        batch_size=16,
+        num_workers=0,
+        train_scales=[32],
+        max_size=64,
+        crop=False,
+        val_size=32,
+    )
 
 
 def _voc(tmp_path):
-    return VocDataModule(str(voc_dir(tmp_path)), batch_size=16, num_workers=0, train_scales=[32], max_size=64, crop=False, val_size=32)
+    return VocDataModule(
+        str(voc_dir(tmp_path)), batch_size=16, num_workers=0, train_scales=[32], max_size=64, crop=False, val_size=32
+    )
 
 
 def _shapes(tmp_path):
     return ShapesDataModule(str(tmp_path), num_train=3, num_val=1, num_test=1, batch_size=16)
 
 
-@pytest.mark.parametrize("make", [_digits, _torchvision, _image_folder, _parallel, _corpus, _coco, _voc, _shapes], ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize(
+    "make",
+    [_digits, _torchvision, _image_folder, _parallel, _corpus, _coco, _voc, _shapes],
+    ids=lambda f: f.__name__[1:],
+)
 def test_a_batch_larger_than_the_training_set_warns_and_still_trains(tmp_path, make):
     dm = make(tmp_path)
     quietly(dm.setup, "fit")
     with pytest.warns(UserWarning, match=r"data.batch_size=\d+ is larger than the \d+ training samples of ") as record:
         loader = dm.train_dataloader()
     n = len(loader.dataset)
-    assert any(f"than the {n} training samples" in str(w.message) and str(w.message).endswith(f"one batch of {n}") for w in record)
+    assert any(
+        f"than the {n} training samples" in str(w.message) and str(w.message).endswith(f"one batch of {n}")
+        for w in record
+    )
     assert len(loader) == 1  # one step per epoch, never zero
 
 
 def test_mixup_refuses_a_batch_it_would_drop_or_could_not_pair(tmp_path):
     mnist_dir(tmp_path, n=20)
-    dm = TorchvisionDataModule(name="MNIST", root=str(tmp_path), val_fraction=0.5, batch_size=16, mixup={"mixup_alpha": 0.8})
+    dm = TorchvisionDataModule(
+        name="MNIST", root=str(tmp_path), val_fraction=0.5, batch_size=16, mixup={"mixup_alpha": 0.8}
+    )
     dm.setup()
-    with pytest.raises(ValueError, match=r"data.batch_size=16 is larger than the 10 training samples of MNIST in .*; the incomplete last batch is dropped"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.batch_size=16 is larger than the 10 training samples of MNIST in .*; the incomplete last batch is dropped",
+    ):
         dm.train_dataloader()
     with pytest.raises(ValueError, match="data.batch_size=5 must be even with data.mixup"):
         TorchvisionDataModule(name="MNIST", root=str(tmp_path), batch_size=5, mixup={"mixup_alpha": 0.8})
@@ -565,11 +717,18 @@ def test_mixup_refuses_a_batch_it_would_drop_or_could_not_pair(tmp_path):
 
 # --- through the real CLI ----------------------------------------------------------------------------
 
+
 def test_cli_names_a_non_utf8_corpus_in_one_line(attnlab, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"to be or not to be\nthat is the qu\xe9stion\n")
-    code, _, err = attnlab("fit", "--config", "configs/text/shakespeare_char_cpu.yaml", f"--data.init_args.path={corpus}",
-                           f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false")
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        "configs/text/shakespeare_char_cpu.yaml",
+        f"--data.init_args.path={corpus}",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.logger=false",
+    )
     lines = [line for line in err.splitlines() if line.startswith("attnlab: error:")]
     assert code == 2 and len(lines) == 1 and f"{corpus} line 2: byte 0xe9 at column 15 is not UTF-8" in lines[0], err
 
@@ -579,9 +738,18 @@ def test_cli_names_a_corrupted_image_met_during_training_in_one_line(attnlab, tm
         generate_shapes(tmp_path / "shapes", split, n)
     bad = tmp_path / "shapes" / "train" / "images" / "000002.png"
     bad.write_bytes(BAD_IMAGES["truncated PNG"])
-    code, _, err = attnlab("fit", "--config", "configs/detection/shapes.yaml", f"--data.init_args.data_dir={tmp_path / 'shapes'}",
-                           "--data.init_args.num_train=2", "--data.init_args.num_val=1", "--data.init_args.num_test=1",
-                           "--data.init_args.batch_size=2", "--trainer.fast_dev_run=true", f"--trainer.default_root_dir={tmp_path}",
-                           "--trainer.logger=false")
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        "configs/detection/shapes.yaml",
+        f"--data.init_args.data_dir={tmp_path / 'shapes'}",
+        "--data.init_args.num_train=2",
+        "--data.init_args.num_val=1",
+        "--data.init_args.num_test=1",
+        "--data.init_args.batch_size=2",
+        "--trainer.fast_dev_run=true",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.logger=false",
+    )
     lines = [line for line in err.splitlines() if line.startswith("attnlab: error:")]
     assert code == 2 and len(lines) == 1 and f"{bad}: cannot read the image" in lines[0], err

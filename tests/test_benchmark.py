@@ -1,5 +1,6 @@
 """The benchmark's fast paths and peers compute what they claim, its measuring is sound, and the script
 runs end to end on the smallest shapes. No timed assertions: speed is the benchmark's job."""
+
 import json
 import os
 import subprocess
@@ -24,14 +25,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_attention_peers_match_ours_in_outputs_and_gradients():
     torch.manual_seed(0)
-    ours, sdpa, mha = MultiHeadAttention(32, 4), peers.SDPAAttention(32, 4), nn.MultiheadAttention(32, 4, batch_first=True)
+    ours, sdpa, mha = (
+        MultiHeadAttention(32, 4),
+        peers.SDPAAttention(32, 4),
+        nn.MultiheadAttention(32, 4, batch_first=True),
+    )
     sdpa.load_state_dict(ours.state_dict())
     mha.load_state_dict(ours.state_dict())
     kpm = peers.padding_mask(3, 10, torch.Generator().manual_seed(0), torch.device("cpu"))
     assert kpm[0].sum() == 0 and kpm.any()
     grads = []
-    for forward in (lambda x: ours(x, key_padding_mask=kpm)[0], lambda x: sdpa(x, key_padding_mask=kpm),
-                    lambda x: mha(x, x, x, key_padding_mask=kpm, need_weights=False)[0]):
+    for forward in (
+        lambda x: ours(x, key_padding_mask=kpm)[0],
+        lambda x: sdpa(x, key_padding_mask=kpm),
+        lambda x: mha(x, x, x, key_padding_mask=kpm, need_weights=False)[0],
+    ):
         x = torch.randn(3, 10, 32, generator=torch.Generator().manual_seed(1), requires_grad=True)
         out = forward(x)
         out.pow(2).sum().backward()
@@ -75,7 +83,9 @@ def test_hf_detr_peer_is_our_detr_size_and_trains():
     assert ours == theirs and "trained" in ours  # same parameters, same ones trained
     for side in bench.steps:
         share = bench.extra[side]()["matching"]
-        assert share.endswith("% of the step") and 0 < float(share.split("%")[0]) <= 100  # 0: the timer missed the matcher
+        assert (
+            share.endswith("% of the step") and 0 < float(share.split("%")[0]) <= 100
+        )  # 0: the timer missed the matcher
 
 
 def test_matching_peer_is_hugging_faces_matcher_with_the_same_assignments():
@@ -97,16 +107,26 @@ def test_profiler_sees_the_fused_cpu_kernel_and_its_share():
 def test_peak_memory_sees_a_64_mib_tensor_that_the_step_frees():
     # in a fresh process with the allocator settings of the benchmark's probes: this one's heap holds
     # whatever earlier tests freed, which a step may reuse without the resident set growing
-    code = ("import torch; from benchmarks.harness import step_peak_mib; "
-            "print(step_peak_mib(lambda: torch.ones(64, 2**20 // 4).sum(), torch.device('cpu')))")
+    code = (
+        "import torch; from benchmarks.harness import step_peak_mib; "
+        "print(step_peak_mib(lambda: torch.ones(64, 2**20 // 4).sum(), torch.device('cpu')))"
+    )
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT
+    ).stdout
     assert 60 < float(out.strip().splitlines()[-1]) < 200
 
 
 def test_interleaved_timing_and_ratios():
     calls = []
-    timings = interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, torch.device("cpu"), repeats=4, warmup=1, min_sample_s=0)
+    timings = interleaved(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+        torch.device("cpu"),
+        repeats=4,
+        warmup=1,
+        min_sample_s=0,
+    )
     assert calls[:2] == ["a", "b"] and len(timings["a"].cpu) == len(timings["b"].wall) == 4
     ratio = Ratio.of(Timing([2.0, 2.0, 4.0], [2.0] * 3), Timing([1.0, 2.0, 2.0], [1.0] * 3))
     assert ratio.median == 1.0 and ratio.wall == 2.0 and (ratio.p25, ratio.p75) == (1.5, 2.0)
@@ -134,12 +154,27 @@ def test_memory_probe_prints_json(capsys):
 def test_quick_run_prints_the_tables_and_appends_only_to_its_output(tmp_path):
     output = tmp_path / "results.md"
     output.write_text("# someone else's section\n")
-    command = [sys.executable, "-m", "benchmarks", "--quick", "--only", "attention", "--no-memory", "--output", str(output)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "--quick",
+        "--only",
+        "attention",
+        "--no-memory",
+        "--output",
+        str(output),
+    ]
     printed = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout  # as a user runs it
     written = output.read_text()
     assert written.startswith("# someone else's section\n") and printed.strip() in written
     assert "Command: `python -m benchmarks --quick" in written and f"--output {output}" in written and "CPU" in written
-    for row in ("| L=16 | sdpa |", "| L=16 | nn.MHA |", "| L=32, key padding | sdpa |", "| L=32, key padding | nn.MHA |"):
+    for row in (
+        "| L=16 | sdpa |",
+        "| L=16 | nn.MHA |",
+        "| L=32, key padding | sdpa |",
+        "| L=32, key padding | nn.MHA |",
+    ):
         assert row in written
     assert str(output) not in (ROOT / "benchmarks" / "RESULTS.md").read_text()
 

@@ -1,4 +1,5 @@
 """The real `attnlab` CLI end to end on the embedded digits, and its errors for bad input."""
+
 import csv
 import inspect
 import json
@@ -80,10 +81,19 @@ def test_a_module_takes_its_networks_options_with_the_networks_defaults(module, 
 @pytest.mark.parametrize(
     "override,expected",
     [
-        ("--model.init_args.depthh=3", "model: 'depthh' is not an option of models.vit_module.ImageClassifier; did you mean 'depth'?"),
+        (
+            "--model.init_args.depthh=3",
+            "model: 'depthh' is not an option of models.vit_module.ImageClassifier; did you mean 'depth'?",
+        ),
         ("--model.init_args.depth=three", "model.init_args.depth: expected int. Got value: three"),
-        ("--model.init_args.similarity=cosine", "model.init_args.similarity: expected one of 'scaled_dot', 'dot', 'general'. Got value: cosine"),
-        ("--model.init_args.patch_size=3", "model.patch_size=3 does not divide the image size 8; choose a divisor of 8"),
+        (
+            "--model.init_args.similarity=cosine",
+            "model.init_args.similarity: expected one of 'scaled_dot', 'dot', 'general'. Got value: cosine",
+        ),
+        (
+            "--model.init_args.patch_size=3",
+            "model.patch_size=3 does not divide the image size 8; choose a divisor of 8",
+        ),
         ("--data.init_args.batch_size=0", "data.batch_size=0 must be >= 1"),
         ("--trainer.max_epochs=x", "trainer.max_epochs: expected int, got 'x'"),
     ],

@@ -1,4 +1,5 @@
 """`attnlab compare` on two tiny real runs that differ only in the similarity function."""
+
 import json
 from pathlib import Path
 
@@ -16,9 +17,19 @@ def two_runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     for similarity in ("scaled_dot", "dot"):
-        main(["fit", "--config", DIGITS, f"--trainer.default_root_dir={root}/vision/{similarity}", "--trainer.max_epochs=1",
-              "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
-              f"--model.init_args.similarity={similarity}"])
+        main(
+            [
+                "fit",
+                "--config",
+                DIGITS,
+                f"--trainer.default_root_dir={root}/vision/{similarity}",
+                "--trainer.max_epochs=1",
+                "--trainer.limit_train_batches=4",
+                "--trainer.limit_val_batches=2",
+                "--trainer.log_every_n_steps=1",
+                f"--model.init_args.similarity={similarity}",
+            ]
+        )
     return root
 
 
@@ -57,10 +68,14 @@ def test_report_goes_to_wandb_as_a_table_and_images(attnlab, two_runs, tmp_path,
 
     logged = {}
     monkeypatch.setattr(NoopRun, "log", lambda self, data, *a, **k: logged.update(data), raising=False)
-    code, out, err = attnlab("compare", str(two_runs), "--out", str(tmp_path / "report"), "--wandb", "team/attnlab")  # WANDB_MODE=disabled
+    code, out, err = attnlab(
+        "compare", str(two_runs), "--out", str(tmp_path / "report"), "--wandb", "team/attnlab"
+    )  # WANDB_MODE=disabled
     assert code == 0, err
     assert isinstance(logged["compare/runs"], wandb.Table) and len(logged["compare/runs"].data) == 2
-    assert {"compare/loss", "compare/entropy", "compare/distance", "compare/scaling"} <= set(logged) and "attnlab: W&B:" in out
+    assert {"compare/loss", "compare/entropy", "compare/distance", "compare/scaling"} <= set(
+        logged
+    ) and "attnlab: W&B:" in out
 
 
 # ---- cells: runs that differ only in the seed, aggregated (synthetic summaries, so the numbers are known)
@@ -71,10 +86,25 @@ SCORES = {"scaled_dot": [0.80, 0.85, 0.83], "dot": [0.70, 0.78, 0.71], "general"
 def _fake_run(folder, best, entropy, config=None):
     run = folder / "lightning_logs" / "version_0"
     run.mkdir(parents=True)
-    layers = [{"name": "encoder.layers.0.self_attn", "kind": "self", "entropy": [entropy, entropy + 0.2], "max_weight": [0.5, 0.7]}]
-    (run / "summary.json").write_text(json.dumps({"status": "finished", "modality": "vision", "experiment": str(folder),
-                                                  "best": {"monitor": "val/acc", "value": best},
-                                                  "attention": {"final": {"unit": "pixels", "layers": layers}}}))
+    layers = [
+        {
+            "name": "encoder.layers.0.self_attn",
+            "kind": "self",
+            "entropy": [entropy, entropy + 0.2],
+            "max_weight": [0.5, 0.7],
+        }
+    ]
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "finished",
+                "modality": "vision",
+                "experiment": str(folder),
+                "best": {"monitor": "val/acc", "value": best},
+                "attention": {"final": {"unit": "pixels", "layers": layers}},
+            }
+        )
+    )
     if config is not None:
         (run / "config.yaml").write_text(yaml.safe_dump(config))
 
@@ -86,8 +116,17 @@ def sweep_root(tmp_path, monkeypatch):
 
     monkeypatch.chdir(ROOT)
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({"name": "sims", "configs": [DIGITS], "grid": {"model.init_args.similarity": list(SCORES)},
-                                    "seeds": [0, 1, 2], "root": str(tmp_path / "sweep")}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "sims",
+                "configs": [DIGITS],
+                "grid": {"model.init_args.similarity": list(SCORES)},
+                "seeds": [0, 1, 2],
+                "root": str(tmp_path / "sweep"),
+            }
+        )
+    )
     sweep = sweeps.load(path)
     sweeps.record(sweep)
     for run in sweep.runs():
@@ -107,7 +146,11 @@ def test_cells_get_mean_and_95_percent_t_interval_over_seeds(sweep_root, tmp_pat
 
     result = build_report(find_runs([str(sweep_root)]), tmp_path / "report")
     rows = {row[0]: dict(zip(result["cell_columns"], row)) for row in result["cell_rows"]}
-    assert list(rows) == ["digits/similarity=scaled_dot", "digits/similarity=dot", "digits/similarity=general"]  # the grid's order
+    assert list(rows) == [
+        "digits/similarity=scaled_dot",
+        "digits/similarity=dot",
+        "digits/similarity=general",
+    ]  # the grid's order
     for similarity, values in SCORES.items():
         row = rows[f"digits/similarity={similarity}"]
         mean, low, high = _t_interval(values)
@@ -130,18 +173,29 @@ def test_each_cell_is_compared_with_the_first_grid_value_over_the_same_seeds(swe
     diffs = [a - b for a, b in zip(SCORES["dot"], SCORES["scaled_dot"])]
     mean, low, high = _t_interval(diffs)
     p = stats.ttest_rel(SCORES["dot"], SCORES["scaled_dot"]).pvalue
-    assert best[0]["n"] == "3" and best[0]["difference"] == f"{mean:+.3g}" and best[0]["95% CI"] == f"{low:.3g} to {high:.3g}"
+    assert (
+        best[0]["n"] == "3"
+        and best[0]["difference"] == f"{mean:+.3g}"
+        and best[0]["95% CI"] == f"{low:.3g} to {high:.3g}"
+    )
     assert best[0]["p (paired t)"] == f"{p:.2g}"
-    assert result["conclusions"][0] == (f"digits, dot vs scaled_dot: {mean:+.3g} val/acc (95% CI {low:.3g} to {high:.3g}, n=3, "
-                                        f"paired t-test p={p:.2g})")
+    assert result["conclusions"][0] == (
+        f"digits, dot vs scaled_dot: {mean:+.3g} val/acc (95% CI {low:.3g} to {high:.3g}, n=3, paired t-test p={p:.2g})"
+    )
     # the helpers themselves, against scipy
     d = paired(SCORES["dot"], SCORES["scaled_dot"])
-    assert d["mean"] == pytest.approx(mean) and (d["low"], d["high"]) == pytest.approx((low, high)) and d["p"] == pytest.approx(p)
+    assert (
+        d["mean"] == pytest.approx(mean)
+        and (d["low"], d["high"]) == pytest.approx((low, high))
+        and d["p"] == pytest.approx(p)
+    )
     assert interval([0.5])["half"] is None  # one seed: no interval
 
 
 def test_baseline_names_the_reference_and_compare_prints_the_cells(attnlab, sweep_root, tmp_path):
-    code, out, err = attnlab("compare", str(sweep_root), "--out", str(tmp_path / "report"), "--baseline", "similarity=dot")
+    code, out, err = attnlab(
+        "compare", str(sweep_root), "--out", str(tmp_path / "report"), "--baseline", "similarity=dot"
+    )
     assert code == 0, err
     mean, low, high = _t_interval([a - b for a, b in zip(SCORES["general"], SCORES["dot"])])
     assert f"- digits, general vs dot: {mean:+.3g} val/acc (95% CI {low:.3g} to {high:.3g}, n=3" in out
@@ -155,13 +209,18 @@ def test_runs_outside_a_sweep_form_cells_by_their_config_without_the_seed(tmp_pa
 
     for similarity in ("scaled_dot", "dot"):
         for seed in (0, 1):
-            config = {"seed_everything": seed, "trainer": {"default_root_dir": f"x/{seed}", "max_epochs": 3},
-                      "model": {"init_args": {"similarity": similarity}}}
+            config = {
+                "seed_everything": seed,
+                "trainer": {"default_root_dir": f"x/{seed}", "max_epochs": 3},
+                "model": {"init_args": {"similarity": similarity}},
+            }
             _fake_run(tmp_path / "runs" / similarity / f"seed{seed}", SCORES[similarity][seed], 1.0, config)
     result = build_report(find_runs([str(tmp_path / "runs")]), tmp_path / "report")
     rows = {row[0]: row for row in result["cell_rows"]}
     assert set(rows) == {"scaled_dot", "dot"} and {row[2] for row in rows.values()} == {"2"}
-    assert result["conclusions"][0].startswith("vision, scaled_dot vs dot: ")  # outside a sweep the first cell is the reference
+    assert result["conclusions"][0].startswith(
+        "vision, scaled_dot vs dot: "
+    )  # outside a sweep the first cell is the reference
 
 
 def test_cells_and_paired_comparisons_go_to_wandb_as_tables(attnlab, sweep_root, tmp_path, monkeypatch):
@@ -170,10 +229,15 @@ def test_cells_and_paired_comparisons_go_to_wandb_as_tables(attnlab, sweep_root,
 
     logged = {}
     monkeypatch.setattr(NoopRun, "log", lambda self, data, *a, **k: logged.update(data), raising=False)
-    code, _, err = attnlab("compare", str(sweep_root), "--out", str(tmp_path / "report"), "--wandb", "attnlab")  # WANDB_MODE=disabled
+    code, _, err = attnlab(
+        "compare", str(sweep_root), "--out", str(tmp_path / "report"), "--wandb", "attnlab"
+    )  # WANDB_MODE=disabled
     assert code == 0, err
     assert len(logged["compare/cells"].data) == 3 and isinstance(logged["compare/paired"], wandb.Table)
-    assert logged["compare/paired"].data[0][:3] == ["digits, dot vs scaled_dot", "val/acc", "3"] and "compare/seeds" in logged
+    assert (
+        logged["compare/paired"].data[0][:3] == ["digits, dot vs scaled_dot", "val/acc", "3"]
+        and "compare/seeds" in logged
+    )
 
 
 def test_a_panel_says_the_modality_once():

@@ -2,6 +2,7 @@
 `torch._dynamo.explain` (tracing only, no code generation: seconds on a CPU). A tensor read on the host
 inside forward (``int(t.max())``, ``.item()``, ``if t.any()``) splits the graph and, on a GPU, waits for
 the device at every call; the seq2seq model's position check did both until it checked Python ints."""
+
 import pytest
 import torch
 import torch._dynamo as dynamo
@@ -22,25 +23,48 @@ def _padded(batch: int, length: int) -> torch.Tensor:
 
 
 def _vit():
-    return VisionTransformer(img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=16, depth=2, num_heads=2), (torch.randn(2, 3, 16, 16),)
+    return VisionTransformer(
+        img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=16, depth=2, num_heads=2
+    ), (torch.randn(2, 3, 16, 16),)
 
 
 def _seq2seq():
-    model = Seq2SeqTransformer(30, 30, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, pad_id=0)
+    model = Seq2SeqTransformer(
+        30, 30, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, pad_id=0
+    )
     src, tgt = torch.randint(1, 30, (2, 7)), torch.randint(1, 30, (2, 5))
     src[1, 4:] = 0  # padding: the masks are part of the graph
     return model, (src, tgt)
 
 
 def _gpt():
-    return DecoderOnlyLM(30, d_model=16, nhead=2, num_layers=2, dim_feedforward=32, max_positions=16), (torch.randint(0, 30, (2, 9)),)
+    return DecoderOnlyLM(30, d_model=16, nhead=2, num_layers=2, dim_feedforward=32, max_positions=16), (
+        torch.randint(0, 30, (2, 9)),
+    )
 
 
 def _detr():
-    trunk = Backbone("resnet18", out_index=3, norm="bn", trainable_layers=5, layers=[1, 1, 1, 1], channels=[8, 16, 32, 64], stem_width=8)
+    trunk = Backbone(
+        "resnet18",
+        out_index=3,
+        norm="bn",
+        trainable_layers=5,
+        layers=[1, 1, 1, 1],
+        channels=[8, 16, 32, 64],
+        stem_width=8,
+    )
     mask = torch.zeros(2, 32, 32, dtype=torch.bool)
     mask[1, :, 24:] = True
-    return DETR(trunk, num_classes=3, num_queries=4, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=32), (torch.randn(2, 3, 32, 32), mask)
+    return DETR(
+        trunk,
+        num_classes=3,
+        num_queries=4,
+        d_model=16,
+        nhead=2,
+        num_encoder_layers=1,
+        num_decoder_layers=2,
+        dim_feedforward=32,
+    ), (torch.randn(2, 3, 32, 32), mask)
 
 
 class _PaddedAttention(torch.nn.Module):
@@ -56,7 +80,9 @@ def _attention():
     return _PaddedAttention(), (torch.randn(2, 6, 16), _padded(2, 6))
 
 
-@pytest.mark.parametrize("build", [_attention, _vit, _seq2seq, _gpt, _detr], ids=["attention", "vit", "seq2seq", "gpt", "detr"])
+@pytest.mark.parametrize(
+    "build", [_attention, _vit, _seq2seq, _gpt, _detr], ids=["attention", "vit", "seq2seq", "gpt", "detr"]
+)
 def test_forward_is_one_graph(build):
     model, inputs = build()
     model.train()

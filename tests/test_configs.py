@@ -3,6 +3,7 @@
 Configs under configs/trainer and configs/logger are pieces composed onto an experiment; they run
 on top of the embedded digits experiment.
 """
+
 import re
 from pathlib import Path
 
@@ -14,10 +15,18 @@ CONFIGS = sorted(p.relative_to(ROOT) for p in (ROOT / "configs").rglob("*.yaml")
 PIECES = ("trainer", "logger")
 # The paper's DETR-R50 resizes to 800-1333 px: the same config, on small images, keeps this test fast.
 SMALLER = {
-    "configs/detection/coco.yaml": ["--data.init_args.train_scales=[64]", "--data.init_args.val_size=64",
-                                    "--data.init_args.max_size=96", "--data.init_args.crop=false"],
-    "configs/detection/bccd_finetune.yaml": ["--data.init_args.train_scales=[64]", "--data.init_args.val_size=64",
-                                             "--data.init_args.max_size=96", "--data.init_args.batch_size=2"],
+    "configs/detection/coco.yaml": [
+        "--data.init_args.train_scales=[64]",
+        "--data.init_args.val_size=64",
+        "--data.init_args.max_size=96",
+        "--data.init_args.crop=false",
+    ],
+    "configs/detection/bccd_finetune.yaml": [
+        "--data.init_args.train_scales=[64]",
+        "--data.init_args.val_size=64",
+        "--data.init_args.max_size=96",
+        "--data.init_args.batch_size=2",
+    ],
 }
 
 
@@ -33,7 +42,12 @@ def test_config_runs_one_batch(attnlab, tmp_path, monkeypatch, config):
         pytest.skip(f"{config} reads {missing[0]}, which is not on this machine (see ../shared/data/SOURCES.md)")
     stack = ["--config", "configs/vision/digits.yaml"] if config.parts[1] in PIECES else []
     code, _, err = attnlab(
-        "fit", *stack, "--config", str(config), *SMALLER.get(str(config), []), "--trainer.fast_dev_run=true",
+        "fit",
+        *stack,
+        "--config",
+        str(config),
+        *SMALLER.get(str(config), []),
+        "--trainer.fast_dev_run=true",
         f"--trainer.default_root_dir={tmp_path}",
     )
     assert code == 0, err

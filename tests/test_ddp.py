@@ -5,6 +5,7 @@ pytest in the child. For the ViT, two processes with half the batch each must fo
 loss curve as one process with the whole batch: DDP averages the gradients of the two halves,
 which is the gradient of the whole batch (dropout off, same sample order via DistributedSampler).
 """
+
 import csv
 import json
 import os
@@ -17,8 +18,15 @@ import torch
 
 pytestmark = pytest.mark.slow  # every test launches DDP runs of the CLI in subprocesses
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
-        "--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.log_every_n_steps=1")
+TINY = (
+    "--trainer.max_epochs=1",
+    "--trainer.limit_train_batches=4",
+    "--trainer.limit_val_batches=1",
+    "--trainer.num_sanity_val_steps=0",
+    "--trainer.accelerator=cpu",
+    "--trainer.strategy=ddp",
+    "--trainer.log_every_n_steps=1",
+)
 PROBE = '''
 import json
 import pytorch_lightning as pl
@@ -41,10 +49,24 @@ class GlobalLoss(pl.Callback):
 
 def run_cli(tmp_path: Path, *args: str, wandb: str = "disabled") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(WANDB_MODE=wandb, WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"), WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
-               WANDB_DATA_DIR=str(tmp_path / "wandb-data"), WANDB_BASE_URL="http://127.0.0.1:9",  # nothing reaches a network
-               PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "fit", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    env.update(
+        WANDB_MODE=wandb,
+        WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"),
+        WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
+        WANDB_DATA_DIR=str(tmp_path / "wandb-data"),
+        WANDB_BASE_URL="http://127.0.0.1:9",  # nothing reaches a network
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "fit", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -55,29 +77,53 @@ def val_column(run: Path, key: str) -> list[float]:
 
 def test_vit_two_processes_with_half_batches_follow_one_process_with_full_batches(tmp_path):
     (tmp_path / "ddp_probe.py").write_text(PROBE)
-    common = ("--config", "configs/vision/digits.yaml", *TINY, "--model.init_args.drop_rate=0", "--model.init_args.drop_path_rate=0")
+    common = (
+        "--config",
+        "configs/vision/digits.yaml",
+        *TINY,
+        "--model.init_args.drop_rate=0",
+        "--model.init_args.drop_path_rate=0",
+    )
     runs = {}
     for devices, batch in ((1, 32), (2, 16)):
         root = tmp_path / f"devices{devices}"
-        probe = f"--trainer.callbacks+={{class_path: ddp_probe.GlobalLoss, init_args: {{output: {root / 'losses.json'}}}}}"
+        probe = (
+            f"--trainer.callbacks+={{class_path: ddp_probe.GlobalLoss, init_args: {{output: {root / 'losses.json'}}}}}"
+        )
         extra = ("--config", "configs/logger/wandb.yaml") if devices == 2 else ()
-        proc = run_cli(tmp_path, *common, *extra, f"--trainer.default_root_dir={root}", f"--trainer.devices={devices}",
-                       f"--data.init_args.batch_size={batch}", probe, wandb="offline" if devices == 2 else "disabled")
+        proc = run_cli(
+            tmp_path,
+            *common,
+            *extra,
+            f"--trainer.default_root_dir={root}",
+            f"--trainer.devices={devices}",
+            f"--data.init_args.batch_size={batch}",
+            probe,
+            wandb="offline" if devices == 2 else "disabled",
+        )
         runs[devices] = (root, json.loads((root / "losses.json").read_text()), proc)
     (one, curve1, _), (two, curve2, proc) = runs[1], runs[2]
     assert curve1["world_size"] == 1 and curve2["world_size"] == 2 and len(curve1["losses"]) == 4
     assert curve2["losses"] == pytest.approx(curve1["losses"], rel=1e-5, abs=1e-6)
     run1, run2 = one / "lightning_logs" / "version_0", two / "lightning_logs" / "version_0"
-    assert val_column(run2, "val/loss") == pytest.approx(val_column(run1, "val/loss"), rel=1e-5)  # sync_dist: the mean over both halves
+    assert val_column(run2, "val/loss") == pytest.approx(
+        val_column(run1, "val/loss"), rel=1e-5
+    )  # sync_dist: the mean over both halves
     w1 = torch.load(run1 / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     w2 = torch.load(run2 / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     # 1e-4, not 1e-6: the key bias gets a zero gradient in exact arithmetic (softmax ignores a shift), and
     # Adam turns the rounding noise left in it into steps of up to lr; every other weight agrees to 1e-6
     assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)
     # only rank 0 made a W&B run (offline, in the experiment folder) and wrote the run folder
-    assert len(list((two / "wandb").glob("offline-run-*"))) == 1 and sorted(p.name for p in (two / "lightning_logs").iterdir()) == ["version_0"]
+    assert len(list((two / "wandb").glob("offline-run-*"))) == 1 and sorted(
+        p.name for p in (two / "lightning_logs").iterdir()
+    ) == ["version_0"]
     summary = json.loads((run2 / "summary.json").read_text())
-    assert summary["trainer"]["world_size"] == 2 and summary["wandb"][0]["mode"] == "offline" and summary["status"] == "finished"
+    assert (
+        summary["trainer"]["world_size"] == 2
+        and summary["wandb"][0]["mode"] == "offline"
+        and summary["status"] == "finished"
+    )
     assert "wandb sync" in proc.stdout
     # the nested, resolved config is in the offline run's record
     record = next((two / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
@@ -86,8 +132,16 @@ def test_vit_two_processes_with_half_batches_follow_one_process_with_full_batche
 
 MODALITIES = {
     "text": ("configs/text/toy_en_de.yaml", ()),
-    "detection": ("configs/detection/shapes.yaml", ("--data.init_args.num_train=32", "--data.init_args.num_val=8", "--data.init_args.num_test=8",
-                                                     "--data.init_args.batch_size=4", "--trainer.check_val_every_n_epoch=1")),
+    "detection": (
+        "configs/detection/shapes.yaml",
+        (
+            "--data.init_args.num_train=32",
+            "--data.init_args.num_val=8",
+            "--data.init_args.num_test=8",
+            "--data.init_args.batch_size=4",
+            "--trainer.check_val_every_n_epoch=1",
+        ),
+    ),
 }
 
 
@@ -97,7 +151,16 @@ def test_two_process_run(tmp_path, modality):
     if not (ROOT / config).exists():
         pytest.skip(f"{config} is not in the repository")
     data_dir = ("--data.init_args.data_dir=" + str(tmp_path / "data"),) if modality == "detection" else ()
-    run_cli(tmp_path, "--config", config, *TINY, *extra, *data_dir, "--trainer.devices=2", f"--trainer.default_root_dir={tmp_path / 'run'}")
+    run_cli(
+        tmp_path,
+        "--config",
+        config,
+        *TINY,
+        *extra,
+        *data_dir,
+        "--trainer.devices=2",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+    )
     run = tmp_path / "run" / "lightning_logs" / "version_0"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["trainer"]["world_size"] == 2 and summary["modality"] == modality

@@ -2,6 +2,7 @@
 classes. The noise stays in its bounds, the attention mask lets no information leak between groups or
 into the matching queries, the denoising loss pairs each slot with its own target, the anchors refine
 as sigmoid(inverse_sigmoid(anchor) + delta) with detached anchors, and the focal terms equal their formulas."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,22 +14,48 @@ from models.denoising import denoising_attn_mask, denoising_indices, denoising_q
 from models.detr import DETR, box_sine_embedding, post_process
 from models.matcher import HungarianMatcher
 
-TINY_TRUNK = dict(name="resnet18", out_index=3, norm="bn", trainable_layers=5, layers=[1, 1, 1, 1], channels=[8, 16, 32, 64], stem_width=8)
+TINY_TRUNK = dict(
+    name="resnet18",
+    out_index=3,
+    norm="bn",
+    trainable_layers=5,
+    layers=[1, 1, 1, 1],
+    channels=[8, 16, 32, 64],
+    stem_width=8,
+)
 
 
 def tiny_detr(**kwargs) -> DETR:
     torch.manual_seed(0)
-    return DETR(Backbone(**TINY_TRUNK), 3, 5, d_model=32, nhead=4, num_encoder_layers=1, num_decoder_layers=3, dim_feedforward=64,
-                dropout=0.0, **kwargs)
+    return DETR(
+        Backbone(**TINY_TRUNK),
+        3,
+        5,
+        d_model=32,
+        nhead=4,
+        num_encoder_layers=1,
+        num_decoder_layers=3,
+        dim_feedforward=64,
+        dropout=0.0,
+        **kwargs,
+    )
 
 
 def targets_of(*sizes: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [{"labels": torch.randint(0, 3, (n,), generator=g),
-             "boxes": torch.cat([torch.rand(n, 2, generator=g) * 0.6 + 0.2, torch.rand(n, 2, generator=g) * 0.3 + 0.05], 1)} for n in sizes]
+    return [
+        {
+            "labels": torch.randint(0, 3, (n,), generator=g),
+            "boxes": torch.cat(
+                [torch.rand(n, 2, generator=g) * 0.6 + 0.2, torch.rand(n, 2, generator=g) * 0.3 + 0.05], 1
+            ),
+        }
+        for n in sizes
+    ]
 
 
 # --- denoising queries ---------------------------------------------------------------------------
+
 
 def test_without_noise_every_group_is_the_ground_truth_and_padding_is_marked():
     targets = targets_of(3, 1)
@@ -83,7 +110,12 @@ def test_a_batch_without_boxes_still_trains():
 
 
 @pytest.mark.parametrize(
-    "key, kwargs", [("dn_number", {"dn_number": -1}), ("dn_label_noise", {"dn_label_noise": 1.5}), ("dn_box_noise", {"dn_box_noise": -0.1})]
+    "key, kwargs",
+    [
+        ("dn_number", {"dn_number": -1}),
+        ("dn_label_noise", {"dn_label_noise": 1.5}),
+        ("dn_box_noise", {"dn_box_noise": -0.1}),
+    ],
 )
 def test_denoising_settings_that_cannot_work_fail_when_built(key, kwargs):
     with pytest.raises(ValueError, match=rf"^model\.{key}=\S+: .*(>= 0|\[0, 1\])") as err:
@@ -92,6 +124,7 @@ def test_denoising_settings_that_cannot_work_fail_when_built(key, kwargs):
 
 
 # --- no information leaks through the mask -------------------------------------------------------
+
 
 @pytest.mark.parametrize("query_type", ["vanilla", "anchor"])
 def test_perturbing_one_group_changes_no_other_group_nor_the_matching_queries(query_type):
@@ -128,6 +161,7 @@ def test_padding_slots_are_not_seen_by_their_group():
 
 # --- denoising loss ------------------------------------------------------------------------------
 
+
 def test_denoising_indices_pair_each_slot_with_its_own_target():
     (slots0, tgt0), (slots1, tgt1) = denoising_indices(targets_of(3, 1), num_groups=2, pad_size=3)
     assert slots0.tolist() == [0, 1, 2, 3, 4, 5] and tgt0.tolist() == [0, 1, 2, 0, 1, 2]
@@ -138,10 +172,18 @@ def test_denoising_box_losses_against_a_direct_computation():
     targets = targets_of(2, 1, seed=1)
     g = torch.Generator().manual_seed(2)
     groups, pad = 3, 2
-    dn_out = {"pred_logits": torch.randn(2, groups * pad, 4, generator=g), "pred_boxes": torch.rand(2, groups * pad, 4, generator=g) * 0.3 + 0.3,
-              "aux_outputs": [], "num_groups": groups}
-    outputs = {"pred_logits": torch.randn(2, 5, 4, generator=g), "pred_boxes": torch.rand(2, 5, 4, generator=g) * 0.3 + 0.3,
-               "aux_outputs": [], "dn_outputs": dn_out}
+    dn_out = {
+        "pred_logits": torch.randn(2, groups * pad, 4, generator=g),
+        "pred_boxes": torch.rand(2, groups * pad, 4, generator=g) * 0.3 + 0.3,
+        "aux_outputs": [],
+        "num_groups": groups,
+    }
+    outputs = {
+        "pred_logits": torch.randn(2, 5, 4, generator=g),
+        "pred_boxes": torch.rand(2, 5, 4, generator=g) * 0.3 + 0.3,
+        "aux_outputs": [],
+        "dn_outputs": dn_out,
+    }
     criterion = SetCriterion(3, HungarianMatcher(), denoising=True)
     losses = criterion(outputs, targets)
     l1, giou = 0.0, 0.0
@@ -175,13 +217,16 @@ def test_vanilla_defaults_build_no_new_parts():
 
 # --- anchor-box queries --------------------------------------------------------------------------
 
+
 def test_box_sine_embedding_orders_y_x_w_h():
     boxes = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
     emb = box_sine_embedding(boxes, 8)  # (1, 32)
     assert emb.shape == (1, 32)
     torch.testing.assert_close(emb[0, 0], torch.sin(torch.tensor(0.2 * 2 * torch.pi)))  # y first
     torch.testing.assert_close(emb[0, 8], torch.sin(torch.tensor(0.1 * 2 * torch.pi)))  # then x
-    torch.testing.assert_close(emb[0, 17], torch.cos(torch.tensor(0.3 * 2 * torch.pi)))  # w, cos of the lowest frequency
+    torch.testing.assert_close(
+        emb[0, 17], torch.cos(torch.tensor(0.3 * 2 * torch.pi))
+    )  # w, cos of the lowest frequency
 
 
 def test_each_layer_refines_its_anchor_in_inverse_sigmoid_space():
@@ -203,7 +248,9 @@ def test_each_layer_refines_its_anchor_in_inverse_sigmoid_space():
 def test_first_predictions_are_the_anchors_at_init():
     model = tiny_detr(query_type="anchor").eval()
     out = model(torch.randn(2, 3, 32, 32))
-    torch.testing.assert_close(out["aux_outputs"][0]["pred_boxes"], model.refpoint_embed.weight.sigmoid()[None].expand(2, -1, -1))
+    torch.testing.assert_close(
+        out["aux_outputs"][0]["pred_boxes"], model.refpoint_embed.weight.sigmoid()[None].expand(2, -1, -1)
+    )
 
 
 def test_no_gradient_flows_through_the_detached_anchors():
@@ -215,7 +262,9 @@ def test_no_gradient_flows_through_the_detached_anchors():
         model.ref_point_head.layers[-1].weight.zero_()
         model.bbox_embed.layers[-1].weight.normal_(0, 0.1)
     out = model(torch.randn(2, 3, 32, 32))
-    (last,) = torch.autograd.grad(out["pred_boxes"].sum(), model.refpoint_embed.weight, allow_unused=True, retain_graph=True)
+    (last,) = torch.autograd.grad(
+        out["pred_boxes"].sum(), model.refpoint_embed.weight, allow_unused=True, retain_graph=True
+    )
     assert last is None or torch.count_nonzero(last) == 0
     (first,) = torch.autograd.grad(out["aux_outputs"][0]["pred_boxes"].sum(), model.refpoint_embed.weight)
     assert torch.count_nonzero(first) > 0
@@ -223,9 +272,13 @@ def test_no_gradient_flows_through_the_detached_anchors():
 
 # --- focal classes -------------------------------------------------------------------------------
 
+
 def test_focal_matcher_cost_and_loss_equal_their_formulas():
     g = torch.Generator().manual_seed(3)
-    outputs = {"pred_logits": torch.randn(2, 6, 3, generator=g), "pred_boxes": torch.rand(2, 6, 4, generator=g) * 0.3 + 0.3}
+    outputs = {
+        "pred_logits": torch.randn(2, 6, 3, generator=g),
+        "pred_boxes": torch.rand(2, 6, 4, generator=g) * 0.3 + 0.3,
+    }
     targets = targets_of(2, 1, seed=4)
     matcher = HungarianMatcher(2, 5, 2, focal=True)
     cost = matcher.cost_matrix(outputs, targets)
@@ -251,8 +304,12 @@ def test_focal_model_has_k_sigmoid_outputs_and_post_process_reads_them():
     model = tiny_detr(class_loss="focal")
     out = model(torch.randn(1, 3, 32, 32))
     assert out["pred_logits"].shape == (1, 5, 3) and out["sigmoid"] is True
-    torch.testing.assert_close(out["pred_logits"].sigmoid().mean(), torch.tensor(0.01), atol=0.01, rtol=0)  # the 1% prior
-    (det,) = post_process({"pred_logits": torch.tensor([[[0.0, 2.0, -1.0]]]), "pred_boxes": torch.full((1, 1, 4), 0.5), "sigmoid": True},
-                          torch.tensor([[10, 10]]))
+    torch.testing.assert_close(
+        out["pred_logits"].sigmoid().mean(), torch.tensor(0.01), atol=0.01, rtol=0
+    )  # the 1% prior
+    (det,) = post_process(
+        {"pred_logits": torch.tensor([[[0.0, 2.0, -1.0]]]), "pred_boxes": torch.full((1, 1, 4), 0.5), "sigmoid": True},
+        torch.tensor([[10, 10]]),
+    )
     assert det["labels"].item() == 1
     torch.testing.assert_close(det["scores"], torch.tensor([2.0]).sigmoid())

@@ -1,5 +1,6 @@
 """The real `attnlab` CLI on a tiny generated shapes dataset: fit, test and predict, and bad data as
 one-line errors."""
+
 import csv
 import json
 
@@ -12,10 +13,22 @@ SHAPES = "configs/detection/shapes.yaml"
 @pytest.mark.slow
 def test_fit_test_predict_on_tiny_shapes(attnlab, tmp_path):
     common = (
-        "--config", SHAPES, f"--trainer.default_root_dir={tmp_path / 'run'}", f"--data.data_dir={tmp_path / 'data'}",
-        "--data.num_train=8", "--data.num_val=4", "--data.num_test=3", "--data.batch_size=4",
+        "--config",
+        SHAPES,
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+        f"--data.data_dir={tmp_path / 'data'}",
+        "--data.num_train=8",
+        "--data.num_val=4",
+        "--data.num_test=3",
+        "--data.batch_size=4",
     )
-    code, out, err = attnlab("fit", *common, "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=1", "--trainer.callbacks.num_images=2")
+    code, out, err = attnlab(
+        "fit",
+        *common,
+        "--trainer.max_epochs=2",
+        "--trainer.check_val_every_n_epoch=1",
+        "--trainer.callbacks.num_images=2",
+    )
     assert code == 0, err
     assert "attnlab: best val/AP50=" in out
     version = tmp_path / "run" / "lightning_logs" / "version_0"
@@ -42,11 +55,17 @@ def test_a_file_that_is_not_coco_is_a_one_line_error(attnlab, tmp_path):
     (tmp_path / "images").mkdir()
     (tmp_path / "labels.json").write_text(json.dumps({"images": [], "labels": []}))
     config = tmp_path / "coco.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"class_path": "models.detr_module.ObjectDetector"},
-        "data": {"class_path": "datamodules.coco.CocoDataModule",
-                 "init_args": {"images": str(tmp_path / "images"), "annotations": str(tmp_path / "labels.json")}},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"class_path": "models.detr_module.ObjectDetector"},
+                "data": {
+                    "class_path": "datamodules.coco.CocoDataModule",
+                    "init_args": {"images": str(tmp_path / "images"), "annotations": str(tmp_path / "labels.json")},
+                },
+            }
+        )
+    )
     code, _, err = attnlab("fit", "--config", str(config), "--trainer.fast_dev_run=true")
     assert code == 2
     errors = [line for line in err.splitlines() if line.startswith("attnlab: error:")]

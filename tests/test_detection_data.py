@@ -1,5 +1,6 @@
 """Detection data: the COCO and VOC readers with their bad-input handling, DETR's transforms, padding,
 the generated shapes dataset, and COCO evaluation through pycocotools."""
+
 import json
 from pathlib import Path
 
@@ -23,7 +24,9 @@ from models.coco_eval import coco_evaluate, to_coco_results
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "detection"
 
 
-def write_coco(root: Path, images: list[dict], annotations: list[dict], categories: list[dict], modes: dict | None = None) -> Path:
+def write_coco(
+    root: Path, images: list[dict], annotations: list[dict], categories: list[dict], modes: dict | None = None
+) -> Path:
     """A COCO dataset under root: images/ (solid colour files for every listed image) + instances.json."""
     (root / "images").mkdir(parents=True, exist_ok=True)
     for img in images:
@@ -47,6 +50,7 @@ CATS = [{"id": 1, "name": "cat"}, {"id": 5, "name": "dog"}, {"id": 90, "name": "
 
 # --- COCO reader ---------------------------------------------------------------------------------
 
+
 def test_coco_reader_maps_categories_and_cleans_boxes_as_detr_does(tmp_path):
     annotations = [
         ann(1, 1, 90, [10, 5, 10, 10]),
@@ -61,11 +65,16 @@ def test_coco_reader_maps_categories_and_cleans_boxes_as_detr_does(tmp_path):
         dataset = CocoDetection(tmp_path / "images", coco)
     assert dataset.category_ids == [1, 5, 90] and dataset.class_names == ["cat", "dog", "toothbrush"]
     img, target = dataset[0]
-    assert isinstance(img, Image.Image) and target["labels"].tolist() == [2, 1]  # contiguous labels, back via category_ids
+    assert isinstance(img, Image.Image) and target["labels"].tolist() == [
+        2,
+        1,
+    ]  # contiguous labels, back via category_ids
     torch.testing.assert_close(target["boxes"], torch.tensor([[10.0, 5.0, 20.0, 15.0], [30.0, 20.0, 40.0, 30.0]]))
     gray, empty = dataset[1]
     assert gray.mode == "RGB" and empty["boxes"].shape == (0, 4)  # grayscale converted; image without boxes kept
-    assert dataset.coco.anns[4]["iscrowd"] == 1 and 3 not in dataset.coco.anns  # COCOeval keeps the crowd region, not the empty box
+    assert (
+        dataset.coco.anns[4]["iscrowd"] == 1 and 3 not in dataset.coco.anns
+    )  # COCOeval keeps the crowd region, not the empty box
 
 
 @pytest.mark.parametrize(
@@ -73,9 +82,18 @@ def test_coco_reader_maps_categories_and_cleans_boxes_as_detr_does(tmp_path):
     [
         ({"images": []}, "not a COCO instances file"),
         ([1, 2], "not a COCO instances file"),
-        ({"images": [image(1)], "annotations": [ann(7, 3, 1, [0, 0, 5, 5])], "categories": CATS}, r"annotations\[0\] \(id 7\) refers to image id 3"),
-        ({"images": [image(1)], "annotations": [ann(7, 1, 2, [0, 0, 5, 5])], "categories": CATS}, r"\(id 7\) refers to category id 2"),
-        ({"images": [image(1)], "annotations": [ann(7, 1, 1, [0, 0, 5])], "categories": CATS}, r"\(id 7\) has bbox \[0, 0, 5\]"),
+        (
+            {"images": [image(1)], "annotations": [ann(7, 3, 1, [0, 0, 5, 5])], "categories": CATS},
+            r"annotations\[0\] \(id 7\) refers to image id 3",
+        ),
+        (
+            {"images": [image(1)], "annotations": [ann(7, 1, 2, [0, 0, 5, 5])], "categories": CATS},
+            r"\(id 7\) refers to category id 2",
+        ),
+        (
+            {"images": [image(1)], "annotations": [ann(7, 1, 1, [0, 0, 5])], "categories": CATS},
+            r"\(id 7\) has bbox \[0, 0, 5\]",
+        ),
         ({"images": [{"id": 1}], "annotations": [], "categories": CATS}, r"images\[0\].*lacks"),
     ],
 )
@@ -103,8 +121,17 @@ def test_invalid_json_and_missing_files_are_refused(tmp_path):
 def test_coco_datamodule_splits_and_pads(tmp_path):
     images = [image(i, w=40 + i, h=30) for i in range(1, 11)]
     path = write_coco(tmp_path, images, [ann(i, i, 1, [2, 2, 10, 10]) for i in range(1, 11)], CATS)
-    dm = CocoDataModule(str(tmp_path / "images"), str(path), val_fraction=0.3, batch_size=4, num_workers=0,
-                        train_scales=[32], max_size=64, crop=False, val_size=32)
+    dm = CocoDataModule(
+        str(tmp_path / "images"),
+        str(path),
+        val_fraction=0.3,
+        batch_size=4,
+        num_workers=0,
+        train_scales=[32],
+        max_size=64,
+        crop=False,
+        val_size=32,
+    )
     assert dm.num_classes == 3
     dm.setup("fit")
     train, val = dm.dataset("train"), dm.dataset("val")
@@ -120,7 +147,9 @@ def test_coco_datamodule_splits_and_pads(tmp_path):
 @pytest.mark.skipif(not (SHARED / "coco2017_mini").is_dir(), reason="shared COCO subset not present")
 def test_real_coco_subset_reads_with_its_crowds_and_grayscale_image():
     root = SHARED / "coco2017_mini"
-    dm = CocoDataModule(str(root / "train" / "images"), str(root / "annotations" / "instances_train.json"), num_workers=0)
+    dm = CocoDataModule(
+        str(root / "train" / "images"), str(root / "annotations" / "instances_train.json"), num_workers=0
+    )
     assert dm.num_classes == 80 and dm.category_ids[-1] == 90
     with pytest.warns(UserWarning, match="crowd boxes left out of training"):
         assert len(dm.dataset("train")) == 279
@@ -145,6 +174,7 @@ def test_image_folder_for_predict(tmp_path):
 
 # --- VOC reader ----------------------------------------------------------------------------------
 
+
 def write_voc(root: Path, objects: dict[str, list[tuple]], split: str = "train") -> None:
     for folder in ("JPEGImages", "Annotations", "ImageSets/Main"):
         (root / folder).mkdir(parents=True, exist_ok=True)
@@ -161,7 +191,10 @@ def write_voc(root: Path, objects: dict[str, list[tuple]], split: str = "train")
 
 
 def test_voc_reader_converts_corners_and_drops_degenerate_boxes(tmp_path):
-    objects = {"a": [("WBC", (1, 1, 10, 20), 0), ("RBC", (5, 5, 5, 5), 0), ("RBC", (6, 5, 4, 9), 0)], "b": [("RBC", (11, 11, 30, 40), 1)]}
+    objects = {
+        "a": [("WBC", (1, 1, 10, 20), 0), ("RBC", (5, 5, 5, 5), 0), ("RBC", (6, 5, 4, 9), 0)],
+        "b": [("RBC", (11, 11, 30, 40), 1)],
+    }
     write_voc(tmp_path, objects)
     data, names = read_voc_split(tmp_path, "train")
     assert names == ["RBC", "WBC"]
@@ -190,9 +223,15 @@ def test_real_bccd_reads_as_three_classes():
 
 # --- transforms ----------------------------------------------------------------------------------
 
+
 def sample(w: int = 100, h: int = 50):
     boxes = torch.tensor([[10.0, 10.0, 30.0, 20.0], [60.0, 5.0, 100.0, 45.0]])
-    return Image.new("RGB", (w, h)), {"boxes": boxes, "labels": torch.tensor([0, 1]), "area": torch.tensor([200.0, 1600.0]), "size": torch.tensor([h, w])}
+    return Image.new("RGB", (w, h)), {
+        "boxes": boxes,
+        "labels": torch.tensor([0, 1]),
+        "area": torch.tensor([200.0, 1600.0]),
+        "size": torch.tensor([h, w]),
+    }
 
 
 def test_hflip_resize_crop_and_normalize_move_boxes_with_the_image():
@@ -218,24 +257,33 @@ def test_training_transforms_keep_boxes_valid():
         __import__("random").seed(seed)
         tensor, target = pipeline(*sample())
         assert max(tensor.shape[1:]) <= 80
-        assert (target["boxes"][:, 2:] > 0).all() and (target["boxes"] >= 0).all() and len(target["boxes"]) == len(target["labels"])
+        assert (
+            (target["boxes"][:, 2:] > 0).all()
+            and (target["boxes"] >= 0).all()
+            and len(target["boxes"]) == len(target["labels"])
+        )
 
 
 def test_collate_pads_and_masks():
     a, b = torch.ones(3, 4, 6), torch.ones(3, 5, 3)
     images, mask, targets = collate_detection([(a, {"id": 0}), (b, {"id": 1})])
     assert images.shape == (2, 3, 5, 6) and targets == [{"id": 0}, {"id": 1}]
-    assert mask[0, :4, :6].logical_not().all() and mask[0, 4].all() and mask[1, :, 3:].all() and not mask[1, :, :3].any()
+    assert (
+        mask[0, :4, :6].logical_not().all() and mask[0, 4].all() and mask[1, :, 3:].all() and not mask[1, :, :3].any()
+    )
     assert images[1, :, :, 3:].abs().sum() == 0
 
 
 # --- generated shapes and evaluation -------------------------------------------------------------
 
+
 def test_shapes_are_deterministic_coco_and_score_ap_1_against_themselves(tmp_path):
     a = generate_shapes(tmp_path / "a", "val", 12, image_size=64, max_side=24, seed=3)
     b = generate_shapes(tmp_path / "b", "val", 12, image_size=64, max_side=24, seed=3)
     assert json.loads(a.read_text()) == json.loads(b.read_text())
-    assert (tmp_path / "a" / "val" / "images" / "000001.png").read_bytes() == (tmp_path / "b" / "val" / "images" / "000001.png").read_bytes()
+    assert (tmp_path / "a" / "val" / "images" / "000001.png").read_bytes() == (
+        tmp_path / "b" / "val" / "images" / "000001.png"
+    ).read_bytes()
     coco = load_coco(a)
     assert {c["name"] for c in coco.dataset["categories"]} == {"circle", "square", "triangle"}
     assert all(1 <= len(coco.imgToAnns[i]) <= 4 for i in coco.imgs)
@@ -245,7 +293,11 @@ def test_shapes_are_deterministic_coco_and_score_ap_1_against_themselves(tmp_pat
         anns_i = coco.imgToAnns[i]
         boxes = torch.tensor([a["bbox"] for a in anns_i], dtype=torch.float32)
         boxes[:, 2:] += boxes[:, :2]
-        detections[i] = {"boxes": boxes, "scores": torch.ones(len(anns_i)), "labels": torch.tensor([a["category_id"] - 1 for a in anns_i])}
+        detections[i] = {
+            "boxes": boxes,
+            "scores": torch.ones(len(anns_i)),
+            "labels": torch.tensor([a["category_id"] - 1 for a in anns_i]),
+        }
     stats = coco_evaluate(coco, to_coco_results(detections, [1, 2, 3]), list(coco.imgs))
     assert stats["AP"] == pytest.approx(1.0) and stats["AP50"] == pytest.approx(1.0)
     for det in detections.values():

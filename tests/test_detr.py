@@ -1,6 +1,7 @@
 """DETR's math: box ops against hand values and torchvision, the matcher against brute force, the set
 loss (empty targets, permutations, aux layers), the model, and a
 tiny DETR that overfits two images."""
+
 import itertools
 
 import pytest
@@ -20,7 +21,15 @@ from models.criterion import SetCriterion
 from models.detr import DETR, convert_official_state_dict, post_process
 from models.matcher import HungarianMatcher
 
-TINY_TRUNK = dict(name="resnet18", out_index=3, norm="bn", trainable_layers=5, layers=[1, 1, 1, 1], channels=[8, 16, 32, 64], stem_width=8)
+TINY_TRUNK = dict(
+    name="resnet18",
+    out_index=3,
+    norm="bn",
+    trainable_layers=5,
+    layers=[1, 1, 1, 1],
+    channels=[8, 16, 32, 64],
+    stem_width=8,
+)
 
 
 def random_boxes(n: int, generator: torch.Generator) -> torch.Tensor:
@@ -32,21 +41,28 @@ def random_boxes(n: int, generator: torch.Generator) -> torch.Tensor:
 
 def random_problem(seed: int, batch: int = 2, queries: int = 6, classes: int = 3, sizes=(3, 2)):
     g = torch.Generator().manual_seed(seed)
-    outputs = {"pred_logits": torch.randn(batch, queries, classes + 1, generator=g),
-               "pred_boxes": torch.stack([random_boxes(queries, g) for _ in range(batch)])}
+    outputs = {
+        "pred_logits": torch.randn(batch, queries, classes + 1, generator=g),
+        "pred_boxes": torch.stack([random_boxes(queries, g) for _ in range(batch)]),
+    }
     targets = [{"labels": torch.randint(0, classes, (n,), generator=g), "boxes": random_boxes(n, g)} for n in sizes]
     return outputs, targets
 
 
 # --- box ops -------------------------------------------------------------------------------------
 
+
 def test_box_conversions_against_hand_values():
     cxcywh = torch.tensor([[0.5, 0.5, 0.2, 0.4]])
     xyxy = torch.tensor([[0.4, 0.3, 0.6, 0.7]])
     torch.testing.assert_close(box_cxcywh_to_xyxy(cxcywh), xyxy)
     torch.testing.assert_close(box_xyxy_to_cxcywh(xyxy), cxcywh)
-    torch.testing.assert_close(box_xywh_to_xyxy(torch.tensor([[10.0, 20.0, 30.0, 5.0]])), torch.tensor([[10.0, 20.0, 40.0, 25.0]]))
-    torch.testing.assert_close(box_xyxy_to_xywh(torch.tensor([[10.0, 20.0, 40.0, 25.0]])), torch.tensor([[10.0, 20.0, 30.0, 5.0]]))
+    torch.testing.assert_close(
+        box_xywh_to_xyxy(torch.tensor([[10.0, 20.0, 30.0, 5.0]])), torch.tensor([[10.0, 20.0, 40.0, 25.0]])
+    )
+    torch.testing.assert_close(
+        box_xyxy_to_xywh(torch.tensor([[10.0, 20.0, 40.0, 25.0]])), torch.tensor([[10.0, 20.0, 30.0, 5.0]])
+    )
 
 
 def test_giou_against_hand_values_and_torchvision():
@@ -61,7 +77,9 @@ def test_giou_against_hand_values_and_torchvision():
     torch.testing.assert_close(generalized_box_iou(x, y), tvops.generalized_box_iou(x, y))
     x2, y2 = x.flip(0), y.flip(0)
     batched = generalized_box_iou(torch.stack([x, x2]), torch.stack([y, y2]))  # (2, 7, 5): two images, their own boxes
-    torch.testing.assert_close(batched, torch.stack([tvops.generalized_box_iou(x, y), tvops.generalized_box_iou(x2, y2)]))
+    torch.testing.assert_close(
+        batched, torch.stack([tvops.generalized_box_iou(x, y), tvops.generalized_box_iou(x2, y2)])
+    )
 
 
 def test_giou_of_two_identical_points_is_finite():
@@ -71,6 +89,7 @@ def test_giou_of_two_identical_points_is_finite():
 
 # --- matcher -------------------------------------------------------------------------------------
 
+
 def test_cost_matrix_equals_the_formula():
     outputs, targets = random_problem(0)
     cost = HungarianMatcher(1, 5, 2).cost_matrix(outputs, targets)  # (B, Q, max T_b)
@@ -79,7 +98,9 @@ def test_cost_matrix_equals_the_formula():
     tgt = targets[1]
     p = outputs["pred_logits"][b, q].softmax(-1)[tgt["labels"][0]]
     l1 = (outputs["pred_boxes"][b, q] - tgt["boxes"][0]).abs().sum()
-    giou = tvops.generalized_box_iou(box_cxcywh_to_xyxy(outputs["pred_boxes"][b, q][None]), box_cxcywh_to_xyxy(tgt["boxes"][:1]))[0, 0]
+    giou = tvops.generalized_box_iou(
+        box_cxcywh_to_xyxy(outputs["pred_boxes"][b, q][None]), box_cxcywh_to_xyxy(tgt["boxes"][:1])
+    )[0, 0]
     torch.testing.assert_close(cost[b, q, t], -p + 5 * l1 - 2 * giou)
 
 
@@ -147,6 +168,7 @@ def test_matcher_refuses_all_zero_costs():
 
 # --- criterion -----------------------------------------------------------------------------------
 
+
 def test_set_criterion_against_a_direct_computation():
     outputs, targets = random_problem(5, batch=2, queries=6, sizes=(2, 1))
     criterion = SetCriterion(3, HungarianMatcher(), eos_coef=0.1)
@@ -166,7 +188,9 @@ def test_set_criterion_against_a_direct_computation():
     torch.testing.assert_close(losses["loss_ce"], ce / weight)
     torch.testing.assert_close(losses["loss_bbox"], l1 / 3)  # normalised by the 3 target boxes
     torch.testing.assert_close(losses["loss_giou"], giou / 3)
-    assert criterion.total(losses) == pytest.approx(float(losses["loss_ce"] + 5 * losses["loss_bbox"] + 2 * losses["loss_giou"]), rel=1e-6)
+    assert criterion.total(losses) == pytest.approx(
+        float(losses["loss_ce"] + 5 * losses["loss_bbox"] + 2 * losses["loss_giou"]), rel=1e-6
+    )
 
 
 def test_criterion_with_empty_targets_learns_no_object_everywhere():
@@ -174,7 +198,9 @@ def test_criterion_with_empty_targets_learns_no_object_everywhere():
     outputs["pred_logits"].requires_grad_(True)
     losses = SetCriterion(3, HungarianMatcher())(outputs, targets)
     assert losses["loss_bbox"] == 0 and losses["loss_giou"] == 0
-    torch.testing.assert_close(losses["loss_ce"], torch.nn.functional.cross_entropy(outputs["pred_logits"].flatten(0, 1), torch.full((12,), 3)))
+    torch.testing.assert_close(
+        losses["loss_ce"], torch.nn.functional.cross_entropy(outputs["pred_logits"].flatten(0, 1), torch.full((12,), 3))
+    )
     losses["loss_ce"].backward()
     assert outputs["pred_logits"].grad[..., 3].lt(0).all()  # descending raises the no-object logit
 
@@ -193,9 +219,20 @@ def test_aux_outputs_get_their_own_matching_and_weights():
 
 # --- model ---------------------------------------------------------------------------------------
 
+
 def tiny_detr(num_classes: int = 3, num_queries: int = 5, **kwargs) -> DETR:
-    return DETR(Backbone(**TINY_TRUNK), num_classes, num_queries, d_model=32, nhead=4, num_encoder_layers=2,
-                num_decoder_layers=3, dim_feedforward=64, dropout=0.0, **kwargs)
+    return DETR(
+        Backbone(**TINY_TRUNK),
+        num_classes,
+        num_queries,
+        d_model=32,
+        nhead=4,
+        num_encoder_layers=2,
+        num_decoder_layers=3,
+        dim_feedforward=64,
+        dropout=0.0,
+        **kwargs,
+    )
 
 
 def test_detr_outputs_and_names():
@@ -209,9 +246,16 @@ def test_detr_outputs_and_names():
     assert out["pred_boxes"].min() >= 0 and out["pred_boxes"].max() <= 1
     names = set(model.state_dict())
     # the official checkpoint's keys, after renaming the backbone prefix
-    for key in ("input_proj.weight", "query_embed.weight", "class_embed.weight", "bbox_embed.layers.2.bias",
-                "transformer.encoder.layers.1.self_attn.in_proj_weight", "transformer.decoder.layers.2.multihead_attn.out_proj.weight",
-                "transformer.decoder.norm.weight", "backbone.body.layer1.0.conv1.weight"):
+    for key in (
+        "input_proj.weight",
+        "query_embed.weight",
+        "class_embed.weight",
+        "bbox_embed.layers.2.bias",
+        "transformer.encoder.layers.1.self_attn.in_proj_weight",
+        "transformer.decoder.layers.2.multihead_attn.out_proj.weight",
+        "transformer.decoder.norm.weight",
+        "backbone.body.layer1.0.conv1.weight",
+    ):
         assert key in names
     assert "backbone.body.conv1.weight" in convert_official_state_dict({"backbone.0.body.conv1.weight": torch.zeros(1)})
     assert tiny_detr(aux_loss=False)(images, mask)["aux_outputs"] == []
@@ -219,8 +263,15 @@ def test_detr_outputs_and_names():
 
 def test_reference_defaults():
     model = DETR(Backbone())
-    assert (model.num_queries, model.class_embed.out_features, model.input_proj.in_channels, len(model.transformer.encoder.layers)) == (100, 92, 2048, 6)
-    assert model.backbone.stride == 32 and not model.backbone.body.conv1.weight.requires_grad  # layer2-4 train, stem frozen
+    assert (
+        model.num_queries,
+        model.class_embed.out_features,
+        model.input_proj.in_channels,
+        len(model.transformer.encoder.layers),
+    ) == (100, 92, 2048, 6)
+    assert (
+        model.backbone.stride == 32 and not model.backbone.body.conv1.weight.requires_grad
+    )  # layer2-4 train, stem frozen
     assert model.backbone.body.layer2[0].conv1.weight.requires_grad
     assert type(model.backbone.body.bn1).__name__ == "FrozenBatchNorm2d"
     assert 41.0e6 < sum(p.numel() for p in model.parameters()) < 41.7e6  # the paper's 41M
@@ -240,7 +291,10 @@ def test_backbone_weights_load_from_a_local_file_only(tmp_path):
 
 
 def test_post_process_gives_absolute_xyxy_boxes():
-    outputs = {"pred_logits": torch.tensor([[[0.0, 5.0, 0.0, 9.0]]]), "pred_boxes": torch.tensor([[[0.5, 0.5, 0.2, 0.4]]])}
+    outputs = {
+        "pred_logits": torch.tensor([[[0.0, 5.0, 0.0, 9.0]]]),
+        "pred_boxes": torch.tensor([[[0.5, 0.5, 0.2, 0.4]]]),
+    }
     (result,) = post_process(outputs, torch.tensor([[100, 200]]))  # (h, w)
     torch.testing.assert_close(result["boxes"], torch.tensor([[80.0, 30.0, 120.0, 70.0]]))
     assert result["labels"].item() == 1  # the best real class, not "no object"
@@ -252,7 +306,10 @@ def test_tiny_detr_overfits_two_images():
     torch.manual_seed(0)
     model = tiny_detr(num_classes=2, num_queries=4)
     images = torch.zeros(2, 3, 64, 64)
-    boxes_px = [torch.tensor([[8.0, 8.0, 28.0, 28.0], [36.0, 40.0, 60.0, 60.0]]), torch.tensor([[20.0, 30.0, 48.0, 50.0]])]
+    boxes_px = [
+        torch.tensor([[8.0, 8.0, 28.0, 28.0], [36.0, 40.0, 60.0, 60.0]]),
+        torch.tensor([[20.0, 30.0, 48.0, 50.0]]),
+    ]
     labels = [torch.tensor([0, 1]), torch.tensor([1])]
     for b, bx in enumerate(boxes_px):
         for (x0, y0, x1, y1), lab in zip(bx.int().tolist(), labels[b].tolist()):

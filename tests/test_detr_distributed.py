@@ -3,6 +3,7 @@ normalisation, and the gathering of detections for COCO evaluation (`models.dist
 
 Kept apart from test_detr.py so that the spawned processes import only what they need.
 """
+
 import json
 import socket
 
@@ -49,8 +50,13 @@ def _worker(rank: int, port: int, folder: str) -> None:
         assert [sorted(p) for p in parts] == [[1, 3], [1, 2]]  # in rank order
         gathered = {i: d for part in parts for i, d in part.items()}  # as the detector merges them
         with open(f"{folder}/rank{rank}.json", "w") as f:
-            json.dump({**{k: float(losses[k]) for k in ("loss_bbox", "loss_giou")},
-                       "gathered": {str(i): float(d["scores"]) for i, d in sorted(gathered.items())}}, f)
+            json.dump(
+                {
+                    **{k: float(losses[k]) for k in ("loss_bbox", "loss_giou")},
+                    "gathered": {str(i): float(d["scores"]) for i, d in sorted(gathered.items())},
+                },
+                f,
+            )
     finally:
         dist.destroy_process_group()
 
@@ -63,7 +69,14 @@ def test_all_reduced_normalisation_trains_two_processes_like_one(tmp_path):
     # DDP averages the processes' gradients, i.e. trains on the mean of their losses
     for key in ("loss_bbox", "loss_giou"):
         assert (ranks[0][key] + ranks[1][key]) / 2 == pytest.approx(float(whole[key]), rel=1e-5)
-    assert ranks[0]["gathered"] == ranks[1]["gathered"] == {"1": 1.0, "2": 2.0, "3": 3.0}  # every image once, on every rank
+    assert (
+        ranks[0]["gathered"] == ranks[1]["gathered"] == {"1": 1.0, "2": 2.0, "3": 3.0}
+    )  # every image once, on every rank
     # each process dividing by its own 1 and 4 boxes instead would train differently
-    local = [SetCriterion(3, HungarianMatcher())({k: v[r : r + 1] for k, v in outputs.items()}, [targets[r]]) for r in range(2)]
-    assert (float(local[0]["loss_bbox"]) + float(local[1]["loss_bbox"])) / 2 != pytest.approx(float(whole["loss_bbox"]), rel=1e-3)
+    local = [
+        SetCriterion(3, HungarianMatcher())({k: v[r : r + 1] for k, v in outputs.items()}, [targets[r]])
+        for r in range(2)
+    ]
+    assert (float(local[0]["loss_bbox"]) + float(local[1]["loss_bbox"])) / 2 != pytest.approx(
+        float(whole["loss_bbox"]), rel=1e-3
+    )

@@ -1,6 +1,7 @@
 """Fine-tuning DETR from pretrained detectors (`models.detr_init`) and pretrained trunks (`models.backbone`):
 Hugging Face DETR against its own outputs, facebookresearch/detr and attnlab checkpoints, re-initialised heads,
 and every bad input named in one line. Nothing downloads: the hub is switched off and its cache is empty."""
+
 import argparse
 import inspect
 import logging
@@ -18,13 +19,36 @@ from models.detr import DETR
 from models.detr_module import ObjectDetector
 
 SMALL = dict(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.0)
-HF_SMALL = dict(d_model=32, encoder_attention_heads=4, decoder_attention_heads=4, encoder_layers=2, decoder_layers=2,
-                encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=5, num_labels=3, use_pretrained_backbone=False)
-NARROW = dict(layers=[1, 1, 1, 1], channels=[8, 16, 32, 64])  # a 1-block-per-stage ResNet-18, as HF's ResNetConfig below
+HF_SMALL = dict(
+    d_model=32,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    num_queries=5,
+    num_labels=3,
+    use_pretrained_backbone=False,
+)
+NARROW = dict(
+    layers=[1, 1, 1, 1], channels=[8, 16, 32, 64]
+)  # a 1-block-per-stage ResNet-18, as HF's ResNetConfig below
 HF_BACKBONES = {
     "timm": (dict(use_timm_backbone=True, backbone="resnet18"), {}),
-    "hf_resnet": (dict(use_timm_backbone=False, backbone_config=ResNetConfig(
-        embedding_size=64, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], layer_type="basic", out_features=["stage4"])), NARROW),
+    "hf_resnet": (
+        dict(
+            use_timm_backbone=False,
+            backbone_config=ResNetConfig(
+                embedding_size=64,
+                hidden_sizes=[8, 16, 32, 64],
+                depths=[1, 1, 1, 1],
+                layer_type="basic",
+                out_features=["stage4"],
+            ),
+        ),
+        NARROW,
+    ),
 }
 
 
@@ -36,8 +60,15 @@ def offline_hub(tmp_path, monkeypatch):
 
 
 def detector(init_from=None, num_classes=3, num_queries=5, backbone_kwargs=None, **kwargs) -> ObjectDetector:
-    return ObjectDetector(num_classes, backbone="resnet18", backbone_out_index=4, backbone_kwargs=backbone_kwargs,
-                          num_queries=num_queries, init_from=init_from, **{**SMALL, **kwargs}).eval()
+    return ObjectDetector(
+        num_classes,
+        backbone="resnet18",
+        backbone_out_index=4,
+        backbone_kwargs=backbone_kwargs,
+        num_queries=num_queries,
+        init_from=init_from,
+        **{**SMALL, **kwargs},
+    ).eval()
 
 
 def padded_batch():
@@ -59,13 +90,26 @@ def randomise(model: torch.nn.Module, seed: int = 0) -> None:
         if not t.is_floating_point():
             continue
         noise = torch.randn(t.shape, generator=g)
-        t.copy_(noise.abs() + 0.5 if name.endswith("running_var") else noise * 2 / t[0].numel() ** 0.5 if t.dim() > 1 else noise * 0.5)
+        t.copy_(
+            noise.abs() + 0.5
+            if name.endswith("running_var")
+            else noise * 2 / t[0].numel() ** 0.5
+            if t.dim() > 1
+            else noise * 0.5
+        )
 
 
 def official_layout(model: DETR) -> dict:
     """What facebookresearch/detr's main.py saves: our keys with its backbone prefix, and its argparse args."""
-    state = {k.replace("backbone.body.", "backbone.0.body.", 1): v for k, v in model.state_dict().items() if "num_batches" not in k}
-    return {"model": state, "args": argparse.Namespace(lr=1e-4, backbone="resnet18", num_queries=5, coco_path="/data/coco")}
+    state = {
+        k.replace("backbone.body.", "backbone.0.body.", 1): v
+        for k, v in model.state_dict().items()
+        if "num_batches" not in k
+    }
+    return {
+        "model": state,
+        "args": argparse.Namespace(lr=1e-4, backbone="resnet18", num_queries=5, coco_path="/data/coco"),
+    }
 
 
 @pytest.mark.parametrize("backbone", HF_BACKBONES, ids=str)
@@ -85,8 +129,12 @@ def test_a_hugging_face_detr_folder_gives_its_detections(tmp_path, backbone):
 
 
 def test_a_hugging_face_config_states_what_shapes_do_not(tmp_path):
-    DetrForObjectDetection(DetrConfig(**HF_SMALL, use_timm_backbone=True, backbone="resnet18")).save_pretrained(tmp_path / "hf")
-    with pytest.raises(ValueError, match="has 4 heads \\(encoder_attention_heads in config.json\\), the model model.nhead=8"):
+    DetrForObjectDetection(DetrConfig(**HF_SMALL, use_timm_backbone=True, backbone="resnet18")).save_pretrained(
+        tmp_path / "hf"
+    )
+    with pytest.raises(
+        ValueError, match="has 4 heads \\(encoder_attention_heads in config.json\\), the model model.nhead=8"
+    ):
         detector(str(tmp_path / "hf"), nhead=8)
 
 
@@ -96,8 +144,11 @@ def test_official_and_attnlab_checkpoints_load(tmp_path, layout):
     torch.manual_seed(0)
     source = detector()
     path = tmp_path / ("detr.pth" if layout == "official" else "best.ckpt")
-    saved = official_layout(source.model) if layout == "official" else {
-        "state_dict": source.state_dict(), "hyper_parameters": dict(source.hparams), "epoch": 3}  # holds criterion.* too
+    saved = (
+        official_layout(source.model)
+        if layout == "official"
+        else {"state_dict": source.state_dict(), "hyper_parameters": dict(source.hparams), "epoch": 3}
+    )  # holds criterion.* too
     torch.save(saved, path)
     torch.manual_seed(1)
     loaded = detector(str(path))
@@ -114,7 +165,10 @@ def test_other_class_and_query_counts_re_initialise_the_head_and_queries(tmp_pat
     with caplog.at_level(logging.WARNING, logger="models.detr_init"):
         model = detector(str(tmp_path / "detr.pth"), num_classes=6, num_queries=7).model
     (record,) = caplog.records
-    assert "class head re-initialised for 6 classes (the file has 3; its no-object row is kept, last)" in record.getMessage()
+    assert (
+        "class head re-initialised for 6 classes (the file has 3; its no-object row is kept, last)"
+        in record.getMessage()
+    )
     assert "7 object queries re-initialised (the file has 5)" in record.getMessage()
     assert model.class_embed.weight.shape == (7, 32) and model.query_embed.weight.shape == (7, 32)
     torch.testing.assert_close(model.class_embed.weight[-1], source.class_embed.weight[-1])  # no object stays last
@@ -122,24 +176,34 @@ def test_other_class_and_query_counts_re_initialise_the_head_and_queries(tmp_pat
     assert not torch.allclose(model.class_embed.weight[:3], source.class_embed.weight[:3])
     assert not torch.allclose(model.query_embed.weight[:5], source.query_embed.weight)
     torch.testing.assert_close(model.input_proj.weight, source.input_proj.weight)
-    torch.testing.assert_close(model.transformer.decoder.layers[1].multihead_attn.in_proj_weight,
-                               source.transformer.decoder.layers[1].multihead_attn.in_proj_weight)
+    torch.testing.assert_close(
+        model.transformer.decoder.layers[1].multihead_attn.in_proj_weight,
+        source.transformer.decoder.layers[1].multihead_attn.in_proj_weight,
+    )
 
 
 def test_a_checkpoint_of_another_architecture_names_the_first_tensor_that_differs(tmp_path):
     torch.save(official_layout(detector(dim_feedforward=48).model), tmp_path / "detr.pth")
-    with pytest.raises(ValueError, match=f"model.init_from: {tmp_path / 'detr.pth'} does not fit this DETR: "
-                                         "transformer.encoder.layers.0.linear1.weight is \\(64, 32\\) in the model and \\(48, 32\\) in the file"):
+    with pytest.raises(
+        ValueError,
+        match=f"model.init_from: {tmp_path / 'detr.pth'} does not fit this DETR: "
+        "transformer.encoder.layers.0.linear1.weight is \\(64, 32\\) in the model and \\(48, 32\\) in the file",
+    ):
         detector(str(tmp_path / "detr.pth"))
     torch.save(official_layout(detector(num_decoder_layers=3).model), tmp_path / "deeper.pth")
-    with pytest.raises(ValueError, match="holds transformer.decoder.layers.2.self_attn.in_proj_weight \\(96, 32\\) that this DETR lacks"):
+    with pytest.raises(
+        ValueError,
+        match="holds transformer.decoder.layers.2.self_attn.in_proj_weight \\(96, 32\\) that this DETR lacks",
+    ):
         detector(str(tmp_path / "deeper.pth"))
 
 
 def test_bad_init_from_sources_are_named_in_one_line(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"model.init_from: {tmp_path / 'missing.pth'} does not exist"):
         detector(str(tmp_path / "missing.pth"))
-    with pytest.raises(ValueError, match="model.init_from=facebook/detr-resnet-50: not a local path, and offline .* --local-dir DIR"):
+    with pytest.raises(
+        ValueError, match="model.init_from=facebook/detr-resnet-50: not a local path, and offline .* --local-dir DIR"
+    ):
         detector("facebook/detr-resnet-50")
     (tmp_path / "folder").mkdir()
     with pytest.raises(FileNotFoundError, match="is a folder without config.json"):
@@ -154,13 +218,18 @@ def test_a_checkpoint_holding_code_is_refused_before_it_runs(tmp_path):
             return exec, (f"open({str(marker)!r}, 'w')",)
 
     torch.save({"model": {"class_embed.weight": torch.zeros(4, 32)}, "args": Payload()}, tmp_path / "evil.pth")
-    with pytest.raises(ValueError, match=f"model.init_from: {tmp_path / 'evil.pth'} was refused: it holds pickled code"):
+    with pytest.raises(
+        ValueError, match=f"model.init_from: {tmp_path / 'evil.pth'} was refused: it holds pickled code"
+    ):
         detector(str(tmp_path / "evil.pth"))
     assert not marker.exists()
 
 
 def test_backbone_pretrained_offline_names_the_local_file_setting():
-    with pytest.raises(ValueError, match="model.backbone_pretrained=true: .* \\(offline\\); give a local file instead: model.backbone_weights=PATH"):
+    with pytest.raises(
+        ValueError,
+        match="model.backbone_pretrained=true: .* \\(offline\\); give a local file instead: model.backbone_weights=PATH",
+    ):
         Backbone("resnet18", pretrained=True)
 
 
@@ -177,9 +246,22 @@ def test_backbone_weights_fill_the_trunk_from_a_local_timm_file(tmp_path):
 def test_the_finetune_config_is_the_papers_detr_r50():
     """The official detr-r50 checkpoint fills configs/detection/bccd_finetune.yaml whole (but the class head): its
     architecture is ObjectDetector's defaults, the paper's (pinned by test_detr.py::test_reference_defaults)."""
-    config = yaml.safe_load((Path(__file__).parents[1] / "configs/detection/bccd_finetune.yaml").read_text())["model"]["init_args"]
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs/detection/bccd_finetune.yaml").read_text())["model"][
+        "init_args"
+    ]
     defaults = inspect.signature(ObjectDetector).parameters
-    for key in ("backbone", "backbone_out_index", "backbone_norm", "d_model", "nhead", "num_encoder_layers", "num_decoder_layers",
-                "dim_feedforward", "num_queries", "similarity", "backbone_kwargs"):
+    for key in (
+        "backbone",
+        "backbone_out_index",
+        "backbone_norm",
+        "d_model",
+        "nhead",
+        "num_encoder_layers",
+        "num_decoder_layers",
+        "dim_feedforward",
+        "num_queries",
+        "similarity",
+        "backbone_kwargs",
+    ):
         assert config.get(key, defaults[key].default) == defaults[key].default, key
     assert config["init_from"] is None  # the user names the downloaded file; tests never download

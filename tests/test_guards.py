@@ -1,5 +1,6 @@
 """Faults a run must survive: checkpoints holding pickled code, damaged files, a NaN loss, an unwritable
 output folder and a full disk. Each ends in one `attnlab: error:` line and leaves earlier checkpoints whole."""
+
 import collections
 import csv
 import errno
@@ -24,7 +25,11 @@ from models.vit import read_checkpoint
 from models.vit_module import ImageClassifier
 
 DIGITS = "configs/vision/digits.yaml"
-THREE_BATCHES = ("--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1", "--trainer.enable_model_summary=false")
+THREE_BATCHES = (
+    "--trainer.limit_train_batches=3",
+    "--trainer.limit_val_batches=1",
+    "--trainer.enable_model_summary=false",
+)
 
 
 class _Payload:
@@ -42,17 +47,22 @@ def malicious(tmp_path):
     """(a checkpoint whose unpickling would create the marker, the marker)."""
     marker = tmp_path / "code-ran"
     path = tmp_path / "evil.ckpt"
-    torch.save({"state_dict": {"model.head.weight": torch.zeros(10, 64)}, "hyper_parameters": {"lr": _Payload(marker)}}, path)
+    torch.save(
+        {"state_dict": {"model.head.weight": torch.zeros(10, 64)}, "hyper_parameters": {"lr": _Payload(marker)}}, path
+    )
     return path, marker
 
 
 def test_a_checkpoint_holding_code_is_refused_by_ckpt_path(attnlab, tmp_path, malicious):
     path, marker = malicious
-    code, _, err = attnlab("test", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", str(path))
+    code, _, err = attnlab(
+        "test", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", str(path)
+    )
     assert code == 2 and not marker.exists()
     assert err.strip().splitlines()[-1] == (
         f"attnlab: error: ckpt_path: {path} was refused: it holds pickled code or objects other than tensors (posix.system); "
-        "attnlab never unpickles arbitrary objects: give a state dict of tensors, a .safetensors file or a checkpoint written by `attnlab fit`")
+        "attnlab never unpickles arbitrary objects: give a state dict of tensors, a .safetensors file or a checkpoint written by `attnlab fit`"
+    )
 
 
 def test_a_saved_checkpoint_holding_code_is_refused_on_resume(attnlab, tmp_path, malicious):
@@ -61,9 +71,13 @@ def test_a_saved_checkpoint_holding_code_is_refused_on_resume(attnlab, tmp_path,
     last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     last.parent.mkdir(parents=True)
     path.rename(last)
-    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", "last", *THREE_BATCHES)
+    code, _, err = attnlab(
+        "fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", "last", *THREE_BATCHES
+    )
     assert code == 2 and not marker.exists()
-    assert err.strip().splitlines()[-1].startswith(f"attnlab: error: ckpt_path: {last} was refused: it holds pickled code")
+    assert (
+        err.strip().splitlines()[-1].startswith(f"attnlab: error: ckpt_path: {last} was refused: it holds pickled code")
+    )
 
 
 @pytest.mark.parametrize("protocol", ["torch.save", "pickle"])
@@ -87,13 +101,19 @@ def test_damaged_files_are_named_in_one_line(attnlab, tmp_path):
     torch.save({"state_dict": {"w": torch.zeros(1000)}}, whole)
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(whole.read_bytes()[:1500])
-    code, _, err = attnlab("validate", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", str(truncated))
+    code, _, err = attnlab(
+        "validate", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", str(truncated)
+    )
     assert code == 2
-    assert re.fullmatch(rf"attnlab: error: ckpt_path: {truncated} cannot be read as weights \(.+\): it is truncated, corrupt or not a weights file",
-                        err.strip().splitlines()[-1])
+    assert re.fullmatch(
+        rf"attnlab: error: ckpt_path: {truncated} cannot be read as weights \(.+\): it is truncated, corrupt or not a weights file",
+        err.strip().splitlines()[-1],
+    )
     broken = tmp_path / "broken.safetensors"
-    broken.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
-    with pytest.raises(ValueError, match=f"model.init_from: {broken} cannot be read as weights \\(Error while deserializing header"):
+    broken.write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a":')
+    with pytest.raises(
+        ValueError, match=f"model.init_from: {broken} cannot be read as weights \\(Error while deserializing header"
+    ):
         read_checkpoint(broken)
     empty = tmp_path / "empty.pth"
     empty.touch()
@@ -107,14 +127,30 @@ def test_checkpoints_are_read_as_tensors_by_default(attnlab):
 
 
 def test_our_own_checkpoint_reads_safely_and_initialises_a_vit(attnlab, tmp_path):
-    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1", *THREE_BATCHES)
+    code, _, err = attnlab(
+        "fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1", *THREE_BATCHES
+    )
     assert code == 0, err
     last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     saved = torch.load(last, weights_only=True)  # Lightning's loops, optimizer and callback states are plain data
     assert saved["global_step"] == 3 and not list(last.parent.glob(".*.tmp"))
     hp = saved["hyper_parameters"]
-    tuned = ImageClassifier(**{k: hp[k] for k in ("num_classes", "in_chans", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")},
-                            init_from=str(last))
+    tuned = ImageClassifier(
+        **{
+            k: hp[k]
+            for k in (
+                "num_classes",
+                "in_chans",
+                "img_size",
+                "patch_size",
+                "embed_dim",
+                "depth",
+                "num_heads",
+                "mlp_ratio",
+            )
+        },
+        init_from=str(last),
+    )
     torch.testing.assert_close(tuned.model.pos_embed, saved["state_dict"]["model.pos_embed"])
 
 
@@ -134,11 +170,15 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(attnlab, tm
         return logits
 
     monkeypatch.setattr(ImageClassifier, "forward", diverging)
-    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=3", *THREE_BATCHES)
+    code, _, err = attnlab(
+        "fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=3", *THREE_BATCHES
+    )
     assert code == 2
     line = err.strip().splitlines()[-1]
-    assert line.startswith("attnlab: error: training stopped at global step 3 (epoch 1): non-finite loss (train/loss=nan); "
-                           "the weights were not updated with it; the last good checkpoint "), line
+    assert line.startswith(
+        "attnlab: error: training stopped at global step 3 (epoch 1): non-finite loss (train/loss=nan); "
+        "the weights were not updated with it; the last good checkpoint "
+    ), line
     assert re.search(rf"checkpoint {last.parent}/(last|best)\.ckpt was kept", line)
     assert (last.read_bytes(), last.stat().st_mtime_ns) == at_failure["last"]  # nothing wrote it after the failure
     assert torch.load(last, weights_only=True)["global_step"] == 3
@@ -173,13 +213,21 @@ class _TwoTerms(pl.LightningModule):
 def _fit(module: pl.LightningModule, folder: Path) -> None:
     # save_on_exception would write the failed state over last.ckpt: the guard must keep it from doing so
     checkpoints = ModelCheckpoint(dirpath=folder, save_last=True, save_on_exception=True)
-    trainer = pl.Trainer(max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[NonFiniteLoss(), checkpoints], default_root_dir=folder)
+    trainer = pl.Trainer(
+        max_epochs=3,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[NonFiniteLoss(), checkpoints],
+        default_root_dir=folder,
+    )
     trainer.fit(module)
 
 
 def test_the_guard_names_the_non_finite_terms_and_nothing_saves_after_it(tmp_path):
-    with pytest.raises(RunError, match=r"global step 3 \(epoch 1\): non-finite loss \(train/loss_giou=inf\)") as stopped:
+    with pytest.raises(
+        RunError, match=r"global step 3 \(epoch 1\): non-finite loss \(train/loss_giou=inf\)"
+    ) as stopped:
         _fit(_TwoTerms(diverge_at=3), tmp_path)
     assert "train/loss_ce" not in str(stopped.value) and f"{tmp_path}/last.ckpt was kept" in str(stopped.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
@@ -196,7 +244,9 @@ class _Overflowing(_TwoTerms):
 
 
 def test_a_checkpoint_of_non_finite_weights_is_never_written(tmp_path):
-    with pytest.raises(RunError, match=r"the weights became non-finite \(layer.weight\).*that checkpoint was not written"):
+    with pytest.raises(
+        RunError, match=r"the weights became non-finite \(layer.weight\).*that checkpoint was not written"
+    ):
         _fit(_Overflowing(), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 2
@@ -218,16 +268,30 @@ def test_a_non_finite_loss_never_reaches_the_weights_and_stops_at_the_next_loggi
     """No per-step read of the loss: from the bad step on the updates are skipped on the device (fused optimizers
     take AMP's found_inf; others get zero gradients), and the run stops at the next logging step naming the bad one."""
     module, before = _TwoTerms(diverge_at=3, samples=40, optimizer=optimizer), _WeightsAt(3)  # 10 steps an epoch
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=6,
-                         callbacks=[NonFiniteLoss(), before, ModelCheckpoint(dirpath=tmp_path)], default_root_dir=tmp_path)
-    with pytest.raises(RunError, match=r"global step 3 \(epoch 0\): non-finite loss \(train/loss_giou=inf\); the weights were not updated"):
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=6,
+        callbacks=[NonFiniteLoss(), before, ModelCheckpoint(dirpath=tmp_path)],
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(
+        RunError,
+        match=r"global step 3 \(epoch 0\): non-finite loss \(train/loss_giou=inf\); the weights were not updated",
+    ):
         trainer.fit(module)
     assert trainer.global_step == 6  # steps 3, 4 and 5 ran on the device; the host read the flag at the logging step
     assert not list(tmp_path.glob("*.ckpt"))
     weights, state = module.state_dict(), trainer.optimizers[0].state_dict()["state"]
     assert all(v.isfinite().all() for v in weights.values())
-    assert all(v.isfinite().all() for s in state.values() for v in s.values() if torch.is_tensor(v))  # nothing non-finite in the moments
-    if optimizer != "adamw":  # a skipped update (fused) or a zero gradient without momentum (SGD): the weights of step 3
+    assert all(
+        v.isfinite().all() for s in state.values() for v in s.values() if torch.is_tensor(v)
+    )  # nothing non-finite in the moments
+    if (
+        optimizer != "adamw"
+    ):  # a skipped update (fused) or a zero gradient without momentum (SGD): the weights of step 3
         assert all(torch.equal(weights[k], before.weights[k]) for k in weights)
     if optimizer == "fused adamw":
         assert all(int(s["step"]) == 3 for s in state.values())  # the skipped steps did not count
@@ -249,6 +313,7 @@ class _Reads(pl.Callback):
         def counted(*args, **kwargs):
             self.reads += 1
             return read(*args, **kwargs)
+
         return counted
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -283,14 +348,25 @@ def test_the_default_callbacks_read_nothing_back_from_the_device_between_logging
     """Over 16 steps logged every 8, the default callbacks (and Lightning) read no tensor value on the host and never
     synchronize, except at the logging steps and at the epoch's first batch (where Throughput starts timing)."""
     reads = _Reads(monkeypatch)
-    trainer = pl.Trainer(max_steps=16, log_every_n_steps=8, logger=CSVLogger(tmp_path), enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[*tracking.default_callbacks(), ModelCheckpoint(dirpath=tmp_path), reads], default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_steps=16,
+        log_every_n_steps=8,
+        logger=CSVLogger(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*tracking.default_callbacks(), ModelCheckpoint(dirpath=tmp_path), reads],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(_Attending())
     per_batch = reads.per_batch[1:] + [reads.reads]  # per_batch[k]: the reads of batch k
     assert len(per_batch) == len(reads.logged) == 16 and reads.logged.count(True) == 2
     assert [n for n, logged in zip(per_batch[1:], reads.logged[1:]) if not logged] == [0] * 13
     assert max(per_batch) > 0  # the counting works: the logging steps read their values back
-    grad_norms = [float(r["train/grad_norm"]) for r in csv.DictReader(next(tmp_path.glob("**/metrics.csv")).open()) if r.get("train/grad_norm")]
+    grad_norms = [
+        float(r["train/grad_norm"])
+        for r in csv.DictReader(next(tmp_path.glob("**/metrics.csv")).open())
+        if r.get("train/grad_norm")
+    ]
     assert len(grad_norms) == 2 and all(g > 0 for g in grad_norms)  # logged at the logging steps only
 
 
@@ -302,8 +378,10 @@ def test_an_unwritable_output_folder_is_refused_before_training(attnlab, tmp_pat
     blocker.write_text("not a folder")
     code, out, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={blocker}/runs", *THREE_BATCHES)
     assert code == 2 and "Epoch" not in out + err
-    assert err.strip().splitlines()[-1] == (f"attnlab: error: trainer.default_root_dir: cannot write to {blocker}/runs "
-                                            f"(Not a directory: {blocker}/runs); choose a folder you can write to")
+    assert err.strip().splitlines()[-1] == (
+        f"attnlab: error: trainer.default_root_dir: cannot write to {blocker}/runs "
+        f"(Not a directory: {blocker}/runs); choose a folder you can write to"
+    )
 
 
 def test_a_disk_without_room_for_the_checkpoints_is_refused_before_training(attnlab, tmp_path, monkeypatch):
@@ -313,9 +391,12 @@ def test_a_disk_without_room_for_the_checkpoints_is_refused_before_training(attn
     assert code == 2 and not (tmp_path / "lightning_logs").exists()
     line = err.strip().splitlines()[-1]
     # digits' ViT: 1.7 MB checkpoints; best + last + one being rewritten, and the room for logs
-    assert re.fullmatch(rf"attnlab: error: {tmp_path} has 5.0 MiB free, but this fit needs about 6\d\.\d MiB: 3 checkpoints of "
-                        r"1\.\d MiB \(weights and AdamW's two moments\) and 64\.0 MiB for logs; free space or choose another "
-                        r"trainer.default_root_dir", line), line
+    assert re.fullmatch(
+        rf"attnlab: error: {tmp_path} has 5.0 MiB free, but this fit needs about 6\d\.\d MiB: 3 checkpoints of "
+        r"1\.\d MiB \(weights and AdamW's two moments\) and 64\.0 MiB for logs; free space or choose another "
+        r"trainer.default_root_dir",
+        line,
+    ), line
 
 
 def test_a_disk_that_fills_during_training_keeps_the_previous_checkpoint(attnlab, tmp_path, monkeypatch):
@@ -332,12 +413,23 @@ def test_a_disk_that_fills_during_training_keeps_the_previous_checkpoint(attnlab
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(torch, "save", filling)
-    every_epoch = "--trainer.callbacks=[{class_path: pytorch_lightning.callbacks.ModelCheckpoint, init_args: {save_last: true}}]"
-    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", every_epoch, "--trainer.max_epochs=3", *THREE_BATCHES)
+    every_epoch = (
+        "--trainer.callbacks=[{class_path: pytorch_lightning.callbacks.ModelCheckpoint, init_args: {save_last: true}}]"
+    )
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        DIGITS,
+        f"--trainer.default_root_dir={tmp_path}",
+        every_epoch,
+        "--trainer.max_epochs=3",
+        *THREE_BATCHES,
+    )
     assert code == 2
     assert err.strip().splitlines()[-1] == (
         f"attnlab: error: no space left on the disk while writing {last}; the previous checkpoint {last.parent}/epoch=0-step=3.ckpt is intact "
-        "(checkpoints are renamed into place only once complete); free space, then resume with --ckpt_path last")
+        "(checkpoints are renamed into place only once complete); free space, then resume with --ckpt_path last"
+    )
     assert last.read_bytes() == at_failure["last"] and torch.load(last, weights_only=True)["global_step"] == 3
     assert sorted(p.name for p in last.parent.iterdir()) == ["epoch=0-step=3.ckpt", "last.ckpt"]  # no partial file left
 
@@ -349,4 +441,6 @@ def test_safe_checkpoint_io_round_trip_and_explicit_trust(tmp_path):
     torch.save({"where": Path("/data")}, tmp_path / "b.ckpt")  # a Path object: not plain data
     with pytest.raises(ValueError, match="was refused"):
         io.load_checkpoint(tmp_path / "b.ckpt")
-    assert io.load_checkpoint(tmp_path / "b.ckpt", weights_only=False)["where"] == Path("/data")  # the user's explicit choice
+    assert io.load_checkpoint(tmp_path / "b.ckpt", weights_only=False)["where"] == Path(
+        "/data"
+    )  # the user's explicit choice

@@ -2,6 +2,7 @@
 built offline with transformers and saved with save_pretrained, give the same logits and greedy tokens
 through our models as through transformers; the data side uses their tokenizers; bad folders, hub names
 offline and timm hub names offline are refused with one line. Nothing downloads."""
+
 import json
 import shutil
 from pathlib import Path
@@ -35,12 +36,23 @@ def gpt2(tmp_path_factory) -> Path:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tokenizer.train_from_iterator(ENGLISH.splitlines(keepends=True), trainer)
     tokenizer.save(str(folder / "tokenizer.json"))
     eot = tokenizer.token_to_id("<|endoftext|>")
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=tokenizer.get_vocab_size(), n_positions=64,
-                                       bos_token_id=eot, eos_token_id=eot))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=2,
+            vocab_size=tokenizer.get_vocab_size(),
+            n_positions=64,
+            bos_token_id=eot,
+            eos_token_id=eot,
+        )
+    )
     _randomize(model)
     model.save_pretrained(folder)
     return folder
@@ -58,10 +70,23 @@ def marian(tmp_path_factory) -> Path:
 
 
 def _marian_model(vocab: int) -> MarianMTModel:
-    config = MarianConfig(vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-                          decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-                          pad_token_id=vocab - 1, decoder_start_token_id=vocab - 1, eos_token_id=0, forced_eos_token_id=0,
-                          scale_embedding=True, activation_function="swish")
+    config = MarianConfig(
+        vocab_size=vocab,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=vocab - 1,
+        decoder_start_token_id=vocab - 1,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        scale_embedding=True,
+        activation_function="swish",
+    )
     model = MarianMTModel(config)
     _randomize(model)
     return model.eval()
@@ -70,16 +95,29 @@ def _marian_model(vocab: int) -> MarianMTModel:
 def _lm_data(gpt2: Path, tmp_path: Path) -> TextCorpusDataModule:
     text = tmp_path / "corpus.txt"
     text.write_text(ENGLISH)
-    return TextCorpusDataModule(path=str(text), tokenizer="pretrained", tokenizer_dir=str(gpt2), block_size=16, batch_size=4,
-                                cache_dir=str(tmp_path))
+    return TextCorpusDataModule(
+        path=str(text),
+        tokenizer="pretrained",
+        tokenizer_dir=str(gpt2),
+        block_size=16,
+        batch_size=4,
+        cache_dir=str(tmp_path),
+    )
 
 
 def test_gpt2_gives_the_logits_and_greedy_tokens_of_transformers(gpt2, tmp_path):
     dm = _lm_data(gpt2, tmp_path)
     hf_tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(gpt2 / "tokenizer.json"))
-    assert dm.tokenizer.encode(PAIRS[0][0]).ids == hf_tokenizer(PAIRS[0][0]).input_ids  # the folder's BPE, used as it is
+    assert (
+        dm.tokenizer.encode(PAIRS[0][0]).ids == hf_tokenizer(PAIRS[0][0]).input_ids
+    )  # the folder's BPE, used as it is
     module = LanguageModelModule(vocab_size=dm.vocab_size, dropout=0.0, init_from=str(gpt2)).eval()
-    assert (module.hparams.d_model, module.hparams.num_layers, module.hparams.activation, module.hparams.max_positions) == (32, 2, "gelu_tanh", 64)
+    assert (
+        module.hparams.d_model,
+        module.hparams.num_layers,
+        module.hparams.activation,
+        module.hparams.max_positions,
+    ) == (32, 2, "gelu_tanh", 64)
     hf = GPT2LMHeadModel.from_pretrained(gpt2).eval()
     dm.setup("fit")
     tokens = next(iter(dm.train_dataloader()))["input"]  # (4, 16)
@@ -88,14 +126,22 @@ def test_gpt2_gives_the_logits_and_greedy_tokens_of_transformers(gpt2, tmp_path)
         torch.testing.assert_close(module(tokens), expected, atol=1e-4, rtol=1e-4)
     assert expected.std() > 0.1  # logits that would show a misplaced weight
     prompt = tokens[:2, :5]
-    greedy = hf.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt))
+    greedy = hf.generate(
+        prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
+    )
     assert torch.equal(module.model.generate(prompt, 12, temperature=0), greedy)
 
 
 def test_marian_gives_the_logits_and_greedy_tokens_of_transformers(marian):
     ids = {"pad_id": MARIAN_PAD, "bos_id": MARIAN_PAD, "eos_id": 0}  # Marian's decoder starts with PAD
-    module = TranslationModule(src_vocab_size=MARIAN_VOCAB, tgt_vocab_size=MARIAN_VOCAB, dropout=0.0, init_from=str(marian), **ids).eval()
-    assert (module.hparams.positions, module.hparams.activation, module.hparams.norm_first) == ("sinusoidal_concat", "silu", False)
+    module = TranslationModule(
+        src_vocab_size=MARIAN_VOCAB, tgt_vocab_size=MARIAN_VOCAB, dropout=0.0, init_from=str(marian), **ids
+    ).eval()
+    assert (module.hparams.positions, module.hparams.activation, module.hparams.norm_first) == (
+        "sinusoidal_concat",
+        "silu",
+        False,
+    )
     hf = MarianMTModel.from_pretrained(marian).eval()
     torch.manual_seed(1)
     src = torch.randint(1, MARIAN_PAD, (3, 9))
@@ -107,38 +153,68 @@ def test_marian_gives_the_logits_and_greedy_tokens_of_transformers(marian):
         expected = hf(input_ids=src, attention_mask=src.ne(MARIAN_PAD).long(), decoder_input_ids=tgt).logits
         torch.testing.assert_close(module(src, tgt), expected, atol=1e-4, rtol=1e-4)
         ours = module.translate(src, beam_size=1)  # (B, L): EOS-terminated, PAD after
-        greedy = hf.generate(input_ids=src, attention_mask=src.ne(MARIAN_PAD).long(), max_new_tokens=ours.size(1), do_sample=False,
-                             num_beams=1, bad_words_ids=[[MARIAN_PAD]])[:, 1:]  # HF keeps the start token; ours never emits PAD
-    assert torch.equal(ours, greedy[:, : ours.size(1)]) and (greedy[:, ours.size(1):] == MARIAN_PAD).all()
+        greedy = hf.generate(
+            input_ids=src,
+            attention_mask=src.ne(MARIAN_PAD).long(),
+            max_new_tokens=ours.size(1),
+            do_sample=False,
+            num_beams=1,
+            bad_words_ids=[[MARIAN_PAD]],
+        )[:, 1:]  # HF keeps the start token; ours never emits PAD
+    assert torch.equal(ours, greedy[:, : ours.size(1)]) and (greedy[:, ours.size(1) :] == MARIAN_PAD).all()
 
 
 def test_the_gpt2_finetune_config_runs_on_a_tiny_gpt2(attnlab, gpt2, tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text(ENGLISH)
-    code, _, err = attnlab("fit", "--config", "configs/text/shakespeare_gpt2_finetune.yaml", f"--model.init_args.init_from={gpt2}",
-                           f"--data.init_args.tokenizer_dir={gpt2}", f"--data.init_args.path={text}", "--data.init_args.block_size=16",
-                           "--data.init_args.batch_size=4", "--trainer.fast_dev_run=true", f"--trainer.default_root_dir={tmp_path}")
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        "configs/text/shakespeare_gpt2_finetune.yaml",
+        f"--model.init_args.init_from={gpt2}",
+        f"--data.init_args.tokenizer_dir={gpt2}",
+        f"--data.init_args.path={text}",
+        "--data.init_args.block_size=16",
+        "--data.init_args.batch_size=4",
+        "--trainer.fast_dev_run=true",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     assert code == 0, err
-    assert Tokenizer.from_file(str(tmp_path / "tokenizer.json")).to_str() == Tokenizer.from_file(str(gpt2 / "tokenizer.json")).to_str()
+    assert (
+        Tokenizer.from_file(str(tmp_path / "tokenizer.json")).to_str()
+        == Tokenizer.from_file(str(gpt2 / "tokenizer.json")).to_str()
+    )
 
 
 @pytest.fixture(scope="module")
 def marian_with_tokenizer(tmp_path_factory) -> Path:
     """A Marian folder with its tokenizer: a SentencePiece model per language over one vocab.json."""
-    spm = pytest.importorskip("sentencepiece", reason="the Marian tokenizer needs sentencepiece (pip install 'attnlab[pretrained-text]')")
+    spm = pytest.importorskip(
+        "sentencepiece", reason="the Marian tokenizer needs sentencepiece (pip install 'attnlab[pretrained-text]')"
+    )
     from transformers import MarianTokenizer
 
     folder = tmp_path_factory.mktemp("marian_tok")
     vocab = {"</s>": 0, "<unk>": 1}
     for side, lang in ((0, "source"), (1, "target")):
-        spm.SentencePieceTrainer.train(sentence_iterator=iter([p[side] for p in PAIRS]), model_prefix=str(folder / lang), vocab_size=120,
-                                       model_type="unigram", minloglevel=2, bos_id=-1, eos_id=-1, unk_id=0)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter([p[side] for p in PAIRS]),
+            model_prefix=str(folder / lang),
+            vocab_size=120,
+            model_type="unigram",
+            minloglevel=2,
+            bos_id=-1,
+            eos_id=-1,
+            unk_id=0,
+        )
         (folder / f"{lang}.model").rename(folder / f"{lang}.spm")
         for line in (folder / f"{lang}.vocab").read_text().splitlines():
             vocab.setdefault(line.split("\t")[0], len(vocab))
     vocab["<pad>"] = len(vocab)
     (folder / "vocab.json").write_text(json.dumps(vocab))
-    MarianTokenizer(*(str(folder / name) for name in ("source.spm", "target.spm", "vocab.json"))).save_pretrained(folder)
+    MarianTokenizer(*(str(folder / name) for name in ("source.spm", "target.spm", "vocab.json"))).save_pretrained(
+        folder
+    )
     _marian_model(len(vocab)).save_pretrained(folder)
     return folder
 
@@ -154,8 +230,14 @@ def test_the_marian_tokenizer_feeds_the_model_as_transformers_does(marian_with_t
     from transformers import MarianTokenizer
 
     hf_tokenizer = MarianTokenizer.from_pretrained(marian_with_tokenizer)
-    dm = ParallelTextDataModule(data_dir=str(_parallel_files(tmp_path)), tokenizer="pretrained", tokenizer_dir=str(marian_with_tokenizer),
-                                test_split=None, batch_size=4, bucket=False)
+    dm = ParallelTextDataModule(
+        data_dir=str(_parallel_files(tmp_path)),
+        tokenizer="pretrained",
+        tokenizer_dir=str(marian_with_tokenizer),
+        test_split=None,
+        batch_size=4,
+        bucket=False,
+    )
     pad = hf_tokenizer.pad_token_id
     assert (dm.pad_id, dm.bos_id, dm.eos_id, dm.src_vocab_size) == (pad, pad, 0, len(hf_tokenizer))
     dm.setup("fit")
@@ -163,24 +245,43 @@ def test_the_marian_tokenizer_feeds_the_model_as_transformers_does(marian_with_t
     hf_src = hf_tokenizer(batch["src_text"], padding=True, return_tensors="pt")
     hf_tgt = hf_tokenizer(text_target=batch["tgt_text"], padding=True, return_tensors="pt").input_ids
     assert torch.equal(batch["src"], hf_src.input_ids)
-    assert torch.equal(batch["tgt"][:, 1:], hf_tgt) and (batch["tgt"][:, 0] == pad).all()  # start token, then the target + EOS
+    assert (
+        torch.equal(batch["tgt"][:, 1:], hf_tgt) and (batch["tgt"][:, 0] == pad).all()
+    )  # start token, then the target + EOS
     assert dm.decode_target(batch["tgt"][:, 1:].tolist()) == batch["tgt_text"]
-    module = TranslationModule(src_vocab_size=dm.src_vocab_size, tgt_vocab_size=dm.tgt_vocab_size, pad_id=dm.pad_id, bos_id=dm.bos_id,
-                               eos_id=dm.eos_id, dropout=0.0, init_from=str(marian_with_tokenizer)).eval()
+    module = TranslationModule(
+        src_vocab_size=dm.src_vocab_size,
+        tgt_vocab_size=dm.tgt_vocab_size,
+        pad_id=dm.pad_id,
+        bos_id=dm.bos_id,
+        eos_id=dm.eos_id,
+        dropout=0.0,
+        init_from=str(marian_with_tokenizer),
+    ).eval()
     hf = MarianMTModel.from_pretrained(marian_with_tokenizer).eval()
     with torch.no_grad():
         expected = hf(**hf_src, labels=hf_tgt).logits  # HF shifts the labels right itself, starting with PAD
         counted = hf_tgt.ne(pad)  # positions past EOS: HF lets them see padding, we do not; they count for nothing
-        torch.testing.assert_close(module(batch["src"], batch["tgt"][:, :-1])[counted], expected[counted], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            module(batch["src"], batch["tgt"][:, :-1])[counted], expected[counted], atol=1e-4, rtol=1e-4
+        )
 
 
 def test_the_marian_finetune_config_runs_on_a_tiny_marian(attnlab, marian_with_tokenizer, tmp_path):
     (tmp_path / "data").mkdir()
     data = _parallel_files(tmp_path / "data")
-    code, _, err = attnlab("fit", "--config", "configs/text/multi30k_marian_finetune.yaml", f"--model.init_args.init_from={marian_with_tokenizer}",
-                           f"--data.init_args.tokenizer_dir={marian_with_tokenizer}", f"--data.init_args.data_dir={data}",
-                           "--data.init_args.test_split=null", "--data.init_args.batch_size=4", "--trainer.fast_dev_run=true",
-                           f"--trainer.default_root_dir={tmp_path}")
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        "configs/text/multi30k_marian_finetune.yaml",
+        f"--model.init_args.init_from={marian_with_tokenizer}",
+        f"--data.init_args.tokenizer_dir={marian_with_tokenizer}",
+        f"--data.init_args.data_dir={data}",
+        "--data.init_args.test_split=null",
+        "--data.init_args.batch_size=4",
+        "--trainer.fast_dev_run=true",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     assert code == 0, err
 
 
@@ -224,7 +325,9 @@ def test_an_architecture_we_cannot_express_is_refused(gpt2, tmp_path, model_type
     assert f"describes a {model_type!r} model; this model imports 'gpt2' folders only" in _one_line(err)
 
 
-@pytest.mark.parametrize("option, value", [("scale_attn_by_inverse_layer_idx", True), ("activation_function", "quick_gelu")])
+@pytest.mark.parametrize(
+    "option, value", [("scale_attn_by_inverse_layer_idx", True), ("activation_function", "quick_gelu")]
+)
 def test_a_gpt2_option_we_cannot_express_is_refused(gpt2, tmp_path, option, value):
     folder = tmp_path / "odd"
     shutil.copytree(gpt2, folder)
@@ -239,7 +342,9 @@ def test_another_vocabulary_than_the_folders_is_refused(gpt2, marian):
     vocab = json.loads((gpt2 / "config.json").read_text())["vocab_size"]
     with pytest.raises(ValueError) as err:
         LanguageModelModule(vocab_size=vocab + 1, init_from=str(gpt2))
-    assert f"vocab_size={vocab + 1} from the data but {vocab} in config.json" in _one_line(err) and "data.tokenizer=pretrained" in str(err.value)
+    assert f"vocab_size={vocab + 1} from the data but {vocab} in config.json" in _one_line(
+        err
+    ) and "data.tokenizer=pretrained" in str(err.value)
     with pytest.raises(ValueError) as err:  # our own tokenizer's ids: PAD=0, BOS=1, EOS=2
         TranslationModule(src_vocab_size=MARIAN_VOCAB, tgt_vocab_size=MARIAN_VOCAB, init_from=str(marian))
     assert f"pad_id=0 from the data but {MARIAN_PAD} in config.json" in _one_line(err)
@@ -251,7 +356,9 @@ def test_hub_names_offline_name_the_local_folder_alternative(tmp_path):
     message = _one_line(err)
     assert "HF_HUB_OFFLINE=1" in message and "--local-dir" in message
     with pytest.raises(ValueError) as err:
-        _ = TextCorpusDataModule(tokenizer="pretrained", tokenizer_dir="attnlab-tests/no-such-gpt2", cache_dir=str(tmp_path)).tokenizer
+        _ = TextCorpusDataModule(
+            tokenizer="pretrained", tokenizer_dir="attnlab-tests/no-such-gpt2", cache_dir=str(tmp_path)
+        ).tokenizer
     assert "give a folder written by save_pretrained" in _one_line(err)
 
 
@@ -260,4 +367,6 @@ def test_a_timm_hub_name_offline_names_the_local_file_alternative():
     with pytest.raises(ValueError) as err:
         ImageClassifier(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, init_from=name)
     message = _one_line(err)
-    assert f"model.init_from={name}" in message and "HF_HUB_OFFLINE=1" in message and "model.init_from=vit.pth" in message
+    assert (
+        f"model.init_from={name}" in message and "HF_HUB_OFFLINE=1" in message and "model.init_from=vit.pth" in message
+    )

@@ -1,6 +1,7 @@
 """The project's modules import each other without a cycle: a module's imports, deferred ones inside
 functions included, form a graph that can be ordered. A cycle is how a shared fact ends up reached
 through the wrong module (as LINKED_ATTRIBUTES once was, through the CLI)."""
+
 import ast
 import graphlib
 from pathlib import Path

@@ -7,6 +7,7 @@ for the test's SIGTERM, at a chosen step, so the point of interruption is exact,
 The uninterrupted reference and the resumed runs go through the same CLI in-process (one import, one
 thread) to keep the file quick.
 """
+
 import json
 import os
 import re
@@ -29,10 +30,22 @@ STEPS = 15  # 3 epochs of 5 batches
 # A 1-layer ViT on the digits with dropout and drop-path on, so a resumed run must restore the random
 # streams too; last.ckpt is refreshed every 3 steps (mid-epoch) and after every validation. ExactResume is
 # not listed: every run has it (experiments.tracking.default_callbacks), and these tests prove the default.
-TINY = ["--config", "configs/vision/digits.yaml", "--trainer.accelerator=cpu", "--trainer.max_epochs=3",
-        "--trainer.limit_train_batches=5", "--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0",
-        "--trainer.logger=false", "--model.init_args.depth=1", "--model.init_args.embed_dim=16", "--model.init_args.num_heads=2"]
-EVERY_3_STEPS = "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_train_steps: 3}}"
+TINY = [
+    "--config",
+    "configs/vision/digits.yaml",
+    "--trainer.accelerator=cpu",
+    "--trainer.max_epochs=3",
+    "--trainer.limit_train_batches=5",
+    "--trainer.limit_val_batches=2",
+    "--trainer.num_sanity_val_steps=0",
+    "--trainer.logger=false",
+    "--model.init_args.depth=1",
+    "--model.init_args.embed_dim=16",
+    "--model.init_args.num_heads=2",
+]
+EVERY_3_STEPS = (
+    "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_train_steps: 3}}"
+)
 
 
 class BatchLog(pl.Callback):
@@ -85,14 +98,37 @@ def probe(cls: type, **init_args) -> str:
 
 
 def fit_in_process(root: Path, *args: str) -> None:
-    main(["fit", *TINY, EVERY_3_STEPS, f"--trainer.default_root_dir={root}", probe(BatchLog, path=str(root / "batches.jsonl")), *args])
+    main(
+        [
+            "fit",
+            *TINY,
+            EVERY_3_STEPS,
+            f"--trainer.default_root_dir={root}",
+            probe(BatchLog, path=str(root / "batches.jsonl")),
+            *args,
+        ]
+    )
 
 
 def start_fit(root: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), "WANDB_MODE": "disabled",
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "experiments.cli", "fit", *TINY, EVERY_3_STEPS, f"--trainer.default_root_dir={root}",
-               probe(BatchLog, path=str(root / "batches.jsonl")), *args]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+        "WANDB_MODE": "disabled",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.cli",
+        "fit",
+        *TINY,
+        EVERY_3_STEPS,
+        f"--trainer.default_root_dir={root}",
+        probe(BatchLog, path=str(root / "batches.jsonl")),
+        *args,
+    ]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -139,7 +175,9 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(reference, t
     assert killed.returncode == -signal.SIGKILL, err[-3000:]
     saved = load(run / "checkpoints" / "last.ckpt")
     batches = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
-    assert saved["global_step"] == 6 and saved["epoch"] == 1 and batches["ready"] == 1  # one batch into the second epoch
+    assert (
+        saved["global_step"] == 6 and saved["epoch"] == 1 and batches["ready"] == 1
+    )  # one batch into the second epoch
 
     fit_in_process(run, "--ckpt_path", "last")
     assert_continues_exactly(run, reference, checkpoint_step=6)
@@ -158,11 +196,16 @@ def test_sigterm_saves_last_checkpoint_exits_143_and_resume_matches(reference, t
     _, err = job.communicate(timeout=300)
     assert job.returncode == SIGTERM_STATUS == 143, err[-3000:]
     assert "Traceback" not in err
-    said = re.search(r"^attnlab: SIGTERM at step (\d+): saved (\S+); resume with `attnlab fit (.*) --ckpt_path last`$", err, re.M)
+    said = re.search(
+        r"^attnlab: SIGTERM at step (\d+): saved (\S+); resume with `attnlab fit (.*) --ckpt_path last`$", err, re.M
+    )
     assert said, err[-3000:]
     step = int(said.group(1))
     assert step in (7, 8)  # the signal came at the end of step 7's batch: stopped there, or after one more batch
-    assert Path(said.group(2)) == run / "checkpoints" / "last.ckpt" and load(run / "checkpoints" / "last.ckpt")["global_step"] == step
+    assert (
+        Path(said.group(2)) == run / "checkpoints" / "last.ckpt"
+        and load(run / "checkpoints" / "last.ckpt")["global_step"] == step
+    )
     assert f"--trainer.default_root_dir={run}" in said.group(3)
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
 
@@ -177,8 +220,14 @@ def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch(tmp_path):
     a gloo error or, with a checkpoint saved on the exception, a hang.)"""
     run = tmp_path / "run"
     ready = run / "ready"
-    job = start_fit(run, "--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32", "--trainer.max_epochs=1",
-                    probe(AwaitSigterm, step=2, ready=str(ready)))
+    job = start_fit(
+        run,
+        "--trainer.strategy=ddp",
+        "--trainer.devices=2",
+        "--data.init_args.batch_size=32",
+        "--trainer.max_epochs=1",
+        probe(AwaitSigterm, step=2, ready=str(ready)),
+    )
     while not ready.exists() and job.poll() is None:
         time.sleep(0.05)
     job.send_signal(signal.SIGTERM)
@@ -186,7 +235,9 @@ def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch(tmp_path):
     assert job.returncode == SIGTERM_STATUS, err[-3000:]
     assert "Traceback" not in err and len(re.findall("^attnlab: SIGTERM at step", err, re.M)) == 1, err[-3000:]
     saved = load(run / "checkpoints" / "last.ckpt")
-    assert saved["global_step"] in (2, 3) and len(saved["callbacks"]["ExactResume"]["rng"]) == 2  # both processes' random states
+    assert (
+        saved["global_step"] in (2, 3) and len(saved["callbacks"]["ExactResume"]["rng"]) == 2
+    )  # both processes' random states
 
 
 @pytest.mark.slow
@@ -209,7 +260,9 @@ def test_a_ddp_run_stopped_by_sigterm_resumes_to_the_weights_of_an_uninterrupted
     assert resumed.returncode == 0, err[-3000:]
     ours, theirs = load(run / "checkpoints" / "last.ckpt"), load(reference / "checkpoints" / "last.ckpt")
     assert ours["global_step"] == theirs["global_step"] == 10
-    assert max((ours["state_dict"][k] - theirs["state_dict"][k]).abs().max().item() for k in theirs["state_dict"]) <= 1e-6
+    assert (
+        max((ours["state_dict"][k] - theirs["state_dict"][k]).abs().max().item() for k in theirs["state_dict"]) <= 1e-6
+    )
     ours, theirs = (json.loads((root / "summary.json").read_text())["metrics"] for root in (run, reference))
     for key in ("val/loss", "val/acc"):
         assert ours[key] == pytest.approx(theirs[key], abs=1e-6)
@@ -232,20 +285,44 @@ def test_a_nan_loss_on_one_ddp_process_stops_both_and_keeps_the_last_checkpoint(
     flag; a process stopping alone would leave the other waiting in the gradient all-reduce), each says why
     in a line of its own, and last.ckpt stays the one of step 3."""
     run = tmp_path / "run"
-    job = start_fit(run, "--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32", "--trainer.max_epochs=1",
-                    probe(PoisonOnRank, rank=1, step=4))
+    job = start_fit(
+        run,
+        "--trainer.strategy=ddp",
+        "--trainer.devices=2",
+        "--data.init_args.batch_size=32",
+        "--trainer.max_epochs=1",
+        probe(PoisonOnRank, rank=1, step=4),
+    )
     _, err = job.communicate(timeout=120)  # a process left waiting would fail here
     assert job.returncode == 2, err[-3000:]
-    stops = re.findall(r"^attnlab: error: training stopped at global step 4 \(epoch 0\): (.*?); the weights were not updated", err, re.M)
-    assert "Traceback" not in err and sorted(stops) == ["a non-finite loss on another process", "non-finite loss (train/loss=nan) on process 1 of 2"], err[-3000:]
+    stops = re.findall(
+        r"^attnlab: error: training stopped at global step 4 \(epoch 0\): (.*?); the weights were not updated",
+        err,
+        re.M,
+    )
+    assert "Traceback" not in err and sorted(stops) == [
+        "a non-finite loss on another process",
+        "non-finite loss (train/loss=nan) on process 1 of 2",
+    ], err[-3000:]
     saved = load(run / "checkpoints" / "last.ckpt")
-    assert saved["global_step"] == 3 and all(v.isfinite().all() for v in saved["state_dict"].values() if v.is_floating_point())
+    assert saved["global_step"] == 3 and all(
+        v.isfinite().all() for v in saved["state_dict"].values() if v.is_floating_point()
+    )
 
 
 class Collectives(pl.Callback):
     """Count calls to torch.distributed's collectives from one training batch's end to the next; rank 0 writes the counts."""
 
-    NAMES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier", "reduce", "reduce_scatter")
+    NAMES = (
+        "all_reduce",
+        "all_gather",
+        "all_gather_object",
+        "broadcast",
+        "broadcast_object_list",
+        "barrier",
+        "reduce",
+        "reduce_scatter",
+    )
 
     def __init__(self, path: str):
         self.path, self.calls, self.per_batch = path, 0, []
@@ -256,6 +333,7 @@ class Collectives(pl.Callback):
         def counted(*args, **kwargs):
             self.calls += 1
             return collective(*args, **kwargs)
+
         return counted
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -271,9 +349,20 @@ def test_ddp_processes_agree_in_one_collective_per_optimizer_step(tmp_path):
     """Two processes: the NaN guard's flag and LastCheckpoint's SIGTERM and time-to-save flags travel in one all-reduce
     per step (they were two), and on one device the guards make none."""
     counts = tmp_path / "collectives.json"
-    command = [sys.executable, "-m", "experiments.cli", "fit", *TINY, "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=1",
-               "--data.init_args.batch_size=32", f"--trainer.default_root_dir={tmp_path / 'run'}", probe(Collectives, path=str(counts)),
-               "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 30}}"]
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.cli",
+        "fit",
+        *TINY,
+        "--trainer.strategy=ddp",
+        "--trainer.devices=2",
+        "--trainer.max_epochs=1",
+        "--data.init_args.batch_size=32",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+        probe(Collectives, path=str(counts)),
+        "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 30}}",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), "OMP_NUM_THREADS": "1"}
     job = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert job.returncode == 0, job.stderr[-3000:]
@@ -306,7 +395,10 @@ def test_resumable_sampler_order_depends_on_seed_and_epoch_and_resumes_part_way(
 
     epoch1 = [order(RandomSampler(data), 1, rank) for rank in range(replicas)]
     assert sorted(sum(epoch1, [])) == list(data)  # the processes share the data, each sample once
-    assert epoch1 == [order(RandomSampler(data), 1, rank) for rank in range(replicas)] and order(RandomSampler(data), 2) != epoch1[0]
+    assert (
+        epoch1 == [order(RandomSampler(data), 1, rank) for rank in range(replicas)]
+        and order(RandomSampler(data), 2) != epoch1[0]
+    )
     distributed = DistributedSampler(data, num_replicas=replicas, rank=0, seed=3)
     distributed.set_epoch(1)
     assert epoch1[0] == list(distributed)  # the order Lightning gives multi-process runs
@@ -336,27 +428,49 @@ class LastSavedStep(pl.Callback):
             f.write(json.dumps(load(last)["global_step"] if last.exists() else None) + "\n")
 
 
-@pytest.mark.parametrize("accumulate, seen_at_batch_starts, final", [
-    # after every batch but an epoch's last, whose save waits for the validation after it (steps 5 and 10)
-    (1, [None, 1, 2, 3, 4, 5, 6, 7, 8, 9], 10),
-    # only after batches that end an optimizer step (the 2nd and 4th of an epoch; the 5th steps and validates)
-    (2, [None, None, 1, 1, 2, 3, 3, 4, 4, 5], 6),
-])
-def test_every_n_minutes_refreshes_last_checkpoint_between_validations(tmp_path, accumulate, seen_at_batch_starts, final):
+@pytest.mark.parametrize(
+    "accumulate, seen_at_batch_starts, final",
+    [
+        # after every batch but an epoch's last, whose save waits for the validation after it (steps 5 and 10)
+        (1, [None, 1, 2, 3, 4, 5, 6, 7, 8, 9], 10),
+        # only after batches that end an optimizer step (the 2nd and 4th of an epoch; the 5th steps and validates)
+        (2, [None, None, 1, 1, 2, 3, 3, 4, 4, 5], 6),
+    ],
+)
+def test_every_n_minutes_refreshes_last_checkpoint_between_validations(
+    tmp_path, accumulate, seen_at_batch_starts, final
+):
     seen = tmp_path / "seen.jsonl"
-    main(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=2", f"--trainer.accumulate_grad_batches={accumulate}",
-          probe(LastSavedStep, path=str(seen)),
-          "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 1.0e-9}}"])
+    main(
+        [
+            "fit",
+            *TINY,
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.max_epochs=2",
+            f"--trainer.accumulate_grad_batches={accumulate}",
+            probe(LastSavedStep, path=str(seen)),
+            "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 1.0e-9}}",
+        ]
+    )
     assert [json.loads(line) for line in seen.read_text().splitlines()] == seen_at_batch_starts
     assert load(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == final
 
 
 def test_resume_command_replaces_the_checkpoint_argument():
-    assert resume_command(["fit", "--config", "a b.yaml", "--ckpt_path", "x.ckpt"]) == "attnlab fit --config 'a b.yaml' --ckpt_path last"
-    assert resume_command(["fit", "--ckpt_path=best", "--trainer.max_epochs=3"]) == "attnlab fit --trainer.max_epochs=3 --ckpt_path last"
+    assert (
+        resume_command(["fit", "--config", "a b.yaml", "--ckpt_path", "x.ckpt"])
+        == "attnlab fit --config 'a b.yaml' --ckpt_path last"
+    )
+    assert (
+        resume_command(["fit", "--ckpt_path=best", "--trainer.max_epochs=3"])
+        == "attnlab fit --trainer.max_epochs=3 --ckpt_path last"
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [({"every_n_train_steps": 0}, "every_n_train_steps=0"), ({"every_n_minutes": -1}, "every_n_minutes=-1")])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"every_n_train_steps": 0}, "every_n_train_steps=0"), ({"every_n_minutes": -1}, "every_n_minutes=-1")],
+)
 def test_last_checkpoint_refuses_bad_intervals(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LastCheckpoint(**kwargs)
@@ -405,8 +519,13 @@ def test_sigterm_without_checkpointing_stops_after_the_batch_and_saves_nothing(t
     """`trainer.enable_checkpointing: false` (and so no ModelCheckpoint, which the config lists): the run stops
     after the batch the signal came in, writes no checkpoint file, and still exits with status 143."""
     run = tmp_path / "run"
-    job = start_fit(run, "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]",
-                    probe(BatchLog, path=str(run / "batches.jsonl")), probe(SigtermAt, batch=1))
+    job = start_fit(
+        run,
+        "--trainer.enable_checkpointing=false",
+        "--trainer.callbacks=[]",
+        probe(BatchLog, path=str(run / "batches.jsonl")),
+        probe(SigtermAt, batch=1),
+    )
     _, err = job.communicate(timeout=300)
     assert job.returncode == SIGTERM_STATUS, err[-3000:]
     said = "attnlab: SIGTERM at step 2: nothing saved (trainer.enable_checkpointing: false)"
@@ -421,13 +540,16 @@ def test_resuming_with_another_number_of_processes_warns(tmp_path):
     """A last.ckpt written by two DDP processes, resumed by one: the run goes on, and says that its sample order
     and random draws will differ from an uninterrupted run."""
     run = tmp_path / "run"
-    job = start_fit(run, "--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32",
-                    "--trainer.max_epochs=1")
+    job = start_fit(
+        run, "--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32", "--trainer.max_epochs=1"
+    )
     _, err = job.communicate(timeout=180)
     assert job.returncode == 0, err[-3000:]
     assert load(run / "checkpoints" / "last.ckpt")["callbacks"]["ExactResume"]["world_size"] == 2
-    warning = ("checkpoint was written by 2 processes, this run has 1: "
-               "the sample order and random streams after resuming differ")
+    warning = (
+        "checkpoint was written by 2 processes, this run has 1: "
+        "the sample order and random streams after resuming differ"
+    )
     with pytest.warns(UserWarning, match=warning):
         fit_in_process(run, "--data.init_args.batch_size=32", "--trainer.max_epochs=2", "--ckpt_path", "last")
     assert load(run / "checkpoints" / "last.ckpt")["global_step"] == 10

@@ -1,4 +1,5 @@
 """Positional encodings and encoder/decoder layers against their formulas and torch.nn."""
+
 import math
 
 import pytest
@@ -38,7 +39,9 @@ def test_relative_position_is_one_linear_map_per_offset(k):
     t_k = torch.zeros(D, D, dtype=torch.float64)  # block-diagonal rotation by k * frequency
     for i in range(D // 2):
         w = k / 10000 ** (2 * i / D)
-        t_k[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]])
+        t_k[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor(
+            [[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]]
+        )
     # the same T_k maps PE(pos) to PE(pos + k) for every position
     torch.testing.assert_close(pe[: 200 - k] @ t_k, pe[k:], atol=1e-6, rtol=0)
 
@@ -74,14 +77,18 @@ def _copy(ours: nn.Module, ref: nn.Module) -> None:
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_encoder_layer_matches_torch(norm_first, activation):
     torch.manual_seed(0)
-    ref = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first, batch_first=True).eval()
+    ref = nn.TransformerEncoderLayer(
+        D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first, batch_first=True
+    ).eval()
     ours = TransformerEncoderLayer(D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first).eval()
     _copy(ours, ref)
     x = torch.randn(3, 6, D)
     kpm = torch.zeros(3, 6, dtype=torch.bool)
     kpm[1, 4:] = True
     mask = nn.Transformer.generate_square_subsequent_mask(6)
-    torch.testing.assert_close(ours(x, src_key_padding_mask=kpm), ref(x, src_key_padding_mask=kpm), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ours(x, src_key_padding_mask=kpm), ref(x, src_key_padding_mask=kpm), atol=1e-5, rtol=1e-5
+    )
     torch.testing.assert_close(ours(x, src_mask=mask), ref(x, src_mask=mask), atol=1e-5, rtol=1e-5)
 
 
@@ -96,15 +103,21 @@ def test_decoder_layer_matches_torch(norm_first):
     mkpm[2, 5:] = True
     causal = nn.Transformer.generate_square_subsequent_mask(5)
     expected = ref(tgt, mem, tgt_mask=causal, memory_key_padding_mask=mkpm)
-    torch.testing.assert_close(ours(tgt, mem, tgt_is_causal=True, memory_key_padding_mask=mkpm), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ours(tgt, mem, tgt_is_causal=True, memory_key_padding_mask=mkpm), expected, atol=1e-5, rtol=1e-5
+    )
 
 
 def test_stacks_match_torch_stacks():
     torch.manual_seed(0)
-    ref_enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(D, H, FF, 0.0, batch_first=True), 2, enable_nested_tensor=False).eval()
+    ref_enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(D, H, FF, 0.0, batch_first=True), 2, enable_nested_tensor=False
+    ).eval()
     ours_enc = TransformerEncoder(2, D, H, dim_feedforward=FF, dropout=0.0).eval()
     _copy(ours_enc, ref_enc)
-    ref_dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(D, H, FF, 0.0, batch_first=True), 2, norm=nn.LayerNorm(D)).eval()
+    ref_dec = nn.TransformerDecoder(
+        nn.TransformerDecoderLayer(D, H, FF, 0.0, batch_first=True), 2, norm=nn.LayerNorm(D)
+    ).eval()
     ours_dec = TransformerDecoder(2, D, H, final_norm=True, dim_feedforward=FF, dropout=0.0).eval()
     _copy(ours_dec, ref_dec)
     src, tgt = torch.randn(2, 7, D), torch.randn(2, 4, D)
@@ -137,4 +150,9 @@ def test_decoder_returns_every_layer_and_decodes_incrementally():
     enc = TransformerEncoder(2, D, H, final_norm=True, norm_first=True, dim_feedforward=FF, dropout=0.0).eval()
     full = enc(tgt, is_causal=True)
     cache = [KVCache() for _ in enc.layers]
-    torch.testing.assert_close(torch.cat([enc(tgt[:, t : t + 1], is_causal=True, cache=cache) for t in range(5)], 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.cat([enc(tgt[:, t : t + 1], is_causal=True, cache=cache) for t in range(5)], 1),
+        full,
+        atol=1e-5,
+        rtol=1e-5,
+    )

@@ -1,5 +1,6 @@
 """The one optimizer and schedule builder: schedule values against hand computations, the horizon of each
 limit, the trunk learning rate, and the time budget that fits the schedule to trainer.max_time."""
+
 import math
 
 import pytest
@@ -52,12 +53,16 @@ class Tiny(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = optim.adamw(self, 1e-3, 0.0, trunk=self.trunk, lr_trunk=0.0)
-        return {"optimizer": optimizer, "lr_scheduler": optim.schedule(optimizer, self.trainer, min_ratio=0.0, **self.args)}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": optim.schedule(optimizer, self.trainer, min_ratio=0.0, **self.args),
+        }
 
 
 def fit(module, **trainer_args) -> pl.Trainer:
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         **trainer_args)
+    trainer = pl.Trainer(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **trainer_args
+    )
     trainer.fit(module)
     return trainer
 
@@ -117,16 +122,24 @@ def test_time_budget_fits_the_schedule_to_max_time(monkeypatch):
         def on_train_batch_end(self, trainer, *args):
             lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
 
-    trainer = fit(Tiny(warmup_steps=2), max_time={"seconds": 3}, max_epochs=-1,
-                  callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5), Record()])
+    trainer = fit(
+        Tiny(warmup_steps=2),
+        max_time={"seconds": 3},
+        max_epochs=-1,
+        callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5), Record()],
+    )
     assert trainer.global_step == 30 and schedule_of(trainer).total_steps == 30
     assert lrs[-2] < 1e-5 and max(lrs) == pytest.approx(1e-3)
 
 
 def test_time_budget_never_passes_the_step_limit(monkeypatch):
     clock = FakeClock(monkeypatch)
-    trainer = fit(Tiny(), max_time={"seconds": 100}, max_steps=12,
-                  callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)])
+    trainer = fit(
+        Tiny(),
+        max_time={"seconds": 100},
+        max_steps=12,
+        callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)],
+    )
     assert schedule_of(trainer).total_steps == 12
 
 
@@ -152,15 +165,25 @@ def test_a_resumed_budget_keeps_its_horizon(monkeypatch, tmp_path):
             if trainer.global_step == 12:
                 trainer.should_stop = True
 
-    first = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
-                       callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5), StopAt12()], **common)
+    first = pl.Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5), StopAt12()],
+        **common,
+    )
     first.fit(Tiny(warmup_steps=2))
     path = tmp_path / "stopped.ckpt"
     first.save_checkpoint(path)
     saved = torch.load(path, weights_only=True)
     assert saved["lr_schedulers"][0]["lr_lambdas"][0]["total_steps"] == 30
-    second = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)], **common)
+    second = pl.Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)],
+        **common,
+    )
     second.fit(Tiny(warmup_steps=2), ckpt_path=path)
     assert second.global_step == 30 and schedule_of(second).total_steps == 30
     assert second.optimizers[0].param_groups[0]["lr"] < 1e-5
@@ -169,8 +192,12 @@ def test_a_resumed_budget_keeps_its_horizon(monkeypatch, tmp_path):
 def test_a_step_limit_inside_the_warmup_is_not_the_budgets_fault(monkeypatch):
     """max_steps=12 with a 50-step warmup and an ample budget: a short run by choice, not an error."""
     clock = FakeClock(monkeypatch)
-    trainer = fit(Tiny(warmup_steps=50), max_time={"seconds": 100}, max_steps=12,
-                  callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)])
+    trainer = fit(
+        Tiny(warmup_steps=50),
+        max_time={"seconds": 100},
+        max_steps=12,
+        callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)],
+    )
     assert trainer.global_step == 12
 
 

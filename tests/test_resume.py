@@ -1,4 +1,5 @@
 """`attnlab fit --ckpt_path last` continues the stopped run: same folder, step counter and optimizer state."""
+
 import csv
 import json
 
@@ -30,4 +31,8 @@ def test_fit_ckpt_path_last_continues_the_run(attnlab, tmp_path):
     steps = [int(r["step"]) for r in csv.DictReader((run / "metrics.csv").open()) if r.get("train/loss_step")]
     assert steps == [0, 1, 2, 3, 4, 5]  # the first run's rows are kept and the counter goes on
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["resumed_from"].endswith("last.ckpt") and summary["global_step"] == 6 and summary["status"] == "finished"
+    assert (
+        summary["resumed_from"].endswith("last.ckpt")
+        and summary["global_step"] == 6
+        and summary["status"] == "finished"
+    )

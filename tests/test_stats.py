@@ -1,5 +1,6 @@
 """experiments.stats: the statistics against a hand computation, and against the computation they had before
 the core reported its own logits and blocked mask (the oracle below re-derives both from the layer's inputs)."""
+
 import math
 
 import pytest
@@ -13,7 +14,15 @@ from models.detr import DETR
 from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.vit import VisionTransformer
 
-TINY_TRUNK = dict(name="resnet18", out_index=3, norm="bn", trainable_layers=5, layers=[1, 1, 1, 1], channels=[8, 16, 32, 64], stem_width=8)
+TINY_TRUNK = dict(
+    name="resnet18",
+    out_index=3,
+    norm="bn",
+    trainable_layers=5,
+    layers=[1, 1, 1, 1],
+    channels=[8, 16, 32, 64],
+    stem_width=8,
+)
 
 
 def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, ...] = ()) -> list[dict]:
@@ -24,8 +33,12 @@ def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, .
     kind = stats.modality(model)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
     calls, feature_hw = {}, []
-    handles = [m.register_forward_pre_hook(lambda m, a, kw, name=name: calls.setdefault(name, (a, kw)) and None, with_kwargs=True)
-               for name, m in layers.items()]
+    handles = [
+        m.register_forward_pre_hook(
+            lambda m, a, kw, name=name: calls.setdefault(name, (a, kw)) and None, with_kwargs=True
+        )
+        for name, m in layers.items()
+    ]
     if kind == "detection":
         handles.append(model.backbone.register_forward_hook(lambda m, a, out: feature_hw.append(tuple(out.shape[-2:]))))
     model.eval()
@@ -48,14 +61,32 @@ def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, .
                 q = torch.einsum("bhld,hde->bhle", q, m.general_weight)
             logits = (q @ k.transpose(-2, -1)) * m.scale
         b, _, lq, lk = logits.shape
-        mask = merge_masks(b, lq, lk, attn_mask=kw.get("attn_mask"), key_padding_mask=kw.get("key_padding_mask"),
-                           is_causal=kw.get("is_causal", False), device=logits.device, dtype=logits.dtype)
-        blocked = torch.zeros(1, 1, lq, lk, dtype=torch.bool) if mask is None else mask if mask.dtype == torch.bool else torch.isneginf(mask)
+        mask = merge_masks(
+            b,
+            lq,
+            lk,
+            attn_mask=kw.get("attn_mask"),
+            key_padding_mask=kw.get("key_padding_mask"),
+            is_causal=kw.get("is_causal", False),
+            device=logits.device,
+            dtype=logits.dtype,
+        )
+        blocked = (
+            torch.zeros(1, 1, lq, lk, dtype=torch.bool)
+            if mask is None
+            else mask
+            if mask.dtype == torch.bool
+            else torch.isneginf(mask)
+        )
         kpm, cross = kw.get("key_padding_mask"), name.endswith("multihead_attn")
         in_decoder = "decoder" in name.split(".")
         if cross:
             q_seq, k_seq = dec, enc
-            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else torch.ones(b, lq, dtype=torch.bool)
+            valid_q = (
+                dec_valid
+                if dec_valid is not None and dec_valid.shape == (b, lq)
+                else torch.ones(b, lq, dtype=torch.bool)
+            )
         else:
             q_seq = k_seq = dec if in_decoder and dec is not None else enc
             valid_q = ~kpm if kpm is not None else torch.ones(b, lq, dtype=torch.bool)
@@ -65,8 +96,14 @@ def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, .
             q_seq = None
         if k_seq is not None and k_seq.positions is not None and len(k_seq.positions) != lk:
             k_seq = None
-        out.append({"name": name, "kind": "cross" if cross else "self", "heads": m.num_heads,
-                    **_layer_stats(weights, logits, blocked, valid_q, q_seq, k_seq)})
+        out.append(
+            {
+                "name": name,
+                "kind": "cross" if cross else "self",
+                "heads": m.num_heads,
+                **_layer_stats(weights, logits, blocked, valid_q, q_seq, k_seq),
+            }
+        )
     return out
 
 
@@ -75,8 +112,17 @@ def _cases():
     src = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 2, 0, 0]])
     tgt = torch.tensor([[1, 9, 4, 2], [1, 3, 0, 0]])
     for similarity in ("scaled_dot", "general"):
-        s2s = Seq2SeqTransformer(12, 12, d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32,
-                                 similarity=similarity, pad_id=0)
+        s2s = Seq2SeqTransformer(
+            12,
+            12,
+            d_model=16,
+            nhead=2,
+            num_encoder_layers=2,
+            num_decoder_layers=2,
+            dim_feedforward=32,
+            similarity=similarity,
+            pad_id=0,
+        )
         if similarity == "general":  # away from the identity, so that the map counts
             for m in s2s.modules():
                 if isinstance(m, MultiHeadAttention):
@@ -85,7 +131,16 @@ def _cases():
     yield "lm", DecoderOnlyLM(12, d_model=16, nhead=2, num_layers=2), (torch.randint(0, 12, (2, 6)),), ()
     vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=16, depth=2, num_heads=2)
     yield "vit", vit, (torch.randn(2, 1, 8, 8),), ()
-    detr = DETR(Backbone(**TINY_TRUNK), 3, 4, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32)
+    detr = DETR(
+        Backbone(**TINY_TRUNK),
+        3,
+        4,
+        d_model=16,
+        nhead=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dim_feedforward=32,
+    )
     mask = torch.zeros(2, 64, 64, dtype=torch.bool)
     mask[1, :, 40:] = True  # the second image is padded on the right
     yield "detr", detr, (torch.randn(2, 3, 64, 64), mask), ()
@@ -132,8 +187,10 @@ def test_statistics_of_one_head_equal_a_hand_computation():
     assert stats["max_weight"] == pytest.approx([(max(probs[0]) + max(probs[1])) / 2], rel=1e-6)
     assert max(probs[0]) < 0.9 < max(probs[1])  # 0.88 and 0.998
     assert stats["saturated"] == pytest.approx([0.5])
+
     def variance(row):
         return sum((a - sum(row) / len(row)) ** 2 for a in row) / len(row)
+
     assert stats["logit_var"] == pytest.approx([(variance(logit_rows[0]) + variance(logit_rows[1])) / 2], rel=1e-6)
     # query 0 sits at 0 and looks 1 away with weight probs[0][1]; query 1 at 1 looks 1 away with probs[1][0]
     assert stats["distance"] == pytest.approx([(probs[0][1] + probs[1][0]) / 2], rel=1e-6)

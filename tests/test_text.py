@@ -1,4 +1,5 @@
 """Text modality: masks, teacher forcing, label smoothing, tokenizers, decoding, data errors."""
+
 import itertools
 import math
 
@@ -32,7 +33,15 @@ IDS = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
 
 def tiny_seq2seq(vocab: int = V, seed: int = 0, **kw) -> Seq2SeqTransformer:
     torch.manual_seed(seed)
-    args = dict(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.0, max_positions=64)
+    args = dict(
+        d_model=32,
+        nhead=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dim_feedforward=64,
+        dropout=0.0,
+        max_positions=64,
+    )
     return Seq2SeqTransformer(vocab, vocab, **{**args, **kw}).eval()
 
 
@@ -53,7 +62,9 @@ def test_shapes_and_tied_shared_embeddings():
     assert model(src, tgt).shape == (2, 6, V)
     assert model.encode(src).shape == (2, 5, 32)
     assert model.src_embed is model.tgt_embed and model.generator.weight is model.tgt_embed.weight
-    with pytest.raises(ValueError, match="share_embeddings=true needs one vocabulary.*src_vocab_size=10 and tgt_vocab_size=12"):
+    with pytest.raises(
+        ValueError, match="share_embeddings=true needs one vocabulary.*src_vocab_size=10 and tgt_vocab_size=12"
+    ):
         Seq2SeqTransformer(10, 12, d_model=8, nhead=2, share_embeddings=True)
     for network, args in ((Seq2SeqTransformer, (10, 10)), (DecoderOnlyLM, (10,))):
         with pytest.raises(ValueError, match=r"model.nhead=4 does not divide model.d_model=30; choose a divisor of 30"):
@@ -127,7 +138,9 @@ def test_weight_decay_only_on_matrices_not_embeddings():
     decay, no_decay = param_groups(model, 0.1, model.no_weight_decay())
     ids = lambda group: {id(p) for p in group["params"]}  # noqa: E731
     assert id(model.tgt_embed.weight) in ids(no_decay) and id(model.pos.weight) in ids(no_decay)
-    assert id(model.encoder.layers[0].linear1.weight) in ids(decay) and id(model.encoder.layers[0].linear1.bias) in ids(no_decay)
+    assert id(model.encoder.layers[0].linear1.weight) in ids(decay) and id(model.encoder.layers[0].linear1.bias) in ids(
+        no_decay
+    )
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -140,7 +153,9 @@ def test_cached_decoding_equals_uncached_decoding():
     tgt = torch.cat([torch.full((3, 1), BOS_ID), padded_batch([7, 7, 7], seed=3)], dim=1)  # (3, 8)
     full = model.decode(tgt, memory, mask)
     cache = model.init_cache()
-    steps = torch.cat([model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start_pos=t) for t in range(8)], dim=1)
+    steps = torch.cat(
+        [model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start_pos=t) for t in range(8)], dim=1
+    )
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
     cached, cached_scores = greedy_decode(model, src, max_len=12, **IDS)
     uncached, uncached_scores = greedy_decode(model, src, max_len=12, use_cache=False, **IDS)
@@ -199,7 +214,10 @@ def test_beam_search_finds_the_exact_best_when_the_beam_holds_every_prefix():
 def test_hypotheses_end_with_eos_within_max_len():
     model = tiny_seq2seq(seed=8)
     src = padded_batch([5, 3], seed=9)
-    for tokens in (greedy_decode(model, src, max_len=4, **IDS)[0], beam_search(model, src, max_len=4, beam_size=3, **IDS)[0]):
+    for tokens in (
+        greedy_decode(model, src, max_len=4, **IDS)[0],
+        beam_search(model, src, max_len=4, beam_size=3, **IDS)[0],
+    ):
         assert tokens.size(1) <= 4
         assert all(EOS_ID in row.tolist() for row in tokens)
         assert not tokens.eq(BOS_ID).any()
@@ -209,9 +227,18 @@ def test_hypotheses_end_with_eos_within_max_len():
 def test_tiny_model_overfits_a_few_sentence_pairs_to_bleu_100():
     pairs = toy_translation_pairs(6, seed=3)
     tok = build_tokenizer("word", [s for p in pairs for s in p], min_frequency=1)
-    src = collate_pairs([{"index": i, "src": tok.encode(e, add_special_tokens=False).ids + [EOS_ID], "src_text": e,
-                          "tgt": [BOS_ID] + tok.encode(d, add_special_tokens=False).ids + [EOS_ID], "tgt_text": d}
-                         for i, (e, d) in enumerate(pairs)])
+    src = collate_pairs(
+        [
+            {
+                "index": i,
+                "src": tok.encode(e, add_special_tokens=False).ids + [EOS_ID],
+                "src_text": e,
+                "tgt": [BOS_ID] + tok.encode(d, add_special_tokens=False).ids + [EOS_ID],
+                "tgt_text": d,
+            }
+            for i, (e, d) in enumerate(pairs)
+        ]
+    )
     model = tiny_seq2seq(vocab=tok.get_vocab_size(), share_embeddings=True).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     decoder_input, labels = teacher_forcing(src["tgt"])
@@ -233,10 +260,14 @@ def test_tokenizer_round_trip_and_fixed_special_ids(kind):
     lines = [e for p in toy_translation_pairs(200) for e in p]
     tok = build_tokenizer(kind, lines, vocab_size=300, min_frequency=1)
     assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
-    unseen = ["Zwei  Hunde, im Park schlafen."] if kind != "word" else []  # a new word, two spaces: subwords and characters cope
+    unseen = (
+        ["Zwei  Hunde, im Park schlafen."] if kind != "word" else []
+    )  # a new word, two spaces: subwords and characters cope
     for s in lines[:50] + unseen:
         assert tok.decode(tok.encode(s, add_special_tokens=False).ids) == s
-    assert tok.decode([BOS_ID] + tok.encode("Der Hund.", add_special_tokens=False).ids + [EOS_ID, PAD_ID]) == "Der Hund."
+    assert (
+        tok.decode([BOS_ID] + tok.encode("Der Hund.", add_special_tokens=False).ids + [EOS_ID, PAD_ID]) == "Der Hund."
+    )
 
 
 def write(path, text):
@@ -253,9 +284,15 @@ def toy_dir(tmp_path, src="A dog.\nA cat.\n", tgt="Ein Hund.\nEine Katze.\n"):
 
 
 def test_parallel_data_module_batches_and_links(tmp_path):
-    dm = ParallelTextDataModule(str(toy_dir(tmp_path)), test_split=None, tokenizer="word", min_frequency=1, batch_size=2)
+    dm = ParallelTextDataModule(
+        str(toy_dir(tmp_path)), test_split=None, tokenizer="word", min_frequency=1, batch_size=2
+    )
     dm.setup("fit")
-    assert dm.src_vocab_size == dm.tgt_vocab_size == len(dm.tokenizers[0].get_vocab()) and (dm.pad_id, dm.bos_id, dm.eos_id) == (0, 1, 2)
+    assert dm.src_vocab_size == dm.tgt_vocab_size == len(dm.tokenizers[0].get_vocab()) and (
+        dm.pad_id,
+        dm.bos_id,
+        dm.eos_id,
+    ) == (0, 1, 2)
     batch = next(iter(dm.val_dataloader()))
     assert batch["src"].shape == (2, 4) and batch["tgt"][:, 0].eq(BOS_ID).all()  # ▁A ▁dog . EOS
     assert batch["tgt"].tolist()[0][-1] == EOS_ID and sorted(batch["tgt_text"]) == ["Ein Hund.", "Eine Katze."]
@@ -268,13 +305,18 @@ def test_length_buckets_are_a_permutation_of_similar_lengths():
     lengths = [int(x) for x in torch.randint(1, 50, (500,))]
     order = list(LengthBucketSampler(lengths, batch_size=10, pool=5))
     assert sorted(order) == list(range(500))
-    spread = [max(lengths[i] for i in order[s : s + 10]) - min(lengths[i] for i in order[s : s + 10]) for s in range(0, 500, 10)]
+    spread = [
+        max(lengths[i] for i in order[s : s + 10]) - min(lengths[i] for i in order[s : s + 10])
+        for s in range(0, 500, 10)
+    ]
     assert sum(spread) / len(spread) < 10  # random batches would spread over ~40
 
 
 def test_long_sentences_are_truncated_with_a_counting_warning(tmp_path):
     long = " ".join(["dog"] * 30) + "\n"
-    dm = ParallelTextDataModule(str(toy_dir(tmp_path, src=long + "A cat.\n")), test_split=None, tokenizer="word", min_frequency=1, max_len=8)
+    dm = ParallelTextDataModule(
+        str(toy_dir(tmp_path, src=long + "A cat.\n")), test_split=None, tokenizer="word", min_frequency=1, max_len=8
+    )
     with pytest.warns(UserWarning, match="1 of 2 val sentences .* longer than data.max_len=8 tokens were truncated"):
         dm.setup("validate")
     assert len(dm.val_set.src_ids[0]) == 8 and dm.val_set.src_ids[0][-1] == EOS_ID
@@ -326,7 +368,9 @@ def test_checkpoint_tokenizer_must_match_the_data(tmp_path):
     dm = ParallelTextDataModule(str(toy_dir(tmp_path)), test_split=None, tokenizer="word", min_frequency=1)
     state = dm.state_dict()
     dm.load_state_dict(state)  # the same tokenizer: accepted
-    other = ParallelTextDataModule(str(toy_dir(tmp_path / "o", src="A bird.\nA cat.\n")), test_split=None, tokenizer="word", min_frequency=1)
+    other = ParallelTextDataModule(
+        str(toy_dir(tmp_path / "o", src="A bird.\nA cat.\n")), test_split=None, tokenizer="word", min_frequency=1
+    )
     with pytest.raises(ValueError, match="the checkpoint's tokenizer .* is not the one this data built"):
         other.load_state_dict(state)
 
@@ -349,17 +393,27 @@ def test_corpus_errors(tmp_path):
     with pytest.raises(ValueError, match="holds no text"):
         TextCorpusDataModule(str(write(tmp_path / "empty.txt", "\n\n"))).vocab_size
     short = TextCorpusDataModule(str(write(tmp_path / "short.txt", "abc\n" * 10)), block_size=16)
-    with pytest.raises(ValueError, match="the validation part of .*short.txt has 4 tokens, fewer than data.block_size \\+ 1 = 17"):
+    with pytest.raises(
+        ValueError, match="the validation part of .*short.txt has 4 tokens, fewer than data.block_size \\+ 1 = 17"
+    ):
         short.setup("fit")
 
 
 def test_saved_tokenizer_is_reused_without_training_data(tmp_path):
-    dm = ParallelTextDataModule(str(toy_dir(tmp_path / "data")), test_split=None, tokenizer="word", min_frequency=1, shared_vocab=False)
+    dm = ParallelTextDataModule(
+        str(toy_dir(tmp_path / "data")), test_split=None, tokenizer="word", min_frequency=1, shared_vocab=False
+    )
     for stem, tokenizer in dm._tokenizers().items():
         tokenizer.save(str(tmp_path / f"{stem}.json"))  # what `attnlab fit` writes beside the checkpoints
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["tokenizer.de.json", "tokenizer.en.json"]
-    reused = ParallelTextDataModule(str(tmp_path / "data"), train_split=None, val_split=None, test_split=None, shared_vocab=False,
-                                    tokenizer_dir=str(tmp_path))
+    reused = ParallelTextDataModule(
+        str(tmp_path / "data"),
+        train_split=None,
+        val_split=None,
+        test_split=None,
+        shared_vocab=False,
+        tokenizer_dir=str(tmp_path),
+    )
     assert [t.to_str() for t in reused.tokenizers] == [t.to_str() for t in dm.tokenizers]
     with pytest.raises(ValueError, match="data.train_split=null needs data.tokenizer_dir"):
         ParallelTextDataModule(str(tmp_path / "data"), train_split=None)

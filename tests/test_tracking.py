@@ -1,4 +1,5 @@
 """Tracking without a network: the W&B mode decision, the nested config W&B receives, logger folders."""
+
 import json
 import math
 import os
@@ -60,12 +61,22 @@ def test_the_resolved_config_reaches_wandb_nested_with_linked_values(attnlab, tm
     run = _Run()
     monkeypatch.setattr(WandbLogger, "experiment", property(lambda self: run))
     logger = "--trainer.logger=[{class_path: experiments.tracking.WandbLogger, init_args: {mode: offline}}]"  # the run is the stub above
-    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", logger,
-                           "--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1")
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        DIGITS,
+        f"--trainer.default_root_dir={tmp_path}",
+        logger,
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=1",
+        "--trainer.limit_val_batches=1",
+    )
     assert code == 0, err
     assert set(run.config) >= {"trainer", "model", "data", "seed_everything"} and "lr" not in run.config
     init_args = run.config["model"]["init_args"]
-    assert init_args["patch_size"] == 2 and init_args["num_classes"] == 10 and init_args["img_size"] == 8  # linked from the data
+    assert (
+        init_args["patch_size"] == 2 and init_args["num_classes"] == 10 and init_args["img_size"] == 8
+    )  # linked from the data
     assert run.config["trainer"]["default_root_dir"] == str(tmp_path)
     saved = yaml.safe_load(open(run.saved[0]))
     assert saved["model"]["init_args"]["embed_dim"] == 64
@@ -88,8 +99,16 @@ def test_an_unreachable_wandb_server_falls_back_to_offline_and_says_so_once(attn
     logger = "--trainer.logger=[{class_path: experiments.tracking.WandbLogger, init_args: {init_timeout: 1}}]"
     wandb.teardown()  # wandb reads the environment once per process: from here on, this test's
     try:
-        code, out, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", logger,
-                                 "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
+        code, out, err = attnlab(
+            "fit",
+            "--config",
+            DIGITS,
+            f"--trainer.default_root_dir={tmp_path}",
+            logger,
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=1",
+        )
     finally:
         wandb.finish()  # Lightning leaves the run open: later tests would reuse it
         wandb.teardown()  # and read their own environment
@@ -103,19 +122,38 @@ def test_an_unreachable_wandb_server_falls_back_to_offline_and_says_so_once(attn
 
 def test_a_wandb_mode_that_does_not_exist_is_one_line_before_training(attnlab, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "onlin")
-    code, _, err = attnlab("fit", "--config", DIGITS, "--config", "configs/logger/wandb.yaml", f"--trainer.default_root_dir={tmp_path}",
-                           "--trainer.max_epochs=1")
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        DIGITS,
+        "--config",
+        "configs/logger/wandb.yaml",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_epochs=1",
+    )
     assert code == 2
-    assert err.strip().splitlines()[-1] == ("attnlab: error: trainer.logger: W&B mode='onlin'; expected online, offline or disabled "
-                                            "(WANDB_MODE)")
+    assert err.strip().splitlines()[-1] == (
+        "attnlab: error: trainer.logger: W&B mode='onlin'; expected online, offline or disabled (WANDB_MODE)"
+    )
     assert not list(tmp_path.glob("**/*.ckpt"))
 
 
 def test_prepare_puts_loggers_in_the_experiment_folder():
-    cfg = Namespace(fit=Namespace(ckpt_path=None, trainer=Namespace(default_root_dir="runs/x", logger=[
-        Namespace(class_path="experiments.tracking.CSVLogger", init_args=Namespace(save_dir=None, name="lightning_logs")),
-        Namespace(class_path="experiments.tracking.WandbLogger", init_args=Namespace(save_dir="elsewhere")),
-    ])))
+    cfg = Namespace(
+        fit=Namespace(
+            ckpt_path=None,
+            trainer=Namespace(
+                default_root_dir="runs/x",
+                logger=[
+                    Namespace(
+                        class_path="experiments.tracking.CSVLogger",
+                        init_args=Namespace(save_dir=None, name="lightning_logs"),
+                    ),
+                    Namespace(class_path="experiments.tracking.WandbLogger", init_args=Namespace(save_dir="elsewhere")),
+                ],
+            ),
+        )
+    )
     prepare(cfg, "fit")
     assert cfg.fit.trainer.logger[0].init_args.save_dir == "runs/x"
     assert cfg.fit.trainer.logger[1].init_args.save_dir == "elsewhere"  # an explicit folder stays
@@ -123,14 +161,30 @@ def test_prepare_puts_loggers_in_the_experiment_folder():
 
 def test_default_callbacks_are_fresh_objects():
     first, second = tracking.default_callbacks(), tracking.default_callbacks()
-    assert [type(c).__name__ for c in first] == ["Throughput", "GradientNorm", "RunSummary", "NonFiniteLoss", "ExactResume", "LastCheckpoint",
-                                                  "TimeBudget", "LearningRateLog"]
+    assert [type(c).__name__ for c in first] == [
+        "Throughput",
+        "GradientNorm",
+        "RunSummary",
+        "NonFiniteLoss",
+        "ExactResume",
+        "LastCheckpoint",
+        "TimeBudget",
+        "LearningRateLog",
+    ]
     assert all(a is not b for a, b in zip(first, second))
 
 
 def test_summary_of_a_tiny_run(attnlab, tmp_path):
-    code, _, err = attnlab("fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1",
-                           "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1")
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        DIGITS,
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=4",
+        "--trainer.limit_val_batches=2",
+        "--trainer.log_every_n_steps=1",
+    )
     assert code == 0, err
     run = tmp_path / "lightning_logs" / "version_0"
     s = json.loads((run / "summary.json").read_text())
@@ -140,10 +194,16 @@ def test_summary_of_a_tiny_run(attnlab, tmp_path):
     # 4 layers x 4 heads; [CLS] + 16 patches of 2x2 pixels on an 8x8 image
     final = s["attention"]["final"]
     assert [layer["name"] for layer in final["layers"]] == [f"encoder.layers.{i}.self_attn" for i in range(4)]
-    assert all(len(layer["entropy"]) == 4 and 0 < min(layer["entropy"]) and max(layer["entropy"]) <= math.log(17) for layer in final["layers"])  # <= log 17
+    assert all(
+        len(layer["entropy"]) == 4 and 0 < min(layer["entropy"]) and max(layer["entropy"]) <= math.log(17)
+        for layer in final["layers"]
+    )  # <= log 17
     assert all(0 < d < 8 * 2**0.5 for layer in final["layers"] for d in layer["distance"])
     assert s["attention"]["init"]["layers"][0]["name"] == "encoder.layers.0.self_attn"
-    assert s["throughput"]["tokens_per_s"] == pytest.approx(s["throughput"]["samples_per_s"] * 17) and s["throughput"]["tokens_per_s"] > 0
+    assert (
+        s["throughput"]["tokens_per_s"] == pytest.approx(s["throughput"]["samples_per_s"] * 17)
+        and s["throughput"]["tokens_per_s"] > 0
+    )
     assert s["flops_per_sample"] > 0 and s["grad_norm"]["first"] > 0
     header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"perf/samples_per_s", "perf/tokens_per_s", "train/grad_norm", "train/loss_step", "val/acc"} <= set(header)

@@ -1,5 +1,6 @@
 """Value tests against hand computations on tiny examples: the learning-rate scaling with the global batch, and
 the parameter count and FLOPs that summary.json reports."""
+
 import json
 
 import pytest
@@ -28,12 +29,21 @@ class Linear(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = optim.adamw(self.model, 0.01, 0.0)
-        return {"optimizer": optimizer, "lr_scheduler": optim.schedule(optimizer, self.trainer, "cosine", warmup_steps=0)}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": optim.schedule(optimizer, self.trainer, "cosine", warmup_steps=0),
+        }
 
 
 def fit(module, tmp_path, **kwargs) -> pl.Trainer:
-    trainer = pl.Trainer(default_root_dir=tmp_path, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, **kwargs)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
     trainer.fit(module)
     return trainer
 

@@ -1,5 +1,6 @@
 """Class-token attention, attention rollout (Abnar & Zuidema 2020), rendering, and the callback
 that writes maps during validation and `attnlab predict`."""
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -47,7 +48,9 @@ def test_rollout_of_self_attention_only_stays_on_the_class_token():
 
 
 def test_rollout_of_a_real_vit_is_a_distribution_over_patches_and_prefix():
-    vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depth=3, num_heads=2).eval()
+    vit = VisionTransformer(
+        img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depth=3, num_heads=2
+    ).eval()
     with capture_attention(vit) as maps:
         vit(torch.randn(2, 1, 8, 8))
     for token in ("cls", "mean"):
@@ -74,14 +77,23 @@ def test_callback_writes_maps_at_validation_and_logs_them_to_wandb(tmp_path, mon
     import wandb
 
     logged = []
-    monkeypatch.setattr(WandbLogger, "log_image", lambda self, key, images, step=None, **kw: logged.append((key, images)))
+    monkeypatch.setattr(
+        WandbLogger, "log_image", lambda self, key, images, step=None, **kw: logged.append((key, images))
+    )
     # WandbLogger(offline=True) sets WANDB_MODE for the whole process: set here, it is restored after the test
     monkeypatch.setenv("WANDB_MODE", "offline")
     module = ImageClassifier(num_classes=10, in_chans=1, img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2)
     trainer = pl.Trainer(
-        max_epochs=2, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0, enable_progress_bar=False,
-        enable_checkpointing=False, default_root_dir=tmp_path, enable_model_summary=False,
-        logger=WandbLogger(save_dir=str(tmp_path), offline=True), callbacks=[AttentionMapLogger(num_images=3, every_n_epochs=2)],
+        max_epochs=2,
+        limit_train_batches=1,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        enable_model_summary=False,
+        logger=WandbLogger(save_dir=str(tmp_path), offline=True),
+        callbacks=[AttentionMapLogger(num_images=3, every_n_epochs=2)],
     )
     try:
         trainer.fit(module, DigitsDataModule(batch_size=8))
@@ -96,10 +108,18 @@ def test_callback_writes_maps_at_validation_and_logs_them_to_wandb(tmp_path, mon
 @pytest.mark.slow
 def test_predict_writes_maps_on_request_through_the_cli(attnlab, tmp_path):
     cfg = ("--config", "configs/vision/digits.yaml", f"--trainer.default_root_dir={tmp_path}")
-    code, _, err = attnlab("fit", *cfg, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
+    code, _, err = attnlab(
+        "fit", *cfg, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"
+    )
     assert code == 0, err
-    code, out, err = attnlab("predict", *cfg, "--ckpt_path", "last",
-                             "--trainer.callbacks+=experiments.attention_maps.AttentionMapLogger", "--trainer.callbacks.num_images=5")
+    code, out, err = attnlab(
+        "predict",
+        *cfg,
+        "--ckpt_path",
+        "last",
+        "--trainer.callbacks+=experiments.attention_maps.AttentionMapLogger",
+        "--trainer.callbacks.num_images=5",
+    )
     assert code == 0, err
     assert "attention maps of 5 images written to" in err
     assert len(list(tmp_path.glob("**/attention_maps/predict/image_*.png"))) == 5

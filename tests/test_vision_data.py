@@ -1,5 +1,6 @@
 """Vision DataModules on tiny generated datasets in each standard layout; splits, augmentation,
 Mixup, and the errors for a missing dataset or a bad option."""
+
 import pickle
 import struct
 
@@ -17,7 +18,9 @@ def _pixels(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
 
 def _write_idx(path, array: np.ndarray) -> None:
     """The idx format of MNIST: 0, 0, type 0x08 (ubyte), ndim, big-endian sizes, then the bytes."""
-    path.write_bytes(struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes())
+    path.write_bytes(
+        struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+    )
 
 
 def make_mnist(root, name: str, n_train: int = 40, n_test: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +65,9 @@ def test_mnist_layouts_are_read_in_place_and_normalised(tmp_path, name):
     index = dm.train_set.indices[0]
     image, label = dm.train_set[0]
     (mean,), (std,) = LAYOUTS[name].mean, LAYOUTS[name].std
-    torch.testing.assert_close(image[0] * std + mean, torch.tensor(images[index] / 255, dtype=torch.float32), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        image[0] * std + mean, torch.tensor(images[index] / 255, dtype=torch.float32), atol=1e-5, rtol=0
+    )
     assert label == labels[index]
     x, y = next(iter(dm.val_dataloader()))
     assert x.shape == (8, 1, 28, 28) and y.dtype == torch.long
@@ -117,10 +122,18 @@ def test_image_folder_val_classes_must_match_train(tmp_path):
 @pytest.mark.parametrize(
     "make,expected",
     [
-        (lambda root: TorchvisionDataModule(name="FashionMNIST", root=str(root)),
-         r"FashionMNIST not found; expected train-images-idx3-ubyte, train-labels-idx1-ubyte in .*/FashionMNIST/raw/ \(torchvision's"),
-        (lambda root: TorchvisionDataModule(name="CIFAR10", root=str(root)), r"expected data_batch_1, .* in .*/cifar-10-batches-py/"),
-        (lambda root: ImageFolderDataModule(root=str(root)), r"no class folders in .*/train/; expected the ImageFolder layout <root>/train/<class>/<image>"),
+        (
+            lambda root: TorchvisionDataModule(name="FashionMNIST", root=str(root)),
+            r"FashionMNIST not found; expected train-images-idx3-ubyte, train-labels-idx1-ubyte in .*/FashionMNIST/raw/ \(torchvision's",
+        ),
+        (
+            lambda root: TorchvisionDataModule(name="CIFAR10", root=str(root)),
+            r"expected data_batch_1, .* in .*/cifar-10-batches-py/",
+        ),
+        (
+            lambda root: ImageFolderDataModule(root=str(root)),
+            r"no class folders in .*/train/; expected the ImageFolder layout <root>/train/<class>/<image>",
+        ),
     ],
 )
 def test_a_missing_dataset_names_the_folder_and_the_layout(tmp_path, make, expected):
@@ -129,7 +142,13 @@ def test_a_missing_dataset_names_the_folder_and_the_layout(tmp_path, make, expec
 
 
 def test_missing_dataset_is_one_line_from_the_cli(attnlab, tmp_path):
-    code, _, err = attnlab("fit", "--config", "configs/vision/fashion_mnist.yaml", f"--data.init_args.root={tmp_path}", f"--trainer.default_root_dir={tmp_path}")
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        "configs/vision/fashion_mnist.yaml",
+        f"--data.init_args.root={tmp_path}",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     lines = [line for line in err.splitlines() if line.startswith("attnlab: error:")]
     assert code == 2 and len(lines) == 1 and f"data.root={tmp_path}: FashionMNIST not found" in lines[0], err
 
@@ -149,7 +168,9 @@ def test_validation_split_and_train_subset_are_fixed_by_the_seed(tmp_path):
 
 def test_mixup_targets_are_soft_and_sum_to_one(tmp_path):
     make_mnist(tmp_path, "FashionMNIST", n_train=40)
-    dm = TorchvisionDataModule(root=str(tmp_path), batch_size=6, mixup={"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "switch_prob": 0.5})
+    dm = TorchvisionDataModule(
+        root=str(tmp_path), batch_size=6, mixup={"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "switch_prob": 0.5}
+    )
     dm.setup()
     for x, y in dm.train_dataloader():
         assert x.shape == (6, 1, 28, 28) and y.shape == (6, 10)
@@ -161,7 +182,9 @@ def test_mixup_targets_are_soft_and_sum_to_one(tmp_path):
 
 def test_augmentation_is_random_for_training_only(tmp_path):
     make_mnist(tmp_path, "FashionMNIST", n_train=20)
-    dm = TorchvisionDataModule(root=str(tmp_path), augment={"scale": [0.5, 1.0], "auto_augment": "rand-m9-mstd0.5-inc1-mmax9", "re_prob": 0.5})
+    dm = TorchvisionDataModule(
+        root=str(tmp_path), augment={"scale": [0.5, 1.0], "auto_augment": "rand-m9-mstd0.5-inc1-mmax9", "re_prob": 0.5}
+    )
     dm.setup()
     torch.manual_seed(0)
     assert not all(torch.equal(dm.train_set[0][0], dm.train_set[0][0]) for _ in range(3))
@@ -171,8 +194,14 @@ def test_augmentation_is_random_for_training_only(tmp_path):
 @pytest.mark.parametrize(
     "kwargs,expected",
     [
-        (dict(mixup={"mixup_alpha": 0.8, "label_smoothing": 0.1}), "data.mixup.label_smoothing is not set here; it comes from model.label_smoothing"),
-        (dict(augment={"rand_augment": "m9"}), "data.augment.rand_augment is not an option of timm.data.transforms_factory.create_transform"),
+        (
+            dict(mixup={"mixup_alpha": 0.8, "label_smoothing": 0.1}),
+            "data.mixup.label_smoothing is not set here; it comes from model.label_smoothing",
+        ),
+        (
+            dict(augment={"rand_augment": "m9"}),
+            "data.augment.rand_augment is not an option of timm.data.transforms_factory.create_transform",
+        ),
         (dict(mean=[0.5, 0.5, 0.5]), r"data.mean=\[0.5, 0.5, 0.5\] has 3 values; the images have 1 channels"),
         (dict(val_fraction=1.0), r"data.val_fraction=1.0 must be in \[0, 1\)"),
     ],

@@ -1,4 +1,5 @@
 """ViT building blocks and the digits DataModule, without a Trainer."""
+
 import pytest
 import torch
 
@@ -28,14 +29,18 @@ def test_heads_must_divide_the_width():
 
 def test_vit_shapes_pooling_and_weight_decay_exemptions():
     for pool in ("token", "avg"):
-        vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=4, global_pool=pool)
+        vit = VisionTransformer(
+            img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=4, global_pool=pool
+        )
         assert vit(torch.randn(3, 1, 8, 8)).shape == (3, 10)
     assert vit.forward_features(torch.randn(3, 1, 8, 8)).shape == (3, 17, 32)
     assert vit.no_weight_decay() == {"pos_embed", "cls_token"}
 
 
 def test_every_vit_layer_attends_through_the_shared_core():
-    vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=4).eval()
+    vit = VisionTransformer(
+        img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=4
+    ).eval()
     with capture_attention(vit) as maps:
         vit(torch.randn(2, 1, 8, 8))
     assert sorted(maps) == [f"encoder.layers.{i}.self_attn" for i in range(3)]

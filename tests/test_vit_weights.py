@@ -1,5 +1,6 @@
 """Weight import and transfer learning: timm parity, position resampling, head replacement,
 init_from our own checkpoints, frozen backbone, layer-wise learning-rate decay."""
+
 import logging
 
 import pytest
@@ -29,7 +30,9 @@ def test_timm_vit_tiny_logits_agree_after_loading_its_file(tmp_path):
     theirs = _randomised(timm.create_model("vit_tiny_patch16_224", pretrained=False))
     path = tmp_path / "vit_tiny.pth"
     torch.save(theirs.state_dict(), path)
-    ours = VisionTransformer(img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=192, depth=12, num_heads=3).eval()
+    ours = VisionTransformer(
+        img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=192, depth=12, num_heads=3
+    ).eval()
     load_pretrained(ours, read_checkpoint(path))
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
@@ -43,7 +46,16 @@ def test_small_timm_vit_agrees_for_both_poolings_and_from_safetensors(tmp_path, 
     theirs = _small_timm(global_pool=global_pool)
     path = tmp_path / "small.safetensors"
     save_file(theirs.state_dict(), str(path))
-    ours = VisionTransformer(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3, global_pool=global_pool).eval()
+    ours = VisionTransformer(
+        img_size=32,
+        patch_size=4,
+        in_chans=1,
+        num_classes=7,
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        global_pool=global_pool,
+    ).eval()
     load_pretrained(ours, read_checkpoint(path))
     x = torch.randn(3, 1, 32, 32)
     with torch.no_grad():
@@ -53,7 +65,9 @@ def test_small_timm_vit_agrees_for_both_poolings_and_from_safetensors(tmp_path, 
 def test_positions_resampled_like_timm_at_a_new_image_size():
     """timm's dynamic_img_size resamples its positions on the fly; ours are resampled once at load."""
     theirs = _small_timm(dynamic_img_size=True)
-    ours = VisionTransformer(img_size=48, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3).eval()
+    ours = VisionTransformer(
+        img_size=48, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3
+    ).eval()
     load_timm_state_dict(ours, theirs.state_dict())
     x = torch.randn(2, 1, 48, 48)
     with torch.no_grad():
@@ -61,7 +75,16 @@ def test_positions_resampled_like_timm_at_a_new_image_size():
 
 
 def _vit(img_size: int, patch_size: int = 4, num_classes: int = 10, **kwargs) -> VisionTransformer:
-    return VisionTransformer(img_size=img_size, patch_size=patch_size, in_chans=1, num_classes=num_classes, embed_dim=16, depth=1, num_heads=2, **kwargs)
+    return VisionTransformer(
+        img_size=img_size,
+        patch_size=patch_size,
+        in_chans=1,
+        num_classes=num_classes,
+        embed_dim=16,
+        depth=1,
+        num_heads=2,
+        **kwargs,
+    )
 
 
 def test_position_resampling_keeps_a_one_patch_grid_and_an_unchanged_grid_sane():
@@ -84,7 +107,9 @@ def test_head_is_reinitialised_and_logged_when_the_class_count_differs(caplog):
     assert "pretrained.pth: its head has 10 classes, the model 3; the head is re-initialised" in caplog.text
     assert target.head.weight.shape == (3, 16)
     torch.testing.assert_close(target.patch_embed.proj.weight, source.patch_embed.proj.weight)
-    torch.testing.assert_close(target.encoder.layers[0].self_attn.in_proj_weight, source.encoder.layers[0].self_attn.in_proj_weight)
+    torch.testing.assert_close(
+        target.encoder.layers[0].self_attn.in_proj_weight, source.encoder.layers[0].self_attn.in_proj_weight
+    )
     same = _vit(img_size=8, num_classes=10)
     load_pretrained(same, source.state_dict())
     torch.testing.assert_close(same.head.weight, source.head.weight)  # same classes: the head is kept
@@ -112,7 +137,10 @@ def test_checkpoints_that_do_not_fit_are_refused_with_the_reason(source, match):
 def test_timm_features_we_lack_are_named():
     state = _small_timm(init_values=1e-5).state_dict()  # LayerScale
     with pytest.raises(ValueError, match=r"unexpected \['blocks.0.ls1.gamma'"):
-        load_timm_state_dict(VisionTransformer(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3), state)
+        load_timm_state_dict(
+            VisionTransformer(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3),
+            state,
+        )
 
 
 def test_missing_weights_file_names_the_key():
@@ -137,8 +165,17 @@ def test_init_from_a_lightning_checkpoint_then_freeze_the_backbone(tmp_path):
 
 def test_layer_decay_scales_learning_rates_from_the_head_down():
     module = _classifier(layer_decay=0.5, lr=1.0)
-    module.trainer = type("T", (), {"train_dataloader": [], "num_training_batches": 10, "accumulate_grad_batches": 1,
-                                    "max_steps": -1, "max_epochs": 1})()
+    module.trainer = type(
+        "T",
+        (),
+        {
+            "train_dataloader": [],
+            "num_training_batches": 10,
+            "accumulate_grad_batches": 1,
+            "max_steps": -1,
+            "max_epochs": 1,
+        },
+    )()
     groups = module.configure_optimizers()["optimizer"].param_groups
     lr_of = {id(p): g["initial_lr"] for g in groups for p in g["params"]}  # before warmup scales it
     named = dict(module.model.named_parameters())
@@ -148,7 +185,9 @@ def test_layer_decay_scales_learning_rates_from_the_head_down():
     assert lr_of[id(named["encoder.layers.1.linear1.weight"])] == lr_of[id(named["encoder.norm.weight"])] == 0.5
     assert lr_of[id(named["head.weight"])] == 1.0
     decay_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
-    assert decay_of[id(named["pos_embed"])] == decay_of[id(named["head.bias"])] == 0.0 < decay_of[id(named["head.weight"])]
+    assert (
+        decay_of[id(named["pos_embed"])] == decay_of[id(named["head.bias"])] == 0.0 < decay_of[id(named["head.weight"])]
+    )
 
 
 def test_layer_decay_out_of_range_is_refused():
