@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.file,
                 *(["--root", args.root] if args.root else []),
                 *(["--dry-run"] if args.dry_run else []),
+                "--no-report",  # written below, with the √d section
                 *(["--", *extra] if extra else []),
             ]
         )

@@ -586,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", metavar="FILE.yaml", help="the sweep file (see configs/sweeps/)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; start nothing")
     parser.add_argument("--root", help="the sweep's folder (default: the file's root, or runs/sweeps/<name>)")
+    parser.add_argument("--no-report", action="store_true", help="skip the cells table and report at the end")
     parser.add_argument("--agent", action="store_true", help=argparse.SUPPRESS)  # a W&B agent's call: one run
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -594,12 +595,26 @@ def main(argv: list[str] | None = None) -> int:
         if not args.agent:
             check(sweep)
         code = run_agent(sweep, args.run or "") if args.agent else _sweep(sweep, args.dry_run)
+        if not (args.agent or args.dry_run or args.no_report):
+            report(sweep)
     except SweepError as err:
         print(f"attnlab: error: {err}", file=sys.stderr)
         sys.exit(2)
     if code:
         sys.exit(code)  # `python -m experiments.cli sweep` drops main's return value
     return 0
+
+
+def report(sweep: Sweep) -> None:
+    """The cells of the finished runs (mean ± 95% CI, n) and the paired comparisons, as `attnlab compare` gives
+    them; the report goes to ``<root>/report``."""
+    from experiments.compare import build_report, find_runs, print_result
+
+    runs = [r for r in find_runs([str(sweep.root)]) if (r / "summary.json").is_file()]
+    if runs:
+        result = build_report(runs, sweep.root / "report", f"attnlab: sweep {sweep.name}")
+        print_result(result, runs)
+        print(f"attnlab: report written to {result['report']}")
 
 
 def _sweep(sweep: Sweep, dry_run: bool) -> int:

@@ -355,6 +355,7 @@ def test_digits_sweep_end_to_end_then_compare_gives_a_row_per_cell(attnlab, tmp_
     root = tmp_path / "root"
     status = json.loads((root / "sweep.json").read_text())["runs"]
     assert {e["status"] for e in status.values()} == {"done"} and len(status) == 4
+    sweep_out = out  # the sweep itself ends with the cells table
     best = {}
     for name, entry in status.items():
         run = root / name / "lightning_logs" / "version_0"
@@ -371,6 +372,7 @@ def test_digits_sweep_end_to_end_then_compare_gives_a_row_per_cell(attnlab, tmp_
         assert row["n"] == "2" and row["seeds"] == "0,1"
         assert row["best"] == f"val/acc = {sum(values) / 2:.3g} ± {(high - low) / 2:.3g}"
         assert f"| {cell} | vision | 2 | 0,1 | {row['best']} |" in out
+        assert f"| {cell} | vision | 2 | 0,1 | {row['best']} |" in sweep_out
     assert "digits, dot vs scaled_dot: " in out and (tmp_path / "report" / "seeds.png").stat().st_size > 10_000
     # a second start skips every finished run and leaves their folders as they were
     stamps = {p: p.stat().st_mtime for p in root.glob("**/summary.json")}
