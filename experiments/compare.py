@@ -266,9 +266,8 @@ _SEED = re.compile(r"(^|/)seed[=_-]?\d+(?=/|$)")
 
 
 def _setting(value: Any) -> str:
-    from experiments.sweep import cli_value
-
-    return cli_value(value)
+    """A setting as `attnlab sweep` writes it on the command line (JSON is YAML: true, null, [1, 2])."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
