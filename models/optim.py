@@ -116,24 +116,26 @@ class Schedule:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def steps_per_epoch(trainer: pl.Trainer) -> int:
-    """Optimizer steps in one epoch (the train loader is set up if it is not yet)."""
+def steps_per_epoch(trainer: pl.Trainer) -> int | None:
+    """Optimizer steps in one epoch (the train loader is set up if it is not yet); None for an endless loader."""
     if trainer.train_dataloader is None:
         trainer.fit_loop.setup_data()
+    if math.isinf(trainer.num_training_batches):
+        return None
     return max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
 
 
 def horizon(trainer: pl.Trainer) -> int | None:
-    """The optimizer steps of the step or epoch limit that ends first; None when neither is set.
-
-    Lightning's ``estimated_stepping_batches`` counts one epoch when only ``max_steps`` is set with an
-    epoch limit of -1 in some versions; this counts each limit itself.
+    """The optimizer steps of the step or epoch limit that ends first; None when neither is set (or only an
+    epoch limit over an endless loader). Each limit is counted itself: the epoch-based settings (ViT's warmup,
+    DETR's drop) need the epoch's length, not only Lightning's one ``estimated_stepping_batches``.
     """
     limits = []
     if trainer.max_steps is not None and trainer.max_steps >= 0:
         limits.append(trainer.max_steps)
-    if trainer.max_epochs is not None and trainer.max_epochs >= 0:
-        limits.append(trainer.max_epochs * steps_per_epoch(trainer))
+    per_epoch = steps_per_epoch(trainer) if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
+    if per_epoch is not None:
+        limits.append(trainer.max_epochs * per_epoch)
     return min(limits) if limits else None
 
 
@@ -152,6 +154,11 @@ def schedule(
     epoch; the drop becomes a fraction of the horizon, so it moves with a time budget's estimate.
     """
     per_epoch = steps_per_epoch(trainer)
+    for key, value in (("warmup_epochs", warmup_epochs), ("lr_drop_epoch", drop_epoch if name == "step" else None)):
+        if value is not None and per_epoch is None:
+            raise ValueError(
+                f"model.{key}={value} counts epochs, but the training loader has no length (an endless one)"
+            )
     if warmup_epochs is not None:
         warmup_steps = int(round(warmup_epochs * per_epoch))
     total = horizon(trainer)

@@ -217,3 +217,29 @@ def test_gradient_clipping_with_the_fused_optimizer(precision, tmp_path):
     module = Clipped()
     fit(module, max_steps=2, precision=precision, gradient_clip_val=0.5)
     assert module.norm <= 0.5 + 1e-4
+
+
+class Endless(Tiny):
+    """The same model on a loader with no length (an IterableDataset)."""
+
+    def train_dataloader(self):
+        class Stream(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                while True:
+                    yield torch.randn(4)
+
+        return torch.utils.data.DataLoader(Stream(), batch_size=8)
+
+    def training_step(self, batch, batch_idx):
+        return self.net(self.trunk(batch)).pow(2).mean()
+
+
+def test_an_endless_loader_takes_its_horizon_from_max_steps():
+    assert schedule_of(fit(Endless(), max_steps=6)).total_steps == 6
+
+
+def test_epochs_of_an_endless_loader_are_refused_by_name():
+    with pytest.raises(
+        ValueError, match=r"model.warmup_epochs=1.0 counts epochs, but the training loader has no length"
+    ):
+        fit(Endless(warmup_epochs=1.0), max_steps=6)
