@@ -56,6 +56,8 @@ class SetCriterion(nn.Module):
         num_aux: the intermediate decoder layers whose losses are added.
         focal_alpha, focal_gamma: the focal loss's α (None: softmax cross-entropy, the paper) and γ.
         denoising: weigh the ``_dn`` losses too.
+        encoder: weigh the ``_enc`` losses too: the encoder's per-cell proposals (two-stage query
+            selection), matched and weighed like a decoder layer.
     Shapes: see `HungarianMatcher`; ``forward`` returns a dict of scalar tensors.
     """
 
@@ -69,6 +71,7 @@ class SetCriterion(nn.Module):
         focal_alpha: float | None = None,
         focal_gamma: float = 2.0,
         denoising: bool = False,
+        encoder: bool = False,
     ):
         super().__init__()
         self.num_classes, self.matcher, self.eos_coef = num_classes, matcher, eos_coef
@@ -77,6 +80,8 @@ class SetCriterion(nn.Module):
         self.weight_dict = dict(base)
         for i in range(num_aux):
             self.weight_dict.update({f"{k}_{i}": v for k, v in base.items()})
+        if encoder:
+            self.weight_dict.update({f"{k}_enc": v for k, v in base.items()})
         if denoising:
             self.weight_dict.update({f"{k}_dn": v for k, v in base.items()})
             for i in range(num_aux):
@@ -148,6 +153,9 @@ class SetCriterion(nn.Module):
             losses.update({f"{k}_{i}": v for k, v in self._losses(aux, targets, indices, num_boxes, log=False).items()})
         if "dn_outputs" in outputs:
             losses.update(self.denoising_losses(outputs["dn_outputs"], targets, num_boxes))
+        if "enc_outputs" in outputs:
+            enc = outputs["enc_outputs"]
+            losses.update({f"{k}_enc": v for k, v in self._losses(enc, targets, self.matcher(enc, targets), num_boxes, log=False).items()})
         return losses
 
     def denoising_losses(

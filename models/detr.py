@@ -9,10 +9,11 @@ Parameter names follow facebookresearch/detr (``input_proj``, ``query_embed``,
 checkpoint loads after `convert_official_state_dict`.
 
 Options for faster convergence, all off by default (the paper's DETR): anchor-box queries refined
-layer by layer (DAB-DETR, ``query_type="anchor"``), sigmoid focal classes (``class_loss="focal"``),
-and denoising queries in training (DN-DETR, ``dn_number`` > 0, see models.denoising). They change
-only how queries are built, which queries see which (a self-attention mask), and the losses; every
-attention still runs through models.attention.
+layer by layer (DAB-DETR, ``query_type="anchor"``), queries selected from the encoder's own dense
+proposals (two-stage Deformable DETR, DINO, RT-DETR: ``query_type="encoder"``), sigmoid focal classes
+(``class_loss="focal"``), and denoising queries in training (DN-DETR, ``dn_number`` > 0, see
+models.denoising). They change only how queries are built, which queries see which (a self-attention
+mask), and the losses; every attention still runs through models.attention.
 """
 
 from __future__ import annotations
@@ -101,7 +102,21 @@ def box_sine_embedding(boxes: Tensor, num_pos_feats: int, temperature: float = 1
     return pos[..., [1, 0, 2, 3], :].flatten(-2).to(boxes.dtype)
 
 
-QueryType = Literal["vanilla", "anchor"]
+def cell_boxes(mask: Tensor) -> Tensor:
+    """Each feature cell as a box in normalised cxcywh of the valid (unpadded) image region, the frame of
+    the targets: mask (B, h, w) True at padding -> (B, h·w, 4); padded cells lie outside [0, 1]."""
+    valid = ~mask
+    valid_h, valid_w = valid[:, :, 0].sum(1), valid[:, 0, :].sum(1)  # (B,)
+    h, w = mask.shape[-2:]
+    ys = torch.arange(h, device=mask.device, dtype=torch.float32) + 0.5
+    xs = torch.arange(w, device=mask.device, dtype=torch.float32) + 0.5
+    size = torch.stack([1 / valid_w, 1 / valid_h], dim=-1).float()  # (B, 2) one cell's width and height
+    cy, cx = torch.meshgrid(ys, xs, indexing="ij")  # (h, w)
+    centres = torch.stack([cx, cy], dim=-1).flatten(0, 1)[None] * size[:, None]  # (B, h·w, 2)
+    return torch.cat([centres, size[:, None].expand_as(centres)], dim=-1)
+
+
+QueryType = Literal["vanilla", "anchor", "encoder"]
 ClassLoss = Literal["ce", "focal"]
 
 
@@ -120,7 +135,12 @@ class DETR(nn.Module):
         query_type: "vanilla" (the paper: N learned positional queries, boxes predicted absolutely)
             or "anchor" (DAB-DETR, Liu et al. 2022: N learned anchor boxes; each decoder layer's
             positional query is an MLP of the sine embedding of its anchor, the layer predicts a
-            delta in inverse-sigmoid space, and the refined box, detached, is the next layer's anchor).
+            delta in inverse-sigmoid space, and the refined box, detached, is the next layer's anchor)
+            or "encoder" (two-stage query selection, as Deformable DETR's two-stage variant, DINO and
+            RT-DETR: every encoder cell predicts a class and a box relative to the cell, trained with the
+            set loss like a decoder layer (``enc_outputs``); the N best-scoring cells become the queries,
+            their memory the content and their boxes, detached, the anchors that the decoder refines as
+            DAB-DETR's do). The dense supervision of every cell reaches the trunk from the first step.
         class_loss: "ce" (softmax with a no-object class, the paper) or "focal" (sigmoid per class,
             as Deformable DETR / DAB-DETR; the classifier bias starts at a 1% prior).
         dn_number, dn_label_noise, dn_box_noise: denoising training (see models.denoising): groups of
@@ -130,7 +150,8 @@ class DETR(nn.Module):
         ``pred_logits`` (B, N, K + 1), ``pred_boxes`` (B, N, 4) normalised cxcywh in [0, 1],
         ``aux_outputs``: L_dec - 1 dicts with the same two keys (empty without aux_loss);
         with denoising, ``dn_outputs``: the same three keys over the G·P denoising slots, and
-        ``num_groups``; with focal classes, ``sigmoid``: True.
+        ``num_groups``; with encoder queries, ``enc_outputs``: the per-cell proposals (B, h·w, ·);
+        with focal classes, ``sigmoid``: True.
     """
 
     def __init__(
@@ -158,8 +179,8 @@ class DETR(nn.Module):
             raise ValueError(f"num_classes={num_classes} must be >= 1")
         if d_model % 2:
             raise ValueError(f"model.d_model={d_model} must be even: half the channels encode y, half x")
-        if query_type not in ("vanilla", "anchor"):
-            raise ValueError(f"model.query_type={query_type!r} is not known; choose 'vanilla' or 'anchor'")
+        if query_type not in ("vanilla", "anchor", "encoder"):
+            raise ValueError(f"model.query_type={query_type!r} is not known; choose 'vanilla', 'anchor' or 'encoder'")
         if class_loss not in ("ce", "focal"):
             raise ValueError(f"model.class_loss={class_loss!r} is not known; choose 'ce' or 'focal'")
         check_denoising(dn_number, dn_label_noise, dn_box_noise)
@@ -176,18 +197,27 @@ class DETR(nn.Module):
         )
         self.class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
         self.bbox_embed = MLP(d_model, d_model, 4, 3)
+        if query_type == "encoder":  # Deformable DETR's enc_output and its own class and box heads for the cells
+            self.enc_output = nn.Sequential(nn.Linear(d_model, d_model), nn.LayerNorm(d_model))
+            self.enc_class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
+            self.enc_bbox_embed = MLP(d_model, d_model, 4, 3)
+            for head in (self.bbox_embed, self.enc_bbox_embed):  # the first boxes are the cells and anchors
+                nn.init.zeros_(head.layers[-1].weight)
+                nn.init.zeros_(head.layers[-1].bias)
         if query_type == "anchor":
             self.refpoint_embed = nn.Embedding(num_queries, 4)  # anchors before the sigmoid
             with torch.no_grad():  # centres uniform over the image (DAB-DETR's random_refpoints_xy); sizes N(0, 1)
                 self.refpoint_embed.weight[:, :2] = inverse_sigmoid(torch.rand(num_queries, 2))
             nn.init.zeros_(self.bbox_embed.layers[-1].weight)  # the first prediction is the anchor itself
             nn.init.zeros_(self.bbox_embed.layers[-1].bias)
-        if query_type == "anchor" or dn_number > 0:  # boxes (anchors, noised boxes) -> positional queries
+        if query_type != "vanilla" or dn_number > 0:  # boxes (anchors, noised boxes) -> positional queries
             self.ref_point_head = MLP(2 * d_model, d_model, d_model, 2)
         if dn_number > 0:
             self.label_enc = nn.Embedding(num_classes + 1, d_model)  # the last row embeds padding slots
         if self.focal:
-            nn.init.constant_(self.class_embed.bias, -math.log((1 - 0.01) / 0.01))
+            for head in (self.class_embed, getattr(self, "enc_class_embed", None)):
+                if head is not None:
+                    nn.init.constant_(head.bias, -math.log((1 - 0.01) / 0.01))
 
     def no_weight_decay(self) -> set[str]:
         return {"query_embed.weight", "refpoint_embed.weight"}
@@ -196,34 +226,40 @@ class DETR(nn.Module):
         self, images: Tensor, mask: Tensor | None = None, targets: list[dict[str, Tensor]] | None = None
     ) -> dict:
         """``targets`` are read in training with ``dn_number > 0`` only (the denoising queries)."""
-        memory, memory_mask, pos = self.encode(images, mask)
+        memory, memory_mask, pos, cells = self.encode(images, mask)
         dn = None
         if self.training and self.dn_number > 0 and targets is not None:
             dn = denoising_queries(
                 targets, self.dn_number, self.dn_label_noise, self.dn_box_noise, self.num_classes, self.num_queries
             )
-        return self.decode(memory, memory_mask, pos, dn)
+        return self.decode(memory, memory_mask, pos, cells, dn)
 
-    def encode(self, images: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """images (B, 3, H, W) -> memory (B, h·w, D), its padding mask (B, h·w) and positions (B, h·w, D)."""
+    def encode(self, images: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """images (B, 3, H, W) -> memory (B, h·w, D), its padding mask (B, h·w), positions (B, h·w, D) and
+        the cells as boxes (B, h·w, 4), see `cell_boxes`."""
         if mask is None:
             mask = torch.zeros(images.shape[0], *images.shape[-2:], dtype=torch.bool, device=images.device)
         features = self.backbone(images)  # (B, C, h, w)
         mask = F.interpolate(mask[None].float(), size=features.shape[-2:]).to(torch.bool)[0]  # (B, h, w)
         pos = self.position_embedding(mask).to(features.dtype)  # (B, D, h, w)
-        return self.transformer.encode(self.input_proj(features), mask, pos)
+        return *self.transformer.encode(self.input_proj(features), mask, pos), cell_boxes(mask)
 
-    def decode(self, memory: Tensor, memory_mask: Tensor, pos: Tensor, dn: DenoisingQueries | None = None) -> dict:
+    def decode(
+        self, memory: Tensor, memory_mask: Tensor, pos: Tensor, cells: Tensor, dn: DenoisingQueries | None = None
+    ) -> dict:
         """The N object queries (and the denoising queries ``dn``) against the memory -> the output dict."""
         batch, n = memory.shape[0], self.num_queries
         tgt = memory.new_zeros(batch, n, self.transformer.d_model)  # content queries start empty, as in DETR
-        tgt_mask = padding = None
+        tgt_mask = padding = enc_outputs = None
+        if self.query_type == "encoder":
+            tgt, anchors, enc_outputs = self._select_queries(memory, memory_mask, cells)
+        elif self.query_type == "anchor":
+            anchors = self.refpoint_embed.weight.sigmoid()[None].expand(batch, -1, -1)  # (B, N, 4)
         if dn is not None:
             tgt = torch.cat([tgt, self.label_enc(dn.labels)], dim=1)  # (B, N + G·P, D)
             tgt_mask = dn.attn_mask
             padding = torch.cat([dn.padding.new_zeros(batch, n), dn.padding], dim=1)  # (B, N + G·P)
-        if self.query_type == "anchor":
-            anchors = self.refpoint_embed.weight.sigmoid()[None].expand(batch, -1, -1)  # (B, N, 4)
+        if self.query_type != "vanilla":
             if dn is not None:
                 anchors = torch.cat([anchors, dn.boxes.to(anchors.dtype)], dim=1)
             hs, boxes = self._refine_anchors(tgt, anchors, memory, memory_mask, pos, tgt_mask, padding)
@@ -248,9 +284,36 @@ class DETR(nn.Module):
         out = self._outputs(logits[:, :, :n], boxes[:, :, :n])
         if dn is not None:
             out["dn_outputs"] = {**self._outputs(logits[:, :, n:], boxes[:, :, n:]), "num_groups": dn.num_groups}
+        if enc_outputs is not None:
+            out["enc_outputs"] = enc_outputs
         if self.focal:
             out["sigmoid"] = True
         return out
+
+    def _select_queries(self, memory: Tensor, memory_mask: Tensor, cells: Tensor) -> tuple[Tensor, Tensor, dict]:
+        """Two-stage query selection: every cell proposes a class and a box (its cell refined in
+        inverse-sigmoid space); the N cells with the best class score become the queries, their memory
+        (detached, as RT-DETR) the content and their proposed boxes (detached) the first anchors.
+        Returns content (B, N, D), anchors (B, N, 4) and the proposals {pred_logits (B, h·w, C), pred_boxes}."""
+        if memory.shape[1] < self.num_queries:
+            raise ValueError(
+                f"model.num_queries={self.num_queries} exceeds the {memory.shape[1]} feature cells of this batch: "
+                "query_type='encoder' selects the queries among the cells; use fewer queries or larger images"
+            )
+        out = self.enc_output(memory.masked_fill(memory_mask[..., None], 0.0))  # (B, h·w, D)
+        logits = self.enc_class_embed(out)  # (B, h·w, C)
+        boxes = (inverse_sigmoid(cells.clamp(max=1.0)).to(out.dtype) + self.enc_bbox_embed(out)).sigmoid()
+        real = logits if self.focal else logits[..., :-1]  # the no-object column does not rank a cell
+        score = real.amax(-1).masked_fill(memory_mask, float("-inf"))  # (B, h·w)
+        top = score.topk(self.num_queries, dim=1).indices[..., None]  # (B, N, 1)
+        content = out.gather(1, top.expand(-1, -1, out.shape[-1])).detach()
+        anchors = boxes.gather(1, top.expand(-1, -1, 4)).detach()
+        # padded cells never win a match: no class probability and (for softmax) certain "no object"
+        blocked = torch.full_like(logits, -1e4)
+        if not self.focal:
+            blocked[..., -1] = 1e4
+        logits = torch.where(memory_mask[..., None], blocked, logits)
+        return content, anchors, {"pred_logits": logits, "pred_boxes": boxes}
 
     def _outputs(self, logits: Tensor, boxes: Tensor) -> dict:
         """Per-layer (L, B, Q, ·) predictions -> the last layer's, and the others as ``aux_outputs``."""

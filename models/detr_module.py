@@ -138,6 +138,7 @@ class ObjectDetector(pl.LightningModule):
             num_aux=num_decoder_layers - 1 if aux_loss else 0,
             focal_alpha=focal_alpha if focal else None,
             denoising=dn_number > 0,
+            encoder=query_type == "encoder",
         )
         self._detections: Detections = {}
 

@@ -1,7 +1,8 @@
 """Convergence techniques of DETR: denoising queries (DN-DETR), anchor-box queries (DAB-DETR) and focal
-classes. The noise stays in its bounds, the attention mask lets no information leak between groups or
+classes, and queries selected from the encoder's proposals (two-stage). The noise stays in its bounds, the attention mask lets no information leak between groups or
 into the matching queries, the denoising loss pairs each slot with its own target, the anchors refine
-as sigmoid(inverse_sigmoid(anchor) + delta) with detached anchors, and the focal terms equal their formulas."""
+as sigmoid(inverse_sigmoid(anchor) + delta) with detached anchors, the focal terms equal their formulas, and
+the encoder's queries are its best-scoring unpadded cells, trained by the set loss."""
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from models.backbone import Backbone
 from models.box_ops import box_cxcywh_to_xyxy, generalized_box_iou, inverse_sigmoid
 from models.criterion import SetCriterion
 from models.denoising import denoising_attn_mask, denoising_indices, denoising_queries
-from models.detr import DETR, box_sine_embedding, post_process
+from models.detr import DETR, box_sine_embedding, cell_boxes, post_process
 from models.matcher import HungarianMatcher
 
 TINY_TRUNK = dict(
@@ -129,13 +130,13 @@ def test_denoising_settings_that_cannot_work_fail_when_built(key, kwargs):
 @pytest.mark.parametrize("query_type", ["vanilla", "anchor"])
 def test_perturbing_one_group_changes_no_other_group_nor_the_matching_queries(query_type):
     model = tiny_detr(query_type=query_type, dn_number=3).eval()
-    memory, mask, pos = model.encode(torch.randn(2, 3, 32, 32))
+    memory, mask, pos, cells = model.encode(torch.randn(2, 3, 32, 32))
     dn = denoising_queries(targets_of(3, 2), 3, 0.2, 0.4, 3, model.num_queries)
     p = 3  # slots per group
-    before = model.decode(memory, mask, pos, dn)
+    before = model.decode(memory, mask, pos, cells, dn)
     dn.boxes[:, p : 2 * p] = torch.rand(2, p, 4) * 0.5 + 0.25  # group 1: other boxes and labels
     dn.labels[:, p : 2 * p] = (dn.labels[:, p : 2 * p] + 1) % 3
-    after = model.decode(memory, mask, pos, dn)
+    after = model.decode(memory, mask, pos, cells, dn)
     for key in ("pred_logits", "pred_boxes"):
         layers_before = [before] + before["aux_outputs"]
         layers_after = [after] + after["aux_outputs"]
@@ -151,11 +152,11 @@ def test_perturbing_one_group_changes_no_other_group_nor_the_matching_queries(qu
 
 def test_padding_slots_are_not_seen_by_their_group():
     model = tiny_detr(dn_number=2).eval()
-    memory, mask, pos = model.encode(torch.randn(2, 3, 32, 32))
+    memory, mask, pos, cells = model.encode(torch.randn(2, 3, 32, 32))
     dn = denoising_queries(targets_of(3, 1), 2, 0.0, 0.4, 3, model.num_queries)
-    before = model.decode(memory, mask, pos, dn)["dn_outputs"]["pred_boxes"]
+    before = model.decode(memory, mask, pos, cells, dn)["dn_outputs"]["pred_boxes"]
     dn.boxes[1, 1:3] = 0.7  # image 1's padding slots in group 0
-    after = model.decode(memory, mask, pos, dn)["dn_outputs"]["pred_boxes"]
+    after = model.decode(memory, mask, pos, cells, dn)["dn_outputs"]["pred_boxes"]
     torch.testing.assert_close(after[1, 0], before[1, 0], rtol=0, atol=1e-6)
 
 
@@ -313,3 +314,78 @@ def test_focal_model_has_k_sigmoid_outputs_and_post_process_reads_them():
     )
     assert det["labels"].item() == 1
     torch.testing.assert_close(det["scores"], torch.tensor([2.0]).sigmoid())
+
+
+# --- queries selected from the encoder's proposals (two-stage) ------------------------------------
+
+
+def half_padded(batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """64 x 64 images (4 x 4 cells at stride 16); the last image's right half is padding."""
+    torch.manual_seed(1)
+    mask = torch.zeros(batch, 64, 64, dtype=torch.bool)
+    mask[-1, :, 32:] = True
+    return torch.randn(batch, 3, 64, 64), mask
+
+
+def test_cell_boxes_by_hand():
+    mask = torch.zeros(1, 2, 4, dtype=torch.bool)
+    mask[0, :, 3] = True  # 2 x 3 valid cells
+    cells = cell_boxes(mask)
+    assert cells.shape == (1, 8, 4)
+    torch.testing.assert_close(cells[0, 0], torch.tensor([1 / 6, 1 / 4, 1 / 3, 1 / 2]))
+    torch.testing.assert_close(cells[0, 6], torch.tensor([5 / 6, 3 / 4, 1 / 3, 1 / 2]))  # row 1, column 2
+    assert cells[0, 3, 0] > 1  # a padded cell lies outside the image
+
+
+@pytest.mark.parametrize("class_loss", ["ce", "focal"])
+def test_encoder_queries_are_the_best_unpadded_cells_and_start_at_their_proposals(class_loss):
+    model = tiny_detr(query_type="encoder", class_loss=class_loss).eval()
+    with torch.no_grad():
+        model.enc_bbox_embed.layers[-1].weight.normal_(0, 0.1)  # proposals that differ from the cells
+    images, mask = half_padded()
+    out = model(images, mask)
+    enc = out["enc_outputs"]
+    assert enc["pred_logits"].shape == (2, 16, 3 if class_loss == "focal" else 4)
+    memory_mask = model.encode(images, mask)[1]
+    real = enc["pred_logits"] if class_loss == "focal" else enc["pred_logits"][..., :-1]
+    top = real.amax(-1).masked_fill(memory_mask, float("-inf")).topk(5).indices  # (2, 5)
+    assert not memory_mask.gather(1, top).any()  # no padded cell is a query
+    first = out["aux_outputs"][0]["pred_boxes"]  # the decoder's box head starts at zero: its first boxes are the anchors
+    torch.testing.assert_close(first, enc["pred_boxes"].gather(1, top[..., None].expand(-1, -1, 4)))
+    if class_loss == "ce":  # a padded cell is certainly "no object"
+        assert enc["pred_logits"][1][memory_mask[1]].softmax(-1)[:, -1].min() > 0.999
+
+
+def test_encoder_proposals_start_as_their_cells():
+    model = tiny_detr(query_type="encoder").eval()
+    images = torch.randn(1, 3, 64, 64)
+    cells = model.encode(images)[3]
+    torch.testing.assert_close(model(images)["enc_outputs"]["pred_boxes"], cells, atol=1e-4, rtol=0)
+
+
+def test_encoder_proposals_are_trained_by_the_set_loss_and_never_matched_to_padding():
+    model = tiny_detr(query_type="encoder", class_loss="focal")
+    criterion = SetCriterion(3, HungarianMatcher(focal=True), focal_alpha=0.25, num_aux=2, encoder=True)
+    images, mask = half_padded()
+    targets = targets_of(2, 4)
+    out = model(images, mask)
+    losses = criterion(out, targets)
+    assert {"loss_ce_enc", "loss_bbox_enc", "loss_giou_enc"} <= set(losses)
+    assert {k: criterion.weight_dict[k] for k in ("loss_ce_enc", "loss_bbox_enc", "loss_giou_enc")} == {
+        "loss_ce_enc": 1.0,
+        "loss_bbox_enc": 5.0,
+        "loss_giou_enc": 2.0,
+    }
+    memory_mask = model.encode(images, mask)[1]
+    matched, _ = criterion.matcher(out["enc_outputs"], targets)[1]
+    assert len(matched) == 4 and not memory_mask[1, matched].any()
+    trunk = [p for p in model.backbone.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(losses["loss_ce_enc"], trunk, allow_unused=True)
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)  # the cells' classes train the trunk
+
+
+def test_more_encoder_queries_than_cells_is_one_line_naming_the_setting():
+    model = tiny_detr(query_type="encoder")  # 5 queries, 2 x 2 cells in a 32 x 32 image
+    with pytest.raises(ValueError, match=r"^model\.num_queries=5 exceeds the 4 feature cells") as err:
+        model(torch.randn(1, 3, 32, 32))
+    assert "\n" not in str(err.value)
