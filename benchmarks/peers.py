@@ -556,7 +556,8 @@ def ours_detr(c: dict, device: torch.device) -> tuple[DETR, SetCriterion]:
         dropout=0.1,
         aux_loss=True,
     )
-    criterion = SetCriterion(c["classes"], HungarianMatcher(1, 5, 2), eos_coef=0.1, num_aux=c["layers"] - 1)
+    weights = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}  # the paper's
+    criterion = SetCriterion(c["classes"], HungarianMatcher(1, 5, 2), 0.1, weights, num_aux=c["layers"] - 1)
     return model.to(device), criterion.to(device)
 
 

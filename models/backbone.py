@@ -55,7 +55,8 @@ def load_backbone_weights(body: nn.Module, path: str | Path) -> None:
 
 
 class Backbone(nn.Module):
-    """A timm CNN trunk returning the feature map of one stage.
+    """A timm CNN trunk returning the feature map of one stage (`models.detr.build_detr` holds the
+    reference's settings as its defaults).
 
     Args:
         name: timm model name ("resnet50", the reference; "resnet18", ...).
@@ -75,10 +76,10 @@ class Backbone(nn.Module):
 
     def __init__(
         self,
-        name: str = "resnet50",
-        out_index: int = 4,
-        norm: BackboneNorm = "frozen_bn",
-        trainable_layers: int = 3,
+        name: str,
+        out_index: int,
+        norm: BackboneNorm,
+        trainable_layers: int,
         weights: str | None = None,
         pretrained: bool = False,
         **timm_kwargs: Any,

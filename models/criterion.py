@@ -52,7 +52,8 @@ class SetCriterion(nn.Module):
         num_classes: K, the object classes (the no-object class is index K).
         matcher: the `HungarianMatcher`.
         eos_coef: relative weight of the no-object class (softmax cross-entropy only).
-        weight_dict: loss name -> weight for the total; aux and denoising copies are added automatically.
+        weight_dict: loss name -> weight for the total (None: 1 each; the paper's 1 / 5 / 2 are
+            `ObjectDetector`'s defaults); aux and denoising copies are added automatically.
         num_aux: the intermediate decoder layers whose losses are added.
         focal_alpha, focal_gamma: the focal loss's α (None: softmax cross-entropy, the paper) and γ.
         denoising: weigh the ``_dn`` losses too.
@@ -76,7 +77,7 @@ class SetCriterion(nn.Module):
         super().__init__()
         self.num_classes, self.matcher, self.eos_coef = num_classes, matcher, eos_coef
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
-        base = weight_dict if weight_dict is not None else {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+        base = weight_dict if weight_dict is not None else dict.fromkeys(("loss_ce", "loss_bbox", "loss_giou"), 1.0)
         self.weight_dict = dict(base)
         for i in range(num_aux):
             self.weight_dict.update({f"{k}_{i}": v for k, v in base.items()})

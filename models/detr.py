@@ -19,14 +19,14 @@ mask), and the losses; every attention still runs through models.attention.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention import Similarity
-from models.backbone import Backbone
+from models.backbone import Backbone, BackboneNorm
 from models.box_ops import box_cxcywh_to_xyxy, inverse_sigmoid
 from models.denoising import DenoisingQueries, check_denoising, denoising_queries
 from models.position import PositionEmbeddingSine2D
@@ -50,7 +50,7 @@ class MLP(nn.Module):
 class DETRTransformer(nn.Module):
     """DETR's encoder-decoder: post-norm layers, positions added to queries and keys only, the decoder
     normed and returned at every layer for the auxiliary losses. `DETR` runs the encoder through
-    ``encode`` and the decoder with the queries it builds.
+    ``encode`` and the decoder with the queries it builds; its signature holds the defaults.
 
     Shapes: src (B, D, h, w), mask (B, h, w) True at padding, pos (B, D, h, w)
     -> memory (B, h·w, D), mask (B, h·w), pos (B, h·w, D).
@@ -58,14 +58,14 @@ class DETRTransformer(nn.Module):
 
     def __init__(
         self,
-        d_model: int = 256,
-        nhead: int = 8,
-        num_encoder_layers: int = 6,
-        num_decoder_layers: int = 6,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation: str = "relu",
-        similarity: Similarity = "scaled_dot",
+        d_model: int,
+        nhead: int,
+        num_encoder_layers: int,
+        num_decoder_layers: int,
+        dim_feedforward: int,
+        dropout: float,
+        activation: str,
+        similarity: Similarity,
     ):
         super().__init__()
         layer_kwargs = dict(
@@ -379,3 +379,37 @@ def convert_official_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tens
     classifier has 92 outputs (91 COCO ids + no object), so load it with ``num_classes=91``.
     """
     return {k.replace("backbone.0.body.", "backbone.body.", 1): v for k, v in state_dict.items()}
+
+
+def build_detr(
+    backbone: str = "resnet50",
+    backbone_out_index: int = 4,
+    backbone_norm: BackboneNorm = "frozen_bn",
+    trainable_backbone_layers: int = 3,
+    backbone_weights: str | None = None,
+    backbone_pretrained: bool = False,
+    backbone_kwargs: dict[str, Any] | None = None,
+    **detr: Any,
+) -> DETR:
+    """`DETR` on the `Backbone` these flat arguments describe (the reference's ``build``): the one place
+    that holds the detector's defaults, which `attnlab` shows as ``model.init_args.*``.
+
+    Args:
+        backbone, backbone_out_index, backbone_norm, trainable_backbone_layers, backbone_weights,
+        backbone_pretrained: `Backbone`'s ``name``, ``out_index``, ``norm``, ``trainable_layers``,
+            ``weights``, ``pretrained``; the defaults are the reference's trunk (ResNet-50, layer4,
+            frozen BatchNorm, layer2-4 trained).
+        backbone_kwargs: passed to ``timm.create_model`` (e.g. ``layers``, ``channels``, ``stem_width``).
+        **detr: the arguments of `DETR` after ``backbone`` (its docstring holds them, its signature
+            their defaults).
+    """
+    trunk = Backbone(
+        backbone,
+        backbone_out_index,
+        backbone_norm,
+        trainable_backbone_layers,
+        backbone_weights,
+        backbone_pretrained,
+        **(backbone_kwargs or {}),
+    )
+    return DETR(trunk, **detr)

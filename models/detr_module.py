@@ -15,11 +15,9 @@ import torch
 from torch import Tensor
 
 from models import optim
-from models.attention import Similarity
-from models.backbone import Backbone, BackboneNorm
 from models.coco_eval import Detections, coco_evaluate, to_coco_results
 from models.criterion import SetCriterion
-from models.detr import DETR, ClassLoss, QueryType, post_process
+from models.detr import build_detr, post_process
 from models.detr_init import load_detr_weights
 from models.distributed import clip_gradients, gather_objects
 from models.matcher import HungarianMatcher
@@ -28,27 +26,29 @@ from models.matcher import HungarianMatcher
 class ObjectDetector(pl.LightningModule):
     """DETR trained with the Hungarian set loss; COCO mAP on the validation and test splits.
 
-    Defaults are the reference's (Carion et al. 2020, facebookresearch/detr main.py): ResNet-50 with
-    frozen BatchNorm, D = 256, 8 heads, 6 + 6 layers, FFN 2048, dropout 0.1, 100 queries, matcher and
-    loss weights 1 / 5 / 2, eos_coef 0.1, AdamW lr 1e-4 (backbone 1e-5), weight decay 1e-4, lr ×0.1
-    after epoch 200. Put ``gradient_clip_val: 0.1`` in the trainer (the reference clips at 0.1).
-    Weight decay applies to matrices only (project convention; the reference decays every tensor).
+    Defaults are the reference's (Carion et al. 2020, facebookresearch/detr main.py): the network's are
+    `models.detr.build_detr`'s and `DETR`'s; matcher and loss weights 1 / 5 / 2, eos_coef 0.1, AdamW lr
+    1e-4 (backbone 1e-5), weight decay 1e-4, lr ×0.1 after epoch 200 are here. Put
+    ``gradient_clip_val: 0.1`` in the trainer (the reference clips at 0.1). Weight decay applies to
+    matrices only (project convention; the reference decays every tensor).
 
-    Args (beyond the DETR ones documented in models.detr / models.backbone):
-        num_classes: linked from the DataModule.
-        backbone_weights: local state dict for the trunk (ImageNet weights, say); never downloaded.
-        backbone_pretrained: timm's ImageNet weights for ``backbone`` through timm's hub and cache
-            (online, or offline once cached); offline and not cached, use ``backbone_weights``.
+    Args:
+        **network: the arguments of `models.detr.build_detr`: the backbone's (``backbone``,
+            ``backbone_out_index``, ...) and `DETR`'s (``d_model``, ``num_queries``, ``query_type``,
+            ``class_loss``, ``dn_number``, ...; its docstring holds them, its signature their defaults);
+            ``num_classes`` is linked from the DataModule.
+        lr, weight_decay: AdamW's, for everything but the trunk.
+        lr_backbone: the trunk's learning rate; 0 freezes the trunk (as the reference does).
+        schedule: "step" (the reference: ×0.1 after ``lr_drop_epoch``) or "cosine" (``warmup_steps`` of
+            linear warmup, then a cosine down to ``min_lr_ratio`` · lr).
+        cost_class, cost_bbox, cost_giou: the `HungarianMatcher`'s weights.
+        ce_loss_coef, bbox_loss_coef, giou_loss_coef, eos_coef: the `SetCriterion`'s weights.
+        focal_alpha: the focal loss's α, in the loss and the matcher (with ``class_loss="focal"``).
+        coco_backend: "pycocotools" or "faster_coco_eval".
         init_from: weights of a whole pretrained detector for the architecture set here: a
             facebookresearch/detr ``.pth``, a Hugging Face ``save_pretrained`` folder or hub name
             (``facebook/detr-resnet-50``), or an attnlab ``.ckpt`` (see models.detr_init). The class
             head and the queries are re-initialised when their counts differ from the file's.
-        lr_backbone: the trunk's learning rate; 0 freezes the trunk (as the reference does).
-        schedule: "step" (the reference: ×0.1 after ``lr_drop_epoch``) or "cosine" (warmup + cosine).
-        coco_backend: "pycocotools" or "faster_coco_eval".
-        query_type, class_loss, dn_number, dn_label_noise, dn_box_noise: the convergence techniques
-            (DAB-DETR anchor queries, focal classes, DN-DETR denoising; see models.detr); the defaults
-            are the paper's DETR. focal_alpha: the focal loss's α, in the loss and the matcher.
     Logged: train/loss (weighted total), train/loss_ce, train/loss_bbox, train/loss_giou,
     train/class_error, train/cardinality_error, the same under val/, and val/AP, val/AP50, val/AP75,
     val/AP_small, val/AP_medium, val/AP_large, val/AR100 (test/ likewise).
@@ -56,31 +56,6 @@ class ObjectDetector(pl.LightningModule):
 
     def __init__(
         self,
-        num_classes: int = 91,
-        backbone: str = "resnet50",
-        backbone_out_index: int = 4,
-        backbone_norm: BackboneNorm = "frozen_bn",
-        trainable_backbone_layers: int = 3,
-        backbone_weights: str | None = None,
-        backbone_pretrained: bool = False,
-        backbone_kwargs: dict[str, Any] | None = None,
-        init_from: str | None = None,
-        d_model: int = 256,
-        nhead: int = 8,
-        num_encoder_layers: int = 6,
-        num_decoder_layers: int = 6,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        similarity: Similarity = "scaled_dot",
-        num_queries: int = 100,
-        aux_loss: bool = True,
-        cost_class: float = 1.0,
-        cost_bbox: float = 5.0,
-        cost_giou: float = 2.0,
-        ce_loss_coef: float = 1.0,
-        bbox_loss_coef: float = 5.0,
-        giou_loss_coef: float = 2.0,
-        eos_coef: float = 0.1,
         lr: float = 1e-4,
         lr_backbone: float = 1e-5,
         weight_decay: float = 1e-4,
@@ -88,57 +63,36 @@ class ObjectDetector(pl.LightningModule):
         lr_drop_epoch: int = 200,
         warmup_steps: int = 0,
         min_lr_ratio: float = 0.01,
-        coco_backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
-        query_type: QueryType = "vanilla",
-        class_loss: ClassLoss = "ce",
+        cost_class: float = 1.0,
+        cost_bbox: float = 5.0,
+        cost_giou: float = 2.0,
+        ce_loss_coef: float = 1.0,
+        bbox_loss_coef: float = 5.0,
+        giou_loss_coef: float = 2.0,
+        eos_coef: float = 0.1,
         focal_alpha: float = 0.25,
-        dn_number: int = 0,
-        dn_label_noise: float = 0.2,
-        dn_box_noise: float = 0.4,
+        coco_backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
+        init_from: str | None = None,
+        **network,
     ):
         super().__init__()
         self.save_hyperparameters()
-        trunk = Backbone(
-            backbone,
-            backbone_out_index,
-            backbone_norm,
-            trainable_backbone_layers if lr_backbone > 0 else 0,
-            backbone_weights,
-            backbone_pretrained,
-            **(backbone_kwargs or {}),
-        )
-        self.model = DETR(
-            trunk,
-            num_classes,
-            num_queries,
-            d_model,
-            nhead,
-            num_encoder_layers,
-            num_decoder_layers,
-            dim_feedforward,
-            dropout,
-            similarity=similarity,
-            aux_loss=aux_loss,
-            query_type=query_type,
-            class_loss=class_loss,
-            dn_number=dn_number,
-            dn_label_noise=dn_label_noise,
-            dn_box_noise=dn_box_noise,
-        )
+        self.model = model = build_detr(**network)
+        if lr_backbone == 0:  # no learning rate: the trunk is frozen, as the reference does
+            model.backbone.requires_grad_(False)
         if init_from:
-            load_detr_weights(self.model, init_from)
-        focal = class_loss == "focal"
-        matcher = HungarianMatcher(cost_class, cost_bbox, cost_giou, focal=focal, focal_alpha=focal_alpha)
+            load_detr_weights(model, init_from)
+        matcher = HungarianMatcher(cost_class, cost_bbox, cost_giou, focal=model.focal, focal_alpha=focal_alpha)
         weights = {"loss_ce": ce_loss_coef, "loss_bbox": bbox_loss_coef, "loss_giou": giou_loss_coef}
         self.criterion = SetCriterion(
-            num_classes,
+            model.num_classes,
             matcher,
             eos_coef,
             weights,
-            num_aux=num_decoder_layers - 1 if aux_loss else 0,
-            focal_alpha=focal_alpha if focal else None,
-            denoising=dn_number > 0,
-            encoder=query_type == "encoder",
+            num_aux=len(model.transformer.decoder.layers) - 1 if model.aux_loss else 0,
+            focal_alpha=focal_alpha if model.focal else None,
+            denoising=model.dn_number > 0,
+            encoder=model.query_type == "encoder",
         )
         self._detections: Detections = {}
 

@@ -14,9 +14,9 @@ class HungarianMatcher(nn.Module):
     """One-to-one assignment of queries to targets that minimises the matching cost.
 
     cost = cost_class · (−p(target class)) + cost_bbox · L1(boxes) + cost_giou · (−GIoU(boxes)),
-    with the paper's weights 1 / 5 / 2. The costs of all images (and, with `match_layers`, of all
-    decoder layers) are computed together, each image's queries against its own targets only; the
-    assignment is then solved per image with ``scipy.optimize.linear_sum_assignment``. There are more
+    with the paper's weights 1 / 5 / 2 as `ObjectDetector`'s defaults. The costs of all images (and,
+    with `match_layers`, of all decoder layers) are computed together, each image's queries against
+    its own targets only; the assignment is then solved per image with ``scipy.optimize.linear_sum_assignment``. There are more
     queries than targets, so every target is matched and the unmatched queries are trained towards
     "no object".
 
@@ -38,9 +38,9 @@ class HungarianMatcher(nn.Module):
 
     def __init__(
         self,
-        cost_class: float = 1.0,
-        cost_bbox: float = 5.0,
-        cost_giou: float = 2.0,
+        cost_class: float,
+        cost_bbox: float,
+        cost_giou: float,
         focal: bool = False,
         focal_alpha: float = 0.25,
         focal_gamma: float = 2.0,

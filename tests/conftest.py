@@ -9,6 +9,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # spawned DDP workers too
 # Test tensors are tiny: one thread avoids oversubscribing CI's 2 cores (5-15x faster under load).
 torch.set_num_threads(1)
 
+# A 1-block-per-stage ResNet-18 of 8-64 channels, trained whole, for DETR tests (`Backbone`'s arguments;
+# `from conftest import TINY_TRUNK`): layer3's output, stride 16.
+TINY_TRUNK = dict(
+    name="resnet18",
+    out_index=3,
+    norm="bn",
+    trainable_layers=5,
+    layers=[1, 1, 1, 1],
+    channels=[8, 16, 32, 64],
+    stem_width=8,
+)
+
 
 @pytest.fixture
 def attnlab(capsys):

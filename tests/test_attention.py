@@ -234,7 +234,14 @@ def test_every_model_starts_general_at_the_identity():
             similarity="general",
         ),
         DETRTransformer(
-            d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, similarity="general"
+            d_model=16,
+            nhead=4,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            dim_feedforward=32,
+            dropout=0.1,
+            activation="relu",
+            similarity="general",
         ),
     ]
     for model in models:

@@ -6,6 +6,7 @@ the device at every call; the seq2seq model's position check did both until it c
 import pytest
 import torch
 import torch._dynamo as dynamo
+from conftest import TINY_TRUNK
 
 from models.attention import MultiHeadAttention
 from models.backbone import Backbone
@@ -44,15 +45,7 @@ def _gpt():
 
 
 def _detr():
-    trunk = Backbone(
-        "resnet18",
-        out_index=3,
-        norm="bn",
-        trainable_layers=5,
-        layers=[1, 1, 1, 1],
-        channels=[8, 16, 32, 64],
-        stem_width=8,
-    )
+    trunk = Backbone(**TINY_TRUNK)
     mask = torch.zeros(2, 32, 32, dtype=torch.bool)
     mask[1, :, 24:] = True
     return DETR(

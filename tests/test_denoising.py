@@ -7,6 +7,7 @@ the encoder's queries are its best-scoring unpadded cells, trained by the set lo
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_TRUNK
 
 from models.backbone import Backbone
 from models.box_ops import box_cxcywh_to_xyxy, generalized_box_iou, inverse_sigmoid
@@ -14,16 +15,6 @@ from models.criterion import SetCriterion
 from models.denoising import denoising_attn_mask, denoising_indices, denoising_queries
 from models.detr import DETR, box_sine_embedding, cell_boxes, post_process
 from models.matcher import HungarianMatcher
-
-TINY_TRUNK = dict(
-    name="resnet18",
-    out_index=3,
-    norm="bn",
-    trainable_layers=5,
-    layers=[1, 1, 1, 1],
-    channels=[8, 16, 32, 64],
-    stem_width=8,
-)
 
 
 def tiny_detr(**kwargs) -> DETR:
@@ -104,7 +95,7 @@ def test_a_batch_without_boxes_still_trains():
     targets = targets_of(0, 0)
     out = model(torch.randn(2, 3, 32, 32), targets=targets)
     assert "dn_outputs" not in out
-    criterion = SetCriterion(3, HungarianMatcher(), num_aux=2, denoising=True)
+    criterion = SetCriterion(3, HungarianMatcher(1, 5, 2), num_aux=2, denoising=True)
     loss = criterion.total(criterion(out, targets))
     loss.backward()
     assert torch.isfinite(loss) and model.class_embed.weight.grad.abs().sum() > 0
@@ -185,7 +176,7 @@ def test_denoising_box_losses_against_a_direct_computation():
         "aux_outputs": [],
         "dn_outputs": dn_out,
     }
-    criterion = SetCriterion(3, HungarianMatcher(), denoising=True)
+    criterion = SetCriterion(3, HungarianMatcher(1, 5, 2), denoising=True)
     losses = criterion(outputs, targets)
     l1, giou = 0.0, 0.0
     for b, t in enumerate(targets):
@@ -197,7 +188,7 @@ def test_denoising_box_losses_against_a_direct_computation():
     torch.testing.assert_close(losses["loss_bbox_dn"], l1 / (3 * groups))  # 3 target boxes, 3 groups
     torch.testing.assert_close(losses["loss_giou_dn"], giou / (3 * groups))
     assert criterion.weight_dict["loss_bbox_dn"] == criterion.weight_dict["loss_bbox"]
-    assert "loss_ce_dn" in losses and "loss_ce_dn" not in SetCriterion(3, HungarianMatcher()).weight_dict
+    assert "loss_ce_dn" in losses and "loss_ce_dn" not in SetCriterion(3, HungarianMatcher(1, 5, 2)).weight_dict
 
 
 def test_denoising_only_in_training_and_out_of_the_matched_outputs():
@@ -365,7 +356,8 @@ def test_encoder_proposals_start_as_their_cells():
 
 def test_encoder_proposals_are_trained_by_the_set_loss_and_never_matched_to_padding():
     model = tiny_detr(query_type="encoder", class_loss="focal")
-    criterion = SetCriterion(3, HungarianMatcher(focal=True), focal_alpha=0.25, num_aux=2, encoder=True)
+    weights = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+    criterion = SetCriterion(3, HungarianMatcher(2, 5, 2, focal=True), 0.1, weights, 2, focal_alpha=0.25, encoder=True)
     images, mask = half_padded()
     targets = targets_of(2, 4)
     out = model(images, mask)

@@ -1,13 +1,33 @@
-"""The real `attnlab` CLI on a tiny generated shapes dataset: fit, test and predict, and bad data as
-one-line errors."""
+"""The real `attnlab` CLI on a tiny generated shapes dataset: fit, test and predict, bad data and bad options
+as one-line errors, and the detector's options as `attnlab` parses them (flat, with the network's defaults)."""
 
 import csv
+import inspect
 import json
 
 import pytest
 import yaml
+from conftest import TINY_TRUNK
+from jsonargparse import ArgumentParser
+
+from models.detr import DETR, build_detr
+from models.detr_module import ObjectDetector
 
 SHAPES = "configs/detection/shapes.yaml"
+TINY = dict(
+    num_classes=3,
+    backbone=TINY_TRUNK["name"],
+    backbone_out_index=TINY_TRUNK["out_index"],
+    backbone_norm=TINY_TRUNK["norm"],
+    trainable_backbone_layers=TINY_TRUNK["trainable_layers"],
+    backbone_kwargs={k: TINY_TRUNK[k] for k in ("layers", "channels", "stem_width")},
+    num_queries=4,
+    d_model=16,
+    nhead=2,
+    num_encoder_layers=1,
+    num_decoder_layers=2,
+    dim_feedforward=32,
+)
 
 
 @pytest.mark.slow
@@ -70,3 +90,55 @@ def test_a_file_that_is_not_coco_is_a_one_line_error(attnlab, tmp_path):
     assert code == 2
     errors = [line for line in err.splitlines() if line.startswith("attnlab: error:")]
     assert len(errors) == 1 and "labels.json: not a COCO instances file" in errors[0]
+
+
+def test_print_config_shows_the_networks_keys_flat(attnlab):
+    code, out, _ = attnlab("fit", "--config", SHAPES, "--print_config")
+    assert code == 0
+    options = yaml.safe_load(out)["model"]["init_args"]
+    # the config's values, DETR's defaults and the loss's, each under model.init_args
+    expected = {"backbone_out_index": 2, "d_model": 64, "dn_number": 0, "query_type": "vanilla", "cost_bbox": 5.0}
+    assert {k: options[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        (
+            "--model.init_args.d_modle=64",
+            "model: 'd_modle' is not an option of models.detr_module.ObjectDetector; did you mean 'd_model'?",
+        ),
+        (
+            "--model.init_args.backbone_norm=gn",
+            "model.init_args.backbone_norm: expected one of 'frozen_bn', 'bn'. Got value: gn",
+        ),
+        ("--model.init_args.d_model=63", "model.d_model=63 must be even: half the channels encode y, half x"),
+    ],
+)
+def test_a_bad_detector_option_is_one_line(attnlab, tmp_path, override, expected):
+    code, _, err = attnlab("fit", "--config", SHAPES, f"--trainer.default_root_dir={tmp_path}", override)
+    assert code == 2 and [line for line in err.splitlines() if line.startswith("attnlab: error:")] == [
+        f"attnlab: error: {expected}"
+    ], err
+
+
+def test_the_detector_takes_the_networks_options_with_the_networks_defaults():
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(ObjectDetector)
+    defaults = parser.get_defaults()
+    for network, built_there in ((build_detr, "detr"), (DETR, "backbone")):  # model.init_args.<name>
+        for name, p in inspect.signature(network).parameters.items():
+            if name != built_there:
+                assert defaults[name] == p.default, name
+    built = ObjectDetector(**TINY)
+    assert TINY.items() <= dict(built.hparams).items()  # recorded, so a checkpoint rebuilds the same network
+    rebuilt = ObjectDetector(**built.hparams)
+    assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {k: v.shape for k, v in built.state_dict().items()}
+    assert len(built.criterion.weight_dict) == 2 * 3  # the last decoder layer's losses and one auxiliary layer's
+
+
+def test_trunk_learning_rate_zero_freezes_the_trunk():
+    frozen = ObjectDetector(lr_backbone=0, **TINY).model
+    assert not any(p.requires_grad for p in frozen.backbone.parameters())
+    assert all(p.requires_grad for n, p in frozen.named_parameters() if not n.startswith("backbone."))
+    assert all(p.requires_grad for p in ObjectDetector(lr_backbone=1e-5, **TINY).model.backbone.parameters())

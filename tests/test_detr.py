@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 import torchvision.ops as tvops
+from conftest import TINY_TRUNK
 
 from models.backbone import Backbone
 from models.box_ops import (
@@ -18,18 +19,10 @@ from models.box_ops import (
     generalized_box_iou,
 )
 from models.criterion import SetCriterion
-from models.detr import DETR, convert_official_state_dict, post_process
+from models.detr import DETR, build_detr, convert_official_state_dict, post_process
 from models.matcher import HungarianMatcher
 
-TINY_TRUNK = dict(
-    name="resnet18",
-    out_index=3,
-    norm="bn",
-    trainable_layers=5,
-    layers=[1, 1, 1, 1],
-    channels=[8, 16, 32, 64],
-    stem_width=8,
-)
+PAPER_WEIGHTS = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 
 
 def random_boxes(n: int, generator: torch.Generator) -> torch.Tensor:
@@ -107,7 +100,7 @@ def test_cost_matrix_equals_the_formula():
 @pytest.mark.parametrize("seed", range(6))
 def test_matcher_is_the_brute_force_optimum(seed):
     outputs, targets = random_problem(seed, batch=2, queries=5, sizes=(3, 4))
-    matcher = HungarianMatcher()
+    matcher = HungarianMatcher(1, 5, 2)
     cost = matcher.cost_matrix(outputs, targets)
     for b, (rows, cols) in enumerate(matcher(outputs, targets)):
         c = cost[b, :, : len(targets[b]["labels"])]  # (Q, T_b)
@@ -119,7 +112,7 @@ def test_matcher_is_the_brute_force_optimum(seed):
 
 def test_batched_matcher_equals_per_image_matcher():
     outputs, targets = random_problem(3, batch=3, queries=8, sizes=(4, 0, 2))
-    matcher = HungarianMatcher()
+    matcher = HungarianMatcher(1, 5, 2)
     batched = matcher(outputs, targets)
     for b in range(3):
         single = matcher({k: v[b : b + 1] for k, v in outputs.items()}, [targets[b]])[0]
@@ -131,7 +124,7 @@ def test_matching_all_layers_at_once_equals_matching_each():
     layers) gives each layer the assignment and the costs that matching it alone gives."""
     layers = [random_problem(seed, batch=3, queries=8, sizes=(4, 0, 2))[0] for seed in range(4)]
     targets = random_problem(0, batch=3, queries=8, sizes=(4, 0, 2))[1]
-    matcher = HungarianMatcher()
+    matcher = HungarianMatcher(1, 5, 2)
     together = matcher.match_layers(layers, targets)
     stacked = {k: torch.stack([o[k] for o in layers]) for k in layers[0]}
     costs = matcher.cost_matrix(stacked, targets)  # (L, B, Q, T)
@@ -143,17 +136,17 @@ def test_matching_all_layers_at_once_equals_matching_each():
 
 def test_matcher_with_empty_targets():
     outputs, targets = random_problem(1, batch=2, sizes=(0, 0))
-    for rows, cols in HungarianMatcher()(outputs, targets):
+    for rows, cols in HungarianMatcher(1, 5, 2)(outputs, targets):
         assert rows.numel() == cols.numel() == 0
 
 
 def test_matching_and_loss_are_invariant_to_permuting_targets():
     outputs, targets = random_problem(4, batch=2, queries=7, sizes=(5, 3))
-    criterion = SetCriterion(3, HungarianMatcher())
-    matched = HungarianMatcher()(outputs, targets)
+    criterion = SetCriterion(3, HungarianMatcher(1, 5, 2))
+    matched = HungarianMatcher(1, 5, 2)(outputs, targets)
     perm = torch.tensor([3, 0, 4, 2, 1])
     permuted = [{k: v[perm] for k, v in targets[0].items()}, targets[1]]
-    matched_p = HungarianMatcher()(outputs, permuted)
+    matched_p = HungarianMatcher(1, 5, 2)(outputs, permuted)
     pairs = {(q, c) for q, c in zip(*(x.tolist() for x in matched[0]))}
     pairs_p = {(q, perm[c].item()) for q, c in zip(*(x.tolist() for x in matched_p[0]))}
     assert pairs == pairs_p
@@ -171,9 +164,9 @@ def test_matcher_refuses_all_zero_costs():
 
 def test_set_criterion_against_a_direct_computation():
     outputs, targets = random_problem(5, batch=2, queries=6, sizes=(2, 1))
-    criterion = SetCriterion(3, HungarianMatcher(), eos_coef=0.1)
+    criterion = SetCriterion(3, HungarianMatcher(1, 5, 2), eos_coef=0.1, weight_dict=PAPER_WEIGHTS)
     losses = criterion(outputs, targets)
-    indices = HungarianMatcher()(outputs, targets)
+    indices = HungarianMatcher(1, 5, 2)(outputs, targets)
     ce, weight, l1, giou = 0.0, 0.0, 0.0, 0.0
     for b, (rows, cols) in enumerate(indices):
         labels = torch.full((6,), 3)
@@ -191,12 +184,14 @@ def test_set_criterion_against_a_direct_computation():
     assert criterion.total(losses) == pytest.approx(
         float(losses["loss_ce"] + 5 * losses["loss_bbox"] + 2 * losses["loss_giou"]), rel=1e-6
     )
+    unweighted = SetCriterion(3, HungarianMatcher(1, 5, 2))  # no weights given: each loss counts once
+    assert unweighted.total(losses) == pytest.approx(float(sum(losses[k] for k in PAPER_WEIGHTS)), rel=1e-6)
 
 
 def test_criterion_with_empty_targets_learns_no_object_everywhere():
     outputs, targets = random_problem(6, batch=2, sizes=(0, 0))
     outputs["pred_logits"].requires_grad_(True)
-    losses = SetCriterion(3, HungarianMatcher())(outputs, targets)
+    losses = SetCriterion(3, HungarianMatcher(1, 5, 2))(outputs, targets)
     assert losses["loss_bbox"] == 0 and losses["loss_giou"] == 0
     torch.testing.assert_close(
         losses["loss_ce"], torch.nn.functional.cross_entropy(outputs["pred_logits"].flatten(0, 1), torch.full((12,), 3))
@@ -209,9 +204,9 @@ def test_aux_outputs_get_their_own_matching_and_weights():
     outputs, targets = random_problem(7)
     aux, _ = random_problem(8)
     outputs["aux_outputs"] = [aux]
-    criterion = SetCriterion(3, HungarianMatcher(), num_aux=1)
+    criterion = SetCriterion(3, HungarianMatcher(1, 5, 2), num_aux=1)
     losses = criterion(outputs, targets)
-    aux_losses = SetCriterion(3, HungarianMatcher())(aux, targets)
+    aux_losses = SetCriterion(3, HungarianMatcher(1, 5, 2))(aux, targets)
     for key in ("loss_ce", "loss_bbox", "loss_giou"):
         torch.testing.assert_close(losses[f"{key}_0"], aux_losses[key])
         assert criterion.weight_dict[f"{key}_0"] == criterion.weight_dict[key]
@@ -262,7 +257,7 @@ def test_detr_outputs_and_names():
 
 
 def test_reference_defaults():
-    model = DETR(Backbone())
+    model = build_detr()
     assert (
         model.num_queries,
         model.class_embed.out_features,
@@ -315,7 +310,7 @@ def test_tiny_detr_overfits_two_images():
         for (x0, y0, x1, y1), lab in zip(bx.int().tolist(), labels[b].tolist()):
             images[b, lab, y0:y1, x0:x1] = 1.0  # class 0 red, class 1 green
     targets = [{"labels": labels[b], "boxes": box_xyxy_to_cxcywh(boxes_px[b] / 64)} for b in range(2)]
-    criterion = SetCriterion(2, HungarianMatcher(), num_aux=2)
+    criterion = SetCriterion(2, HungarianMatcher(1, 5, 2), weight_dict=PAPER_WEIGHTS, num_aux=2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     first = None
     for _ in range(100):

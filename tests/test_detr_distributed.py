@@ -41,7 +41,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
     try:
         outputs, targets = problem()
         mine = {k: v[rank : rank + 1] for k, v in outputs.items()}  # one image per process
-        losses = SetCriterion(3, HungarianMatcher())(mine, [targets[rank]])
+        losses = SetCriterion(3, HungarianMatcher(1, 5, 2))(mine, [targets[rank]])
         from models.distributed import gather_objects
 
         # a DistributedSampler over 3 images gives rank 0 images 1, 3 and rank 1 images 2, 1 (repeated to even out)
@@ -63,7 +63,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
 def test_all_reduced_normalisation_trains_two_processes_like_one(tmp_path):
     outputs, targets = problem()
-    whole = SetCriterion(3, HungarianMatcher())(outputs, targets)
+    whole = SetCriterion(3, HungarianMatcher(1, 5, 2))(outputs, targets)
     mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     # DDP averages the processes' gradients, i.e. trains on the mean of their losses
@@ -74,7 +74,7 @@ def test_all_reduced_normalisation_trains_two_processes_like_one(tmp_path):
     )  # every image once, on every rank
     # each process dividing by its own 1 and 4 boxes instead would train differently
     local = [
-        SetCriterion(3, HungarianMatcher())({k: v[r : r + 1] for k, v in outputs.items()}, [targets[r]])
+        SetCriterion(3, HungarianMatcher(1, 5, 2))({k: v[r : r + 1] for k, v in outputs.items()}, [targets[r]])
         for r in range(2)
     ]
     assert (float(local[0]["loss_bbox"]) + float(local[1]["loss_bbox"])) / 2 != pytest.approx(

@@ -3,7 +3,6 @@ Hugging Face DETR against its own outputs, facebookresearch/detr and attnlab che
 and every bad input named in one line. Nothing downloads: the hub is switched off and its cache is empty."""
 
 import argparse
-import inspect
 import logging
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import timm
 import torch
 import yaml
+from jsonargparse import ArgumentParser
 from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 
 from models.backbone import Backbone
@@ -61,7 +61,7 @@ def offline_hub(tmp_path, monkeypatch):
 
 def detector(init_from=None, num_classes=3, num_queries=5, backbone_kwargs=None, **kwargs) -> ObjectDetector:
     return ObjectDetector(
-        num_classes,
+        num_classes=num_classes,
         backbone="resnet18",
         backbone_out_index=4,
         backbone_kwargs=backbone_kwargs,
@@ -230,7 +230,7 @@ def test_backbone_pretrained_offline_names_the_local_file_setting():
         ValueError,
         match="model.backbone_pretrained=true: .* \\(offline\\); give a local file instead: model.backbone_weights=PATH",
     ):
-        Backbone("resnet18", pretrained=True)
+        Backbone("resnet18", 4, "frozen_bn", 3, pretrained=True)
 
 
 def test_backbone_weights_fill_the_trunk_from_a_local_timm_file(tmp_path):
@@ -249,7 +249,9 @@ def test_the_finetune_config_is_the_papers_detr_r50():
     config = yaml.safe_load((Path(__file__).parents[1] / "configs/detection/bccd_finetune.yaml").read_text())["model"][
         "init_args"
     ]
-    defaults = inspect.signature(ObjectDetector).parameters
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(ObjectDetector)  # its own defaults and, through **network, build_detr's and DETR's
+    defaults = parser.get_defaults()
     for key in (
         "backbone",
         "backbone_out_index",
@@ -263,5 +265,5 @@ def test_the_finetune_config_is_the_papers_detr_r50():
         "similarity",
         "backbone_kwargs",
     ):
-        assert config.get(key, defaults[key].default) == defaults[key].default, key
+        assert config.get(key, defaults[key]) == defaults[key], key
     assert config["init_from"] is None  # the user names the downloaded file; tests never download

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_TRUNK
 from torch import nn
 
 from experiments.stats import Sequence, _layer_stats, attention_statistics
@@ -13,16 +14,6 @@ from models.backbone import Backbone
 from models.detr import DETR
 from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.vit import VisionTransformer
-
-TINY_TRUNK = dict(
-    name="resnet18",
-    out_index=3,
-    norm="bn",
-    trainable_layers=5,
-    layers=[1, 1, 1, 1],
-    channels=[8, 16, 32, 64],
-    stem_width=8,
-)
 
 
 def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, ...] = ()) -> list[dict]:
