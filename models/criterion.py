@@ -156,7 +156,12 @@ class SetCriterion(nn.Module):
             losses.update(self.denoising_losses(outputs["dn_outputs"], targets, num_boxes))
         if "enc_outputs" in outputs:
             enc = outputs["enc_outputs"]
-            losses.update({f"{k}_enc": v for k, v in self._losses(enc, targets, self.matcher(enc, targets), num_boxes, log=False).items()})
+            losses.update(
+                {
+                    f"{k}_enc": v
+                    for k, v in self._losses(enc, targets, self.matcher(enc, targets), num_boxes, log=False).items()
+                }
+            )
         return losses
 
     def denoising_losses(

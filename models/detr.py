@@ -30,6 +30,7 @@ from models.backbone import Backbone, BackboneNorm
 from models.box_ops import box_cxcywh_to_xyxy, inverse_sigmoid
 from models.denoising import DenoisingQueries, check_denoising, denoising_queries
 from models.position import PositionEmbeddingSine2D
+from models.query_selection import EncoderProposals, cell_boxes
 from models.transformer import TransformerDecoder, TransformerEncoder
 
 
@@ -102,27 +103,13 @@ def box_sine_embedding(boxes: Tensor, num_pos_feats: int, temperature: float = 1
     return pos[..., [1, 0, 2, 3], :].flatten(-2).to(boxes.dtype)
 
 
-def cell_boxes(mask: Tensor) -> Tensor:
-    """Each feature cell as a box in normalised cxcywh of the valid (unpadded) image region, the frame of
-    the targets: mask (B, h, w) True at padding -> (B, h·w, 4); padded cells lie outside [0, 1]."""
-    valid = ~mask
-    valid_h, valid_w = valid[:, :, 0].sum(1), valid[:, 0, :].sum(1)  # (B,)
-    h, w = mask.shape[-2:]
-    ys = torch.arange(h, device=mask.device, dtype=torch.float32) + 0.5
-    xs = torch.arange(w, device=mask.device, dtype=torch.float32) + 0.5
-    size = torch.stack([1 / valid_w, 1 / valid_h], dim=-1).float()  # (B, 2) one cell's width and height
-    cy, cx = torch.meshgrid(ys, xs, indexing="ij")  # (h, w)
-    centres = torch.stack([cx, cy], dim=-1).flatten(0, 1)[None] * size[:, None]  # (B, h·w, 2)
-    return torch.cat([centres, size[:, None].expand_as(centres)], dim=-1)
-
-
 QueryType = Literal["vanilla", "anchor", "encoder"]
 ClassLoss = Literal["ce", "focal"]
 
 
 class DETR(nn.Module):
-    """The detector. Defaults are the paper's: ResNet-50 features, D = 256, 8 heads, 6 + 6 layers,
-    FFN 2048, dropout 0.1, 100 queries, auxiliary decoding losses.
+    """The detector. Defaults are the paper's (its ResNet-50 trunk is `build_detr`'s default): D = 256,
+    8 heads, 6 + 6 layers, FFN 2048, dropout 0.1, 100 queries, auxiliary decoding losses.
 
     Args:
         backbone: a `Backbone` (has ``num_channels`` and ``stride``).
@@ -197,13 +184,10 @@ class DETR(nn.Module):
         )
         self.class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
         self.bbox_embed = MLP(d_model, d_model, 4, 3)
-        if query_type == "encoder":  # Deformable DETR's enc_output and its own class and box heads for the cells
-            self.enc_output = nn.Sequential(nn.Linear(d_model, d_model), nn.LayerNorm(d_model))
-            self.enc_class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
-            self.enc_bbox_embed = MLP(d_model, d_model, 4, 3)
-            for head in (self.bbox_embed, self.enc_bbox_embed):  # the first boxes are the cells and anchors
-                nn.init.zeros_(head.layers[-1].weight)
-                nn.init.zeros_(head.layers[-1].bias)
+        if query_type == "encoder":
+            self.proposals = EncoderProposals(MLP(d_model, d_model, 4, 3), d_model, num_classes, self.focal)
+            nn.init.zeros_(self.bbox_embed.layers[-1].weight)  # the first boxes are the anchors
+            nn.init.zeros_(self.bbox_embed.layers[-1].bias)
         if query_type == "anchor":
             self.refpoint_embed = nn.Embedding(num_queries, 4)  # anchors before the sigmoid
             with torch.no_grad():  # centres uniform over the image (DAB-DETR's random_refpoints_xy); sizes N(0, 1)
@@ -215,9 +199,7 @@ class DETR(nn.Module):
         if dn_number > 0:
             self.label_enc = nn.Embedding(num_classes + 1, d_model)  # the last row embeds padding slots
         if self.focal:
-            for head in (self.class_embed, getattr(self, "enc_class_embed", None)):
-                if head is not None:
-                    nn.init.constant_(head.bias, -math.log((1 - 0.01) / 0.01))
+            nn.init.constant_(self.class_embed.bias, -math.log((1 - 0.01) / 0.01))
 
     def no_weight_decay(self) -> set[str]:
         return {"query_embed.weight", "refpoint_embed.weight"}
@@ -252,7 +234,7 @@ class DETR(nn.Module):
         tgt = memory.new_zeros(batch, n, self.transformer.d_model)  # content queries start empty, as in DETR
         tgt_mask = padding = enc_outputs = None
         if self.query_type == "encoder":
-            tgt, anchors, enc_outputs = self._select_queries(memory, memory_mask, cells)
+            tgt, anchors, enc_outputs = self.proposals(memory, memory_mask, cells, n)
         elif self.query_type == "anchor":
             anchors = self.refpoint_embed.weight.sigmoid()[None].expand(batch, -1, -1)  # (B, N, 4)
         if dn is not None:
@@ -289,31 +271,6 @@ class DETR(nn.Module):
         if self.focal:
             out["sigmoid"] = True
         return out
-
-    def _select_queries(self, memory: Tensor, memory_mask: Tensor, cells: Tensor) -> tuple[Tensor, Tensor, dict]:
-        """Two-stage query selection: every cell proposes a class and a box (its cell refined in
-        inverse-sigmoid space); the N cells with the best class score become the queries, their memory
-        (detached, as RT-DETR) the content and their proposed boxes (detached) the first anchors.
-        Returns content (B, N, D), anchors (B, N, 4) and the proposals {pred_logits (B, h·w, C), pred_boxes}."""
-        if memory.shape[1] < self.num_queries:
-            raise ValueError(
-                f"model.num_queries={self.num_queries} exceeds the {memory.shape[1]} feature cells of this batch: "
-                "query_type='encoder' selects the queries among the cells; use fewer queries or larger images"
-            )
-        out = self.enc_output(memory.masked_fill(memory_mask[..., None], 0.0))  # (B, h·w, D)
-        logits = self.enc_class_embed(out)  # (B, h·w, C)
-        boxes = (inverse_sigmoid(cells.clamp(max=1.0)).to(out.dtype) + self.enc_bbox_embed(out)).sigmoid()
-        real = logits if self.focal else logits[..., :-1]  # the no-object column does not rank a cell
-        score = real.amax(-1).masked_fill(memory_mask, float("-inf"))  # (B, h·w)
-        top = score.topk(self.num_queries, dim=1).indices[..., None]  # (B, N, 1)
-        content = out.gather(1, top.expand(-1, -1, out.shape[-1])).detach()
-        anchors = boxes.gather(1, top.expand(-1, -1, 4)).detach()
-        # padded cells never win a match: no class probability and (for softmax) certain "no object"
-        blocked = torch.full_like(logits, -1e4)
-        if not self.focal:
-            blocked[..., -1] = 1e4
-        logits = torch.where(memory_mask[..., None], blocked, logits)
-        return content, anchors, {"pred_logits": logits, "pred_boxes": boxes}
 
     def _outputs(self, logits: Tensor, boxes: Tensor) -> dict:
         """Per-layer (L, B, Q, ·) predictions -> the last layer's, and the others as ``aux_outputs``."""

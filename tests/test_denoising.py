@@ -13,8 +13,9 @@ from models.backbone import Backbone
 from models.box_ops import box_cxcywh_to_xyxy, generalized_box_iou, inverse_sigmoid
 from models.criterion import SetCriterion
 from models.denoising import denoising_attn_mask, denoising_indices, denoising_queries
-from models.detr import DETR, box_sine_embedding, cell_boxes, post_process
+from models.detr import DETR, box_sine_embedding, post_process
 from models.matcher import HungarianMatcher
+from models.query_selection import cell_boxes
 
 
 def tiny_detr(**kwargs) -> DETR:
@@ -332,7 +333,7 @@ def test_cell_boxes_by_hand():
 def test_encoder_queries_are_the_best_unpadded_cells_and_start_at_their_proposals(class_loss):
     model = tiny_detr(query_type="encoder", class_loss=class_loss).eval()
     with torch.no_grad():
-        model.enc_bbox_embed.layers[-1].weight.normal_(0, 0.1)  # proposals that differ from the cells
+        model.proposals.enc_bbox_embed.layers[-1].weight.normal_(0, 0.1)  # proposals that differ from the cells
     images, mask = half_padded()
     out = model(images, mask)
     enc = out["enc_outputs"]
@@ -341,7 +342,9 @@ def test_encoder_queries_are_the_best_unpadded_cells_and_start_at_their_proposal
     real = enc["pred_logits"] if class_loss == "focal" else enc["pred_logits"][..., :-1]
     top = real.amax(-1).masked_fill(memory_mask, float("-inf")).topk(5).indices  # (2, 5)
     assert not memory_mask.gather(1, top).any()  # no padded cell is a query
-    first = out["aux_outputs"][0]["pred_boxes"]  # the decoder's box head starts at zero: its first boxes are the anchors
+    first = out["aux_outputs"][0][
+        "pred_boxes"
+    ]  # the decoder's box head starts at zero: its first boxes are the anchors
     torch.testing.assert_close(first, enc["pred_boxes"].gather(1, top[..., None].expand(-1, -1, 4)))
     if class_loss == "ce":  # a padded cell is certainly "no object"
         assert enc["pred_logits"][1][memory_mask[1]].softmax(-1)[:, -1].min() > 0.999
