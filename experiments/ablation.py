@@ -1,7 +1,7 @@
 """`make ablation`: every similarity function in every modality, three seeds each, as one sweep; then the report.
 
     python -m experiments.ablation                        # configs/sweeps/ablation.yaml -> runs/sweeps/ablation
-    python -m experiments.ablation --dry-run              # the 36 runs and their commands
+    python -m experiments.ablation --dry-run              # the 45 runs and their commands
     python -m experiments.ablation --root /tmp/ablation -- --trainer.max_epochs=1   # extra `attnlab fit` arguments
 
 The sweep runs configs/compare/{vision,text,detection}.yaml with similarity scaled_dot, dot and general

@@ -199,24 +199,28 @@ def load_detr_weights(model: DETR, source: str) -> None:
     own = model.state_dict()
     state = {k: v for k, v in state.items() if k in own or not k.endswith("num_batches_tracked")}
     changed = []
-    head, file_head = own["class_embed.weight"], state.get("class_embed.weight")
-    if file_head is not None and file_head.shape[0] != head.shape[0] and file_head.shape[1:] == head.shape[1:]:
-        for kind in ("weight", "bias"):  # the model's fresh class rows, then the file's no-object row
-            state[f"class_embed.{kind}"] = torch.cat(
-                [own[f"class_embed.{kind}"][:-1], state[f"class_embed.{kind}"][-1:]]
-            )
-        changed.append(
-            f"class head re-initialised for {head.shape[0] - 1} classes (the file has {file_head.shape[0] - 1}; "
-            "its no-object row is kept, last)"
-        )
-    queries, file_queries = own["query_embed.weight"], state.get("query_embed.weight")
-    if (
-        file_queries is not None
-        and file_queries.shape[0] != queries.shape[0]
-        and file_queries.shape[1:] == queries.shape[1:]
-    ):
-        state["query_embed.weight"] = queries
-        changed.append(f"{queries.shape[0]} object queries re-initialised (the file has {file_queries.shape[0]})")
+    for name in ("class_embed", "proposals.enc_class_embed"):  # the decoder's and the encoder cells' classifiers
+        head, file_head = own.get(f"{name}.weight"), state.get(f"{name}.weight")
+        if (
+            head is None
+            or file_head is None
+            or file_head.shape[0] == head.shape[0]
+            or file_head.shape[1:] != head.shape[1:]
+        ):
+            continue
+        for kind in ("weight", "bias"):  # the model's fresh class rows (then, softmax, the file's no-object row)
+            fresh = own[f"{name}.{kind}"]
+            state[f"{name}.{kind}"] = fresh if model.focal else torch.cat([fresh[:-1], state[f"{name}.{kind}"][-1:]])
+        classes, file_classes = (len(head), len(file_head)) if model.focal else (len(head) - 1, len(file_head) - 1)
+        kept = "" if model.focal else "; its no-object row is kept, last"
+        changed.append(f"{name} re-initialised for {classes} classes (the file has {file_classes}{kept})")
+    for name in ("query_embed.weight", "refpoint_embed.weight"):  # learned queries (vanilla) or anchors (DAB)
+        queries, file_queries = own.get(name), state.get(name)
+        if queries is None or file_queries is None:
+            continue
+        if file_queries.shape[0] != queries.shape[0] and file_queries.shape[1:] == queries.shape[1:]:
+            state[name] = queries
+            changed.append(f"{queries.shape[0]} object queries re-initialised (the file has {file_queries.shape[0]})")
     for name, tensor in own.items():
         if name not in state and not name.endswith("num_batches_tracked"):
             raise ValueError(f"{KEY}: {source} lacks {name} {tuple(tensor.shape)}; {_ARCHITECTURE}")

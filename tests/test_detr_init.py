@@ -166,7 +166,7 @@ def test_other_class_and_query_counts_re_initialise_the_head_and_queries(tmp_pat
         model = detector(str(tmp_path / "detr.pth"), num_classes=6, num_queries=7).model
     (record,) = caplog.records
     assert (
-        "class head re-initialised for 6 classes (the file has 3; its no-object row is kept, last)"
+        "class_embed re-initialised for 6 classes (the file has 3; its no-object row is kept, last)"
         in record.getMessage()
     )
     assert "7 object queries re-initialised (the file has 5)" in record.getMessage()
@@ -179,6 +179,24 @@ def test_other_class_and_query_counts_re_initialise_the_head_and_queries(tmp_pat
     torch.testing.assert_close(
         model.transformer.decoder.layers[1].multihead_attn.in_proj_weight,
         source.transformer.decoder.layers[1].multihead_attn.in_proj_weight,
+    )
+
+
+def test_a_two_stage_focal_checkpoint_fine_tunes_to_other_classes(tmp_path, caplog):
+    """Shapes -> BCCD: both classifiers (decoder and encoder cells) get fresh rows for the new classes, with no
+    no-object row under focal classes; everything else, the cells' box head included, comes from the file."""
+    torch.manual_seed(0)
+    source = detector(query_type="encoder", class_loss="focal")
+    torch.save({"state_dict": source.state_dict(), "hyper_parameters": dict(source.hparams)}, tmp_path / "best.ckpt")
+    with caplog.at_level(logging.WARNING, logger="models.detr_init"):
+        model = detector(str(tmp_path / "best.ckpt"), num_classes=2, query_type="encoder", class_loss="focal").model
+    message = caplog.records[0].getMessage()
+    assert "class_embed re-initialised for 2 classes (the file has 3)" in message
+    assert "proposals.enc_class_embed re-initialised for 2 classes (the file has 3)" in message
+    assert model.class_embed.weight.shape == model.proposals.enc_class_embed.weight.shape == (2, 32)
+    assert not torch.allclose(model.class_embed.weight, source.model.class_embed.weight[:2])
+    torch.testing.assert_close(
+        model.proposals.enc_bbox_embed.layers[0].weight, source.model.proposals.enc_bbox_embed.layers[0].weight
     )
 
 

@@ -102,8 +102,9 @@ def test_one_run_per_config_cell_and_seed_with_stable_names_and_commands(tmp_pat
 def test_every_sweep_file_in_configs_expands_and_passes_the_parser(attnlab):
     ablation = sweeps.load("configs/sweeps/ablation.yaml")
     names = [r.name for r in ablation.runs()]
-    # 3 similarities x (vision, text x 2 positional encodings, detection) x 3 seeds
-    assert len(names) == 36 and len(set(names)) == 36 and "text/similarity=dot,positions=learned/seed=2" in names
+    # 3 similarities x (vision, text x 2 positional encodings, detection x 2 query types) x 3 seeds
+    assert len(names) == 45 and len(set(names)) == 45 and "text/similarity=dot,positions=learned/seed=2" in names
+    assert "detection/similarity=general,query_type=vanilla/seed=1" in names
     assert ablation.root == Path("runs/sweeps/ablation")
     for path in sorted(Path("configs/sweeps").glob("*.yaml")):
         code, out, err = attnlab("sweep", str(path), "--dry-run")
