@@ -35,6 +35,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
 from experiments.callbacks import _shadowed
+from models.training_log import step_terms
 from models.weights import load_weights_file
 
 # room left beside the checkpoints for metrics, configs, attention figures and W&B files
@@ -48,15 +49,16 @@ class RunError(RuntimeError):
 class NonFiniteLoss(Callback):
     """Stop training at the first non-finite loss; the weights are never updated with it.
 
-    One device: each loss is tested on the device into a sticky flag (AMP's ``found_inf``), which also
-    keeps the global step, the epoch and the logged loss terms of the first bad loss. While the flag is
-    up the optimizer makes no update from it: an optimizer that takes ``found_inf`` (``fused=True``
+    One device: each loss is tested on the device into a sticky flag (AMP's ``found_inf``); the host keeps
+    each batch's global step, epoch, loss and logged loss terms (references to them, no copies) until the
+    flag is next read, so the first bad one can be named then. While the flag is up the optimizer makes
+    no update from it: an optimizer that takes ``found_inf`` (``fused=True``
     AdamW, Adam, SGD) skips its whole step on the device, state included, as under AMP's GradScaler;
     any other gets zero gradients, so nothing non-finite enters the weights or the optimizer's state
     (its momentum alone may still move them until the stop). The host reads the flag once per logging
-    interval, before a validation, at an epoch's end, at the fit's end and before any checkpoint is
-    written, and the run stops there with the step of the first bad loss: no checkpoint is written
-    after it.
+    interval, before a validation, at an epoch's end, at the fit's end, before any checkpoint is written
+    and after `MOST_UNCHECKED` batches, and the run stops there with the step of the first bad loss: no
+    checkpoint is written after it.
 
     DDP: on the batch that ends an optimizer step, before its backward, the flag joins the step's one
     all-reduce, with the flags other callbacks `watch` (LastCheckpoint's SIGTERM and time to save), so
@@ -87,27 +89,22 @@ class NonFiniteLoss(Callback):
         self._active = stage == "fit" and not _shadowed(trainer, self)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        device = trainer.strategy.root_device
-        self._bad = torch.zeros(
-            (), device=device
-        )  # 1.0 from the first non-finite loss on (float: optimizers read it as found_inf)
-        self._step = torch.zeros((), dtype=torch.long, device=device)  # global step and epoch of the first bad loss
-        self._epoch = torch.zeros_like(self._step)
-        self._terms: dict[str, Tensor] = {}
+        # 1.0 from the first non-finite loss on (float: optimizers read it as found_inf)
+        self._bad = torch.zeros((), device=trainer.strategy.root_device)
+        self._unchecked: list[_Batch] = []
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor) -> None:
         if not self._active:
             return
-        fine = self._bad == 0  # (): no bad loss before this one: record this step
-        self._step = torch.where(fine, trainer.global_step, self._step)
-        self._epoch = torch.where(fine, trainer.current_epoch, self._epoch)
-        terms = _logged_terms(trainer) or {"loss": loss.detach()}
-        self._terms = {
-            name: torch.where(fine, term.float(), self._terms.get(name, term.float())) for name, term in terms.items()
-        }
-        torch.maximum(self._bad, loss.detach().isfinite().logical_not(), out=self._bad)
-        if trainer.world_size > 1 and not trainer.fit_loop.epoch_loop._should_accumulate():
-            self._agree(trainer)
+        loss = loss.detach()
+        terms = step_terms(pl_module) or _logged_terms(trainer) or {"loss": loss}
+        self._unchecked.append((trainer.global_step, trainer.current_epoch, loss, terms))
+        torch.maximum(self._bad, loss.isfinite().logical_not(), out=self._bad)
+        if trainer.world_size > 1:
+            if not trainer.fit_loop.epoch_loop._should_accumulate():
+                self._agree(trainer)
+        elif len(self._unchecked) >= MOST_UNCHECKED:
+            self._check(trainer)
 
     def _agree(self, trainer: pl.Trainer) -> None:
         """The step's one collective: [this process's flag, then max over processes of: the flag, each watched flag]."""
@@ -120,6 +117,7 @@ class NonFiniteLoss(Callback):
         self._agreed = (_batch_number(trainer), {name: flag > 0 for name, flag in zip(names, flags)})
         if anyone:
             raise self._error(trainer, here=mine > 0)
+        self._unchecked = []
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
@@ -138,8 +136,11 @@ class NonFiniteLoss(Callback):
     def _check(self, trainer: pl.Trainer) -> None:
         """Read the flag back from the device (a wait for it): stop if a loss was non-finite. Under DDP the step's
         all-reduce stops every process together instead (one stopping alone would leave the others waiting)."""
-        if getattr(self, "_active", False) and hasattr(self, "_bad") and trainer.world_size == 1 and self._bad.item():
+        if not (getattr(self, "_active", False) and hasattr(self, "_bad") and trainer.world_size == 1):
+            return
+        if self._bad.item():
             raise self._error(trainer, here=True)
+        self._unchecked = []
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -179,16 +180,26 @@ class NonFiniteLoss(Callback):
                 del optimizer.found_inf
 
     def _error(self, trainer: pl.Trainer, here: bool) -> RunError:
-        step, epoch = int(self._step), int(self._epoch)
+        """The error naming the first batch since the last check whose loss is not finite (``here``: on this process;
+        otherwise the batch of this step)."""
+        losses = torch.stack([loss.float() for _, _, loss, _ in self._unchecked]).tolist() if here else []
+        first = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), -1)
+        step, epoch, _, logged = self._unchecked[first] if self._unchecked else (None, None, None, {})
         if not here:
             what = "a non-finite loss on another process"
         else:
-            terms = dict(zip(self._terms, torch.stack(list(self._terms.values())).tolist()))
+            terms = dict(zip(logged, torch.stack([t.float() for t in logged.values()]).tolist())) if logged else {}
             bad = {name: term for name, term in terms.items() if not math.isfinite(term)}
             what = f"non-finite loss ({', '.join(f'{name}={term}' for name, term in bad.items()) or 'loss=nan'})"
             if trainer.world_size > 1:
                 what += f" on process {trainer.global_rank} of {trainer.world_size}"
         return _stopped(trainer, f"{what}; the weights were not updated with it", step, epoch)
+
+
+# a check (a read of the flag) at the latest after this many batches: the references kept stay few
+MOST_UNCHECKED = 1000
+
+_Batch = tuple[int, int, Tensor, dict[str, Tensor]]  # (global step, epoch, loss, logged loss terms) of a batch
 
 
 def _batch_number(trainer: pl.Trainer) -> int:
@@ -197,8 +208,9 @@ def _batch_number(trainer: pl.Trainer) -> int:
 
 
 def _logged_terms(trainer: pl.Trainer) -> dict[str, Tensor]:
-    """The scalars ``training_step`` logged at this step, as they are (on the device). Lightning keeps them in a
-    private result collection until the batch ends; read defensively: without it the error names the loss alone."""
+    """The scalars ``training_step`` logged at this step with ``self.log``, as they are (on the device); ours log
+    through `models.training_log`, which keeps them itself. Lightning keeps them in a private result collection
+    until the batch ends; read defensively: without it the error names the loss alone."""
     terms = {}
     for metric in (getattr(trainer, "_results", None) or {}).values():
         value, meta = getattr(metric, "_forward_cache", None), getattr(metric, "meta", None)

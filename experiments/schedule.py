@@ -39,8 +39,10 @@ class TimeBudget(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
+        if step < self.probe_steps or (step - self.probe_steps) % self.every_n_steps:
+            return
         timer = self._timer(trainer)
-        if timer is None or step < self.probe_steps or (step - self.probe_steps) % self.every_n_steps:
+        if timer is None:
             return
         elapsed, budget = timer.time_elapsed("train"), timer._duration
         estimate = trainer.strategy.broadcast(step + int(max(0.0, budget - elapsed) * step / max(elapsed, 1e-9)), src=0)

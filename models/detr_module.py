@@ -21,6 +21,7 @@ from models.detr import build_detr, post_process
 from models.detr_init import load_detr_weights
 from models.distributed import clip_gradients, gather_objects
 from models.matcher import HungarianMatcher
+from models.training_log import log_training_step
 
 
 class ObjectDetector(pl.LightningModule):
@@ -104,20 +105,15 @@ class ObjectDetector(pl.LightningModule):
         outputs = self(images, mask, targets)  # targets feed the denoising queries, in training only
         losses = self.criterion(outputs, targets)
         total = self.criterion.total(losses)
-        on_step = stage == "train"
         logged = {
             f"{stage}/{k}": v.detach() for k, v in losses.items() if not k[-1].isdigit()
         }  # aux terms stay out of the logs
-        self.log(
-            f"{stage}/loss",
-            total,
-            on_step=on_step,
-            on_epoch=True,
-            prog_bar=not on_step or self.trainer.progress_bar_callback is not None,
-            sync_dist=not on_step,
-            batch_size=len(targets),
-        )
-        self.log_dict(logged, on_step=on_step, on_epoch=True, sync_dist=not on_step, batch_size=len(targets))
+        if stage == "train":
+            log_training_step(self, {"train/loss": total}, len(targets))
+            log_training_step(self, logged, len(targets), prog_bar=False)
+            return outputs, total
+        self.log(f"{stage}/loss", total, prog_bar=True, sync_dist=True, batch_size=len(targets))
+        self.log_dict(logged, sync_dist=True, batch_size=len(targets))
         return outputs, total
 
     def training_step(self, batch, batch_idx):

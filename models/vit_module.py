@@ -10,6 +10,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from models import optim
 from models.distributed import clip_gradients
+from models.training_log import log_training_step
 from models.vit import VisionTransformer, load_pretrained, read_init_from
 
 
@@ -61,33 +62,27 @@ class ImageClassifier(pl.LightningModule):
                 p.requires_grad = name.startswith("head.")
         # top-1 over all images, as papers report it (torchmetrics' default is the mean over classes)
         classes = self.model.num_classes
-        self.train_acc, self.val_acc, self.test_acc = (MulticlassAccuracy(classes, average="micro") for _ in range(3))
+        self.val_acc, self.test_acc = (MulticlassAccuracy(classes, average="micro") for _ in range(2))
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
 
-    def _step(self, batch: tuple[Tensor, Tensor], stage: str, metric: MulticlassAccuracy) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch  # labels (B,) class indices, or (B, K) soft targets from Mixup/CutMix
         logits = self(images)
-        loss = F.cross_entropy(
-            logits, labels, label_smoothing=self.hparams.label_smoothing if stage == "train" else 0.0
-        )
-        metric(logits, labels if labels.ndim == 1 else labels.argmax(-1))
-        on_step = stage == "train"
-        self.log(
-            f"{stage}/loss",
-            loss,
-            on_step=on_step,
-            on_epoch=True,
-            prog_bar=not on_step or self.trainer.progress_bar_callback is not None,
-            sync_dist=not on_step,
-            batch_size=len(labels),
-        )
-        self.log(f"{stage}/acc", metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(labels))
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        hits = logits.argmax(-1) == _class_indices(labels)  # (B,)
+        log_training_step(self, {"train/loss": loss}, len(labels))
+        log_training_step(self, {"train/acc": hits.float().mean()}, len(labels), on_step=False)  # top-1, as below
         return loss
 
-    def training_step(self, batch, batch_idx):
-        return self._step(batch, "train", self.train_acc)
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str, metric: MulticlassAccuracy) -> None:
+        images, labels = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, labels)
+        metric.update(logits, _class_indices(labels))
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=True, batch_size=len(labels))
+        self.log(f"{stage}/acc", metric, prog_bar=True)
 
     def validation_step(self, batch, batch_idx):
         self._step(batch, "val", self.val_acc)
@@ -111,3 +106,8 @@ class ImageClassifier(pl.LightningModule):
             optimizer, self.trainer, "cosine", warmup_epochs=hp.warmup_epochs, min_ratio=hp.min_lr_ratio
         )
         return {"optimizer": optimizer, "lr_scheduler": schedule}
+
+
+def _class_indices(labels: Tensor) -> Tensor:
+    """(B,) class indices from class indices or (B, K) soft targets."""
+    return labels if labels.ndim == 1 else labels.argmax(-1)
