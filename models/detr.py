@@ -186,13 +186,12 @@ class DETR(nn.Module):
         self.bbox_embed = MLP(d_model, d_model, 4, 3)
         if query_type == "encoder":
             self.proposals = EncoderProposals(MLP(d_model, d_model, 4, 3), d_model, num_classes, self.focal)
-            nn.init.zeros_(self.bbox_embed.layers[-1].weight)  # the first boxes are the anchors
-            nn.init.zeros_(self.bbox_embed.layers[-1].bias)
         if query_type == "anchor":
             self.refpoint_embed = nn.Embedding(num_queries, 4)  # anchors before the sigmoid
             with torch.no_grad():  # centres uniform over the image (DAB-DETR's random_refpoints_xy); sizes N(0, 1)
                 self.refpoint_embed.weight[:, :2] = inverse_sigmoid(torch.rand(num_queries, 2))
-            nn.init.zeros_(self.bbox_embed.layers[-1].weight)  # the first prediction is the anchor itself
+        if query_type != "vanilla":  # the first prediction is the anchor itself
+            nn.init.zeros_(self.bbox_embed.layers[-1].weight)
             nn.init.zeros_(self.bbox_embed.layers[-1].bias)
         if query_type != "vanilla" or dn_number > 0:  # boxes (anchors, noised boxes) -> positional queries
             self.ref_point_head = MLP(2 * d_model, d_model, d_model, 2)
