@@ -21,6 +21,17 @@ TINY_TRUNK = dict(
     stem_width=8,
 )
 
+# configs/text/shakespeare_char_cpu.yaml at nanoGPT's CPU-example size (4 x 128, context 64, batch 12), validated
+# in every epoch: the language-model CLI tests' overrides (`from conftest import LM_SMALL`)
+LM_SMALL = (
+    "--model.init_args.d_model=128",
+    "--data.init_args.block_size=64",
+    "--model.init_args.max_positions=64",
+    "--data.init_args.batch_size=12",
+    "--trainer.check_val_every_n_epoch=1",
+    "--trainer.precision=32-true",
+)
+
 
 @pytest.fixture
 def attnlab(capsys):

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import LM_SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGY = """
@@ -52,6 +53,7 @@ RUNS = {
             "--data.init_args.path=null",
             "--trainer.callbacks.tokens=20",
             "--trainer.val_check_interval=2",
+            *LM_SMALL,
         ),
         ("val_samples.md",),
     ),

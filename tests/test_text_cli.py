@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import LM_SMALL
 from tokenizers import Tokenizer
 
 TOY = "configs/text/toy_en_de.yaml"
@@ -80,6 +81,7 @@ def test_language_model_fit_and_complete_a_prompt(attnlab, tmp_path):
         f"--trainer.default_root_dir={tmp_path}",
         f"--data.init_args.cache_dir={tmp_path / 'data'}",
         "--data.init_args.path=null",
+        *LM_SMALL,
     )
     code, out, err = attnlab("fit", *args, "--trainer.max_steps=40", "--trainer.val_check_interval=20")
     assert code == 0, err
