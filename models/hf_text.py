@@ -225,7 +225,8 @@ def _with_defaults(network: type[nn.Module], given: dict) -> dict:
 def gpt2_from_pretrained(name: str, network: dict) -> tuple[DecoderOnlyLM, dict]:
     """A `DecoderOnlyLM` holding the GPT-2 of ``name`` (folder or hub name), and the architecture arguments
     it was built with; of ``network`` (the run's `DecoderOnlyLM` arguments) the folder's architecture
-    replaces all but ``vocab_size`` (linked from the data: it must be the folder's), ``dropout`` and ``similarity``."""
+    replaces all but ``vocab_size`` (linked from the data: it must be the folder's), the dropout rates and
+    ``similarity``."""
     source = f"model.init_from={name}"
     folder = pretrained_folder(name, "model.init_from")
     config = read_config(folder, source, "gpt2")
@@ -318,7 +319,7 @@ def marian_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
 def marian_from_pretrained(name: str, network: dict, bos_id: int, eos_id: int) -> tuple[Seq2SeqTransformer, dict]:
     """A `Seq2SeqTransformer` holding the Marian model of ``name`` (folder or hub name), and the
     architecture arguments it was built with; of ``network`` (the run's `Seq2SeqTransformer` arguments)
-    the folder's architecture replaces all but the vocabulary facts, ``dropout`` and ``similarity``. The
+    the folder's architecture replaces all but the vocabulary facts, the dropout rates and ``similarity``. The
     data's vocabulary sizes, ``pad_id``, ``bos_id`` (the decoder's start token) and ``eos_id`` must be the folder's."""
     source = f"model.init_from={name}"
     folder = pretrained_folder(name, "model.init_from")

@@ -101,7 +101,10 @@ class Seq2SeqTransformer(nn.Module):
         num_encoder_layers: encoder layers.
         num_decoder_layers: decoder layers.
         dim_feedforward: hidden width of the MLPs.
-        dropout: dropout on embeddings, after attention and MLP, and inside attention.
+        dropout: dropout on embeddings and after attention and MLP; also inside attention and the MLP unless
+            the next two are given.
+        attn_dropout: dropout on the attention weights (fairseq's ``attention_dropout``); None: ``dropout``.
+        activation_dropout: dropout after the MLP's activation (fairseq's); None: ``dropout``.
         activation: MLP activation (the paper: relu; see `models.transformer`).
         norm_first: pre-norm layers with final norms; post-norm (the paper) when false.
         similarity: attention similarity (see `models.attention`).
@@ -135,6 +138,8 @@ class Seq2SeqTransformer(nn.Module):
         pad_id: int = 0,
         scale_embeddings: bool = True,
         output_bias: bool = False,
+        attn_dropout: float | None = None,
+        activation_dropout: float | None = None,
     ):
         super().__init__()
         check_heads(d_model, nhead)
@@ -153,6 +158,8 @@ class Seq2SeqTransformer(nn.Module):
         layer = dict(
             dim_feedforward=dim_feedforward,
             dropout=dropout,
+            attn_dropout=attn_dropout,
+            activation_dropout=activation_dropout,
             activation=activation,
             norm_first=norm_first,
             similarity=similarity,
@@ -230,7 +237,10 @@ class DecoderOnlyLM(nn.Module):
         nhead: attention heads.
         num_layers: blocks.
         dim_feedforward: MLP width (4·d_model when not given).
-        dropout: dropout on embeddings, after attention and MLP, and inside attention.
+        dropout: dropout on embeddings and after attention and MLP; also inside attention and the MLP unless
+            the next two are given.
+        attn_dropout: dropout on the attention weights (fairseq's ``attention_dropout``); None: ``dropout``.
+        activation_dropout: dropout after the MLP's activation (fairseq's); None: ``dropout``.
         activation: MLP activation (see `models.transformer`).
         norm_first: pre-norm blocks with a final LayerNorm (GPT-2); post-norm when false.
         similarity: attention similarity (see `models.attention`).
@@ -254,6 +264,8 @@ class DecoderOnlyLM(nn.Module):
         positions: Positions = "learned",
         max_positions: int = 256,
         tie_embeddings: bool = True,
+        attn_dropout: float | None = None,
+        activation_dropout: float | None = None,
     ):
         super().__init__()
         check_heads(d_model, nhead)
@@ -268,6 +280,8 @@ class DecoderOnlyLM(nn.Module):
             final_norm=norm_first,
             dim_feedforward=dim_feedforward or 4 * d_model,
             dropout=dropout,
+            attn_dropout=attn_dropout,
+            activation_dropout=activation_dropout,
             activation=activation,
             norm_first=norm_first,
             similarity=similarity,

@@ -42,6 +42,10 @@ def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
     return x if pos is None else x + pos
 
 
+def _or(rate: float | None, default: float) -> float:
+    return default if rate is None else rate
+
+
 def _activation(name: str):
     if name not in _ACTIVATIONS:
         raise ValueError(f"activation={name!r} is not known; choose one of {', '.join(_ACTIVATIONS)}")
@@ -53,9 +57,12 @@ class TransformerEncoderLayer(nn.Module):
 
     Args:
         d_model: width D. nhead: heads. dim_feedforward: hidden width of the MLP.
-        dropout: dropout after attention/MLP and inside attention. activation: "relu", "gelu", "gelu_tanh" or "silu".
+        dropout: dropout after attention and MLP (the paper's residual dropout), and the two below unless given.
+        activation: "relu", "gelu", "gelu_tanh" or "silu".
         norm_first: pre-norm if True, post-norm (the paper) if False.
         similarity: attention similarity (see models.attention). drop_path: stochastic depth rate.
+        attn_dropout: dropout on the attention weights. activation_dropout: dropout inside the MLP, after
+            its activation (fairseq's ``attention_dropout`` and ``activation_dropout``). None: ``dropout``.
     Shapes: src (B, L, D), pos (B, L, D) or None, src_key_padding_mask (B, L) -> (B, L, D).
     """
 
@@ -71,13 +78,12 @@ class TransformerEncoderLayer(nn.Module):
         layer_norm_eps: float = 1e-5,
         drop_path: float = 0.0,
         attn_dropout: float | None = None,
+        activation_dropout: float | None = None,
     ):
         super().__init__()
-        self.self_attn = MultiHeadAttention(
-            d_model, nhead, dropout if attn_dropout is None else attn_dropout, similarity
-        )
+        self.self_attn = MultiHeadAttention(d_model, nhead, _or(attn_dropout, dropout), similarity)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(_or(activation_dropout, dropout))
         self.linear2 = nn.Linear(dim_feedforward, d_model)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -129,6 +135,7 @@ class TransformerDecoderLayer(nn.Module):
     ``query_pos`` (DETR's object queries) is added to the queries and keys of the self-attention
     and to the queries of the cross-attention; ``pos`` is added to the memory keys.
     ``cache`` (a `DecoderLayerCache`) enables incremental decoding one token at a time.
+    Arguments as in `TransformerEncoderLayer`; ``attn_dropout`` applies to both attentions.
     Shapes: tgt (B, T, D), memory (B, S, D) -> (B, T, D).
     """
 
@@ -142,12 +149,14 @@ class TransformerDecoderLayer(nn.Module):
         norm_first: bool = False,
         similarity: Similarity = "scaled_dot",
         layer_norm_eps: float = 1e-5,
+        attn_dropout: float | None = None,
+        activation_dropout: float | None = None,
     ):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout, similarity)
-        self.multihead_attn = MultiHeadAttention(d_model, nhead, dropout, similarity)
+        self.self_attn = MultiHeadAttention(d_model, nhead, _or(attn_dropout, dropout), similarity)
+        self.multihead_attn = MultiHeadAttention(d_model, nhead, _or(attn_dropout, dropout), similarity)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(_or(activation_dropout, dropout))
         self.linear2 = nn.Linear(dim_feedforward, d_model)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)

@@ -110,6 +110,32 @@ def test_outputs_ignore_padding_content_and_future_tokens():
     torch.testing.assert_close(model(src, tgt2)[:, :3], logits[:, :3])
 
 
+def test_attention_and_activation_dropout_refine_dropout():
+    """fairseq's split: ``dropout`` stays on the residual branches, the attention weights and the MLP's
+    inner activations take their own rate when given and ``dropout``'s when not."""
+
+    def rates(layers):  # (residual, attention weights, MLP inner) rates of every layer
+        return {
+            (
+                layer.dropout1.p,
+                *{a.dropout for a in (layer.self_attn, getattr(layer, "multihead_attn", layer.self_attn))},
+                layer.dropout.p,
+            )
+            for layer in layers
+        }
+
+    split = tiny_seq2seq(dropout=0.3, attn_dropout=0.0, activation_dropout=0.1)
+    assert rates([*split.encoder.layers, *split.decoder.layers]) == {(0.3, 0.0, 0.1)}
+    assert rates(tiny_seq2seq(dropout=0.3).decoder.layers) == {(0.3, 0.3, 0.3)}
+    lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, dropout=0.2, attn_dropout=0.0, activation_dropout=0.0)
+    assert rates(lm.blocks.layers) == {(0.2, 0.0, 0.0)}
+    # in training, a model whose only dropout is on the attention weights is random, one without is not
+    src, tgt = padded_batch([5, 3]), padded_batch([4, 6], seed=2)
+    for attn_dropout, random in ((0.5, True), (0.0, False)):
+        model = tiny_seq2seq(dropout=0.0, attn_dropout=attn_dropout).train()
+        assert (not torch.equal(model(src, tgt), model(src, tgt))) == random
+
+
 def test_teacher_forcing_feeds_the_target_shifted_right():
     tgt = torch.tensor([[BOS_ID, 7, 8, 9, EOS_ID], [BOS_ID, 5, EOS_ID, PAD_ID, PAD_ID]])
     decoder_input, labels = teacher_forcing(tgt)
