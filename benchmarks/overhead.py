@@ -2,15 +2,19 @@
 logger) against a plain PyTorch loop of the same model, data and optimizer.
 
     python -m benchmarks.overhead                       # ViT on the digits and the toy seq2seq, on the CPU
-    python -m benchmarks.overhead --device cuda --repeats 7
+    python -m benchmarks.overhead --device cuda --repeats 5
 
-Each repeat runs both loops, in alternating order, for ``--epochs`` + 1 epochs of ``--batches`` batches
-with validation off. The first epoch is warm-up; in each later epoch the time from the end of its first
-batch to the end of its last (one wait for the device at each end) is the measured span, so loader
-starts and epoch-end work (checkpoints) fall outside it. Step time = measured time / measured steps,
-as wall-clock time and as this process's CPU time (on a CPU shared with other jobs the CPU time is the
-steadier figure: waiting for a core is not counted); the table gives the median over repeats and the
-overhead (trainer - plain) / plain of those medians.
+The two loops run in one process, in alternating steps: after each training step of `attnlab fit`, a
+callback (`Interleave`) runs one step of the plain loop on its own copy of the model, data and optimizer.
+On a machine whose speed drifts by 10-40% from one second to the next (a shared VM), both loops then see
+the same conditions, within a tenth of a second. The trainer's step is the time from the end of that
+callback's hook to its next call (everything Lightning does for a batch: fetching it, the hooks of every
+callback, the step, logging); the plain step is the time the callback spends in it (fetching its batch
+included). Each repeat is one `attnlab fit` of ``--epochs`` + 1 epochs of ``--batches`` batches, validation
+off; the first epoch and the first step of each epoch (warm-up, loader start, epoch-end work such as
+checkpoints) are not counted. Step time is the total over the counted steps / their number, as
+wall-clock time and as this process's CPU time, with one wait for the device at each boundary; the table
+also gives the median and the quartiles of the per-step ratios.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -46,26 +49,29 @@ def _done(device: torch.device) -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-class SpanClock(pl.Callback):
-    """Times the trainer's epochs after the first, from the end of their first batch to the end of their last,
-    and writes (seconds, steps) to ``output``."""
+# the plain loop of the run under way (set by `interleaved_step_times`), and the step times measured
+_PLAIN: PlainLoop | None = None
+_TIMES: dict[str, list[tuple[float, float]]] = {}
 
-    def __init__(self, output: str):
-        self.output, self.seconds, self.steps, self._start = output, [0.0, 0.0], 0, None
+
+class Interleave(pl.Callback):
+    """Runs one plain step (`_PLAIN`) after each training step, and times both: (wall, CPU) per step into `_TIMES`."""
+
+    def on_train_start(self, trainer, pl_module):
+        _TIMES.update(trainer=[], plain=[])
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        _PLAIN.new_epoch()
+        self._mark = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.current_epoch == 0:
-            return
-        if batch_idx == 0:
-            self._start = _done(pl_module.device)
-        elif batch_idx + 1 == trainer.num_training_batches:
-            self.seconds = [
-                total + end - start for total, end, start in zip(self.seconds, _done(pl_module.device), self._start)
-            ]
-            self.steps += batch_idx
-
-    def on_train_end(self, trainer, pl_module):
-        Path(self.output).write_text(json.dumps({"seconds": self.seconds, "steps": self.steps}))
+        now = _done(pl_module.device)
+        _PLAIN.step()
+        after = _done(pl_module.device)
+        if trainer.current_epoch > 0 and self._mark is not None:
+            _TIMES["trainer"].append((now[0] - self._mark[0], now[1] - self._mark[1]))
+            _TIMES["plain"].append((after[0] - now[0], after[1] - now[1]))
+        self._mark = after
 
 
 def _common(config: str, args: argparse.Namespace, root: str) -> list[str]:
@@ -83,18 +89,6 @@ def _common(config: str, args: argparse.Namespace, root: str) -> list[str]:
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
     ]
-
-
-def trainer_step_time(config: str, args: argparse.Namespace) -> list[float]:
-    """(wall-clock, CPU) seconds per step of `attnlab fit` with this config (the CLI in this process)."""
-    from experiments.cli import main
-
-    with tempfile.TemporaryDirectory() as root:
-        output = Path(root) / "clock.json"
-        clock = json.dumps({"class_path": f"{__name__}.SpanClock", "init_args": {"output": str(output)}})
-        main(["fit", *_common(config, args, root), f"--trainer.callbacks+={clock}"])
-        measured = json.loads(output.read_text())
-    return [seconds / measured["steps"] for seconds in measured["seconds"]]
 
 
 def _build(config: str, args: argparse.Namespace, root: str) -> tuple[pl.LightningModule, pl.LightningDataModule]:
@@ -145,40 +139,54 @@ def _seq2seq(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Ca
     return optimizer, schedule, loss
 
 
-def plain_step_time(config: str, args: argparse.Namespace) -> list[float]:
-    """(wall-clock, CPU) seconds per step of a hand-written loop: forward, loss, backward, (clipping), AdamW step, schedule step."""
-    from lightning_fabric.utilities.apply_func import move_data_to_device
+class PlainLoop:
+    """A hand-written loop on its own copy of the config's model, data and optimizer, one `step` at a time: fetch a
+    batch, forward, loss, backward, (clipping), AdamW step, schedule step."""
 
-    with tempfile.TemporaryDirectory() as root:
-        module, data = _build(config, args, root)
-    pl.seed_everything(0, verbose=False)
-    device = torch.device(args.device)
-    module.to(device).train()
-    data.setup("fit")
-    loader = data.train_dataloader()
-    optimizer, schedule, loss_of = (_vit if "vision" in config else _seq2seq)(module)
-    clip = 1.0 if "text" in config else None  # the toy config's trainer.gradient_clip_val
-    seconds, steps = [0.0, 0.0], 0
-    for epoch in range(args.epochs + 1):
-        start = None
-        for i, batch in enumerate(loader):
-            if i == args.batches:
-                break
-            loss = loss_of(move_data_to_device(batch, device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if clip is not None:
-                torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
-            optimizer.step()
-            schedule.step()
-            if epoch == 0:
-                continue
-            if i == 0:
-                start = _done(device)
-            elif i + 1 == min(args.batches, len(loader)):
-                seconds = [total + end - begin for total, end, begin in zip(seconds, _done(device), start)]
-                steps += i
-    return [total / steps for total in seconds]
+    def __init__(self, config: str, args: argparse.Namespace):
+        with tempfile.TemporaryDirectory() as root:
+            self.module, data = _build(config, args, root)
+        self.device = torch.device(args.device)
+        self.module.to(self.device).train()
+        data.setup("fit")
+        self.loader = data.train_dataloader()
+        self.optimizer, self.schedule, self.loss = (_vit if "vision" in config else _seq2seq)(self.module)
+        self.clip = 1.0 if "text" in config else None  # the toy config's trainer.gradient_clip_val
+        self.new_epoch()
+
+    def new_epoch(self) -> None:
+        self.batches = iter(self.loader)
+
+    def step(self) -> None:
+        from lightning_fabric.utilities.apply_func import move_data_to_device
+
+        batch = next(self.batches, None)
+        if batch is None:
+            self.new_epoch()
+            batch = next(self.batches)
+        loss = self.loss(move_data_to_device(batch, self.device))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
+        self.optimizer.step()
+        self.schedule.step()
+
+
+def interleaved_step_times(config: str, args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
+    """One `attnlab fit` of this config (the CLI in this process) with a plain step after each of its steps:
+    {"trainer": [...], "plain": [...]}, the (wall, CPU) seconds of each counted step."""
+    global _PLAIN
+    from experiments.cli import main
+
+    _PLAIN = PlainLoop(config, args)
+    try:
+        with tempfile.TemporaryDirectory() as root:
+            interleave = json.dumps({"class_path": f"{__name__}.Interleave"})
+            main(["fit", *_common(config, args, root), f"--trainer.callbacks+={interleave}"])
+    finally:
+        _PLAIN = None
+    return {kind: list(times) for kind, times in _TIMES.items()}
 
 
 def _load() -> str:
@@ -189,8 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["vit", "seq2seq"])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=3, help="measured epochs per run (after one of warm-up)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of `attnlab fit` per task")
+    parser.add_argument("--epochs", type=int, default=8, help="counted epochs per run (after one of warm-up)")
     parser.add_argument("--batches", type=int, default=20, help="training batches per epoch")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
     args = parser.parse_args(argv)
@@ -199,25 +207,25 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # this script's own options are in sys.argv
     loads, rows = [_load()], []
     for task in args.tasks:
-        times: dict[str, list[list[float]]] = {"trainer": [], "plain": []}
+        times: dict[str, list[tuple[float, float]]] = {"trainer": [], "plain": []}
         for repeat in range(args.repeats):
-            order = ("trainer", "plain") if repeat % 2 == 0 else ("plain", "trainer")
-            for kind in order:
-                times[kind].append((trainer_step_time if kind == "trainer" else plain_step_time)(TASKS[task], args))
+            measured = interleaved_step_times(TASKS[task], args)
+            for kind in times:
+                times[kind] += measured[kind]
+            per_step = {kind: statistics.fmean(t[0] for t in m) * 1e3 for kind, m in measured.items()}
             print(
-                f"{task} repeat {repeat}: trainer {times['trainer'][-1][0] * 1e3:.2f} ms, plain {times['plain'][-1][0] * 1e3:.2f} ms "
-                f"(CPU {times['trainer'][-1][1] * 1e3:.2f} / {times['plain'][-1][1] * 1e3:.2f}), load {_load()}",
+                f"{task} repeat {repeat}: trainer {per_step['trainer']:.2f} ms, plain {per_step['plain']:.2f} ms, load {_load()}",
                 file=sys.stderr,
                 flush=True,
             )
         loads.append(_load())
         for clock, name in enumerate(("wall-clock", "CPU")):
-            trainer = statistics.median(t[clock] for t in times["trainer"])
-            plain = statistics.median(t[clock] for t in times["plain"])
-            pairs = [(t[clock] - p[clock]) / p[clock] for t, p in zip(times["trainer"], times["plain"])]
+            trainer, plain = (statistics.fmean(t[clock] for t in times[k]) for k in ("trainer", "plain"))
+            ratios = [t[clock] / p[clock] - 1 for t, p in zip(times["trainer"], times["plain"])]
+            low, median, high = statistics.quantiles(ratios, n=4)
             rows.append(
                 f"| {task} ({TASKS[task]}) | {name} | {trainer * 1e3:.2f} | {plain * 1e3:.2f} | {100 * (trainer - plain) / plain:+.1f} % | "
-                f"{100 * min(pairs):+.1f} .. {100 * max(pairs):+.1f} % |"
+                f"{100 * median:+.1f} % ({100 * low:+.1f} .. {100 * high:+.1f}) |"
             )
     device = (
         torch.cuda.get_device_name()
@@ -230,10 +238,12 @@ def main(argv: list[str] | None = None) -> None:
         f"load average (1 min) before/after each task: {' -> '.join(loads)}  "
     )
     print(
-        f"{args.repeats} interleaved repeats of {args.epochs} measured epochs x {args.batches} batches (1 warm-up epoch); "
-        "step time is the median over repeats.\n"
+        f"{args.repeats} runs of {args.epochs} counted epochs x {args.batches} batches (after 1 warm-up epoch), the two "
+        "loops in alternating steps; step time: the mean over the counted steps.\n"
     )
-    print("| task | time | `attnlab fit` step (ms) | plain loop step (ms) | Trainer overhead | per-repeat range |")
+    print(
+        "| task | time | `attnlab fit` step (ms) | plain loop step (ms) | Trainer overhead | per-step ratio: median (quartiles) |"
+    )
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
 
