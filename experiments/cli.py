@@ -197,7 +197,11 @@ def main(args: list[str] | None = None) -> None:
         save_config_callback=tracking.LoggedConfig,  # config.yaml in the run folder, and nested in W&B
         # progress bars only where someone watches; logs and CI get the epoch summaries
         # every experiment gets throughput, gradient norm and summary.json without listing them
-        trainer_defaults={"enable_progress_bar": sys.stderr.isatty(), "callbacks": tracking.default_callbacks()},
+        trainer_defaults={
+            "enable_progress_bar": sys.stderr.isatty(),
+            "callbacks": tracking.default_callbacks(),
+            "profiler": {"class_path": "experiments.tracking.NoProfiler"},
+        },
         args=args,
     )
 

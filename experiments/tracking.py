@@ -19,6 +19,7 @@ run, saying so, when there is none: the same command serves a first start and a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import netrc
 import os
@@ -32,6 +33,7 @@ from pytorch_lightning.cli import SaveConfigCallback
 from pytorch_lightning.loggers import CSVLogger as _CSVLogger
 from pytorch_lightning.loggers import WandbLogger as _WandbLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+from pytorch_lightning.profilers import PassThroughProfiler
 
 from experiments.links import LINKED_ATTRIBUTES
 
@@ -265,6 +267,19 @@ def _read_json(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+class NoProfiler(PassThroughProfiler):
+    """Lightning's default (no profiling) at a third of its cost: the Trainer wraps every hook of every callback in
+    ``profiler.profile(name)``, about 180 times a training step with the default callbacks, and Lightning's no-op
+    profiler builds a generator context manager each time (about 3 us of host time on a 2-core CPU, 1% of a small
+    model's step); this one hands back one shared ``nullcontext``. ``--trainer.profiler=simple`` (or
+    ``advanced``, ``pytorch``) replaces it."""
+
+    _nothing = contextlib.nullcontext()
+
+    def profile(self, action_name: str) -> contextlib.nullcontext:
+        return self._nothing
 
 
 def default_callbacks() -> list:

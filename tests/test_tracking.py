@@ -208,3 +208,18 @@ def test_summary_of_a_tiny_run(attnlab, tmp_path):
     header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"perf/samples_per_s", "perf/tokens_per_s", "train/grad_norm", "train/loss_step", "val/acc"} <= set(header)
     assert (run / "attention.png").stat().st_size > 0
+
+
+def test_the_trainer_profiles_nothing_by_default_and_takes_lightning_profilers(capsys):
+    from experiments.cli import main
+
+    def printed(*args):
+        with pytest.raises(SystemExit):
+            main(["fit", "--config", DIGITS, *args, "--print_config"])
+        return yaml.safe_load(capsys.readouterr().out)["trainer"]["profiler"]
+
+    assert printed()["class_path"] == "experiments.tracking.NoProfiler"
+    assert printed("--trainer.profiler=simple") == "simple"
+    profiler = tracking.NoProfiler()
+    with profiler.profile("[Callback]Throughput.on_train_batch_end") as a, profiler.profile("nested") as b:
+        assert a is None and b is None  # one shared nullcontext, re-entered
