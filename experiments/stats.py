@@ -93,8 +93,8 @@ def _sequences(
     """(encoder-side sequence, decoder-side sequence or None) of the fixed batch."""
     if kind == "vision":
         images = args[0]  # (B, C, H, W)
-        p = model.patch_embed.patch_size
-        cells = _grid(images.shape[-2] // p, images.shape[-1] // p, p, p)
+        g = model.patch_embed.grid_size  # a conv stem's patches are cut from its feature map: the stride is H / g
+        cells = _grid(g, g, images.shape[-2] / g, images.shape[-1] / g)
         prefix = getattr(model, "num_prefix_tokens", 1)
         positions = torch.cat([torch.full((prefix, 2), float("nan")), cells])  # [CLS] first, no place
         special = torch.zeros(images.shape[0], len(positions), dtype=torch.bool)

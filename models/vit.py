@@ -20,11 +20,12 @@ import logging
 import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import torch
-from timm.layers import resample_abs_pos_embed
+from timm.layers import ConvNormAct, resample_abs_pos_embed
 from timm.models import adapt_input_conv
 from torch import Tensor, nn
 
@@ -36,25 +37,44 @@ log = logging.getLogger(__name__)
 
 
 class PatchEmbed(nn.Module):
-    """Image (B, C, H, W) -> patch tokens (B, N, D) with a Conv2d whose kernel = stride = patch size."""
+    """Image (B, C, H, W) -> patch tokens (B, N, D) with a Conv2d whose kernel = stride = patch size.
 
-    def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768):
+    With ``stem_channels``, a convolutional stem (Xiao et al. 2021, "Early Convolutions Help Transformers See
+    Better") runs first: one 3x3 stride-2 convolution, BatchNorm and ReLU per entry (timm's ``ConvNormAct``), and
+    the patches are cut from its feature map, as in timm's hybrid ViTs (``patch_size: 1`` is the paper's final
+    1x1 convolution). Each stride-2 layer halves the side, rounding up: 28 -> 14 -> 7 -> 4.
+    """
+
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        stem_channels: Sequence[int] = (),
+    ):
         super().__init__()
-        if img_size % patch_size:
+        widths = (in_chans, *stem_channels)
+        self.stem = nn.Sequential(*(ConvNormAct(c_in, c_out, 3, stride=2) for c_in, c_out in zip(widths, widths[1:])))
+        feature_size = img_size
+        for _ in stem_channels:
+            feature_size = (feature_size + 1) // 2
+        if feature_size % patch_size:
+            where = f"the stem's {feature_size}x{feature_size} feature map" if stem_channels else "the image size"
             raise ValueError(
-                f"model.patch_size={patch_size} does not divide the image size {img_size}; choose a divisor of {img_size}"
+                f"model.patch_size={patch_size} does not divide {where} {feature_size}; choose a divisor of {feature_size}"
             )
         self.img_size, self.patch_size = img_size, patch_size
-        self.grid_size = img_size // patch_size
+        self.grid_size = feature_size // patch_size
         self.num_patches = self.grid_size**2
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(widths[-1], embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-2:] != (self.img_size, self.img_size):
             raise ValueError(
                 f"input images are {tuple(x.shape[-2:])}, the model expects {self.img_size}x{self.img_size}"
             )
-        return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
+        return self.proj(self.stem(x)).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
 def _init_linear(layer: nn.Linear) -> None:
@@ -68,7 +88,7 @@ class VisionTransformer(nn.Module):
 
     Args:
         img_size: height and width of the (square) images.
-        patch_size: side of the square patches; it must divide img_size.
+        patch_size: side of the square patches; it must divide img_size (or the stem's feature map).
         in_chans: image channels.
         num_classes: classes of the head (0 gives features only).
         embed_dim: width; ``num_heads`` must divide it.
@@ -81,6 +101,8 @@ class VisionTransformer(nn.Module):
         global_pool: "token" (class token after the final norm) or "avg" (mean of the patch
             tokens, then ``fc_norm``; the class token is kept, as in timm, but unread).
         similarity: attention similarity of the shared core (see `models.attention`).
+        stem_channels: widths of a convolutional stem before the patch projection (see `PatchEmbed`);
+            ``patch_size`` then applies to the stem's feature map. Empty: the plain ViT.
     Shapes: images (B, C, H, W) -> logits (B, num_classes).
     """
 
@@ -101,6 +123,7 @@ class VisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         global_pool: Literal["token", "avg"] = "token",
         similarity: Similarity = "scaled_dot",
+        stem_channels: Sequence[int] = (),
     ):
         super().__init__()
         if global_pool not in ("token", "avg"):
@@ -111,7 +134,7 @@ class VisionTransformer(nn.Module):
                 f"choose a divisor of {embed_dim}"
             )
         self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, stem_channels)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.patch_embed.num_patches, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)

@@ -8,7 +8,7 @@ import torch
 from conftest import TINY_TRUNK
 from torch import nn
 
-from experiments.stats import Sequence, _layer_stats, attention_statistics
+from experiments.stats import Sequence, _layer_stats, _sequences, attention_statistics
 from models.attention import MultiHeadAttention, capture_attention, merge_masks
 from models.backbone import Backbone
 from models.detr import DETR
@@ -122,6 +122,8 @@ def _cases():
     yield "lm", DecoderOnlyLM(12, d_model=16, nhead=2, num_layers=2), (torch.randint(0, 12, (2, 6)),), ()
     vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=16, depth=2, num_heads=2)
     yield "vit", vit, (torch.randn(2, 1, 8, 8),), ()
+    stem = VisionTransformer(8, 1, 1, 3, 16, 2, 2, stem_channels=(4, 8))  # 8 -> 4 -> 2: a 2x2 grid of 4-pixel cells
+    yield "vit-stem", stem.eval(), (torch.randn(2, 1, 8, 8),), ()
     detr = DETR(
         Backbone(**TINY_TRUNK),
         3,
@@ -186,3 +188,16 @@ def test_statistics_of_one_head_equal_a_hand_computation():
     # query 0 sits at 0 and looks 1 away with weight probs[0][1]; query 1 at 1 looks 1 away with probs[1][0]
     assert stats["distance"] == pytest.approx([(probs[0][1] + probs[1][0]) / 2], rel=1e-6)
     assert stats["special"] == pytest.approx([(probs[0][0] + probs[1][0]) / 2], rel=1e-6)
+
+
+def test_vision_positions_are_the_centres_of_the_patch_grid_cells_in_pixels():
+    stem = VisionTransformer(
+        img_size=8, patch_size=1, in_chans=1, embed_dim=16, depth=1, num_heads=2, stem_channels=(4, 8)
+    )
+    for vit, centres in (
+        (VisionTransformer(img_size=8, patch_size=4, in_chans=1, embed_dim=16, depth=1, num_heads=2), (2.0, 6.0)),
+        (stem, (2.0, 6.0)),
+    ):
+        seq, _ = _sequences("vision", vit, (torch.zeros(1, 1, 8, 8),), None, ())
+        assert seq.positions[0].isnan().all()  # [CLS]
+        assert seq.positions[1:].tolist() == [[r, c] for r in centres for c in centres]

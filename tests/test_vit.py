@@ -22,6 +22,20 @@ def test_patch_size_must_divide_image_size():
         PatchEmbed(img_size=8, patch_size=3)
 
 
+def test_conv_stem_halves_the_side_per_layer_and_stays_local():
+    torch.manual_seed(0)
+    embed = PatchEmbed(img_size=8, patch_size=1, in_chans=1, embed_dim=4, stem_channels=(3, 5)).eval()
+    assert (embed.grid_size, embed.num_patches) == (2, 4)  # 8 -> 4 -> 2
+    assert PatchEmbed(img_size=28, patch_size=1, in_chans=1, embed_dim=4, stem_channels=(2, 2, 2)).grid_size == 4
+    x = torch.randn(1, 1, 8, 8)
+    y = x.clone()
+    y[0, 0, 0, 2] += 1.0  # through two 3x3 stride-2 layers, pixel (0, 2) reaches tokens (0, 0) and (0, 1) only
+    changed = (embed(y) - embed(x)).abs().sum(-1)[0] > 0
+    assert embed(x).shape == (1, 4, 4) and changed.tolist() == [True, True, False, False]
+    with pytest.raises(ValueError, match="model.patch_size=3 does not divide the stem's 4x4 feature map 4"):
+        PatchEmbed(img_size=8, patch_size=3, stem_channels=(4,))
+
+
 def test_heads_must_divide_the_width():
     with pytest.raises(ValueError, match=r"model.num_heads=3 does not divide model.embed_dim=32; choose a divisor"):
         VisionTransformer(img_size=8, patch_size=2, embed_dim=32, num_heads=3)
