@@ -281,10 +281,10 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
     """Load a state dict with our key names into ``model``, adapting it where that is well defined.
 
     - positions: resampled (bicubic) to the model's patch grid when the grid differs;
-    - patch projection: adapted to the model's channel count (timm's ``adapt_input_conv``: e.g. RGB
-      weights summed for grayscale input);
+    - the first convolution (the patch projection, or the stem's first): adapted to the model's channel count
+      (timm's ``adapt_input_conv``: e.g. RGB weights summed for grayscale input);
     - head: re-initialised (and logged) when the class count differs.
-    Anything else that does not fit (depth, width, patch size, pooling) is a ValueError naming ``source``.
+    Anything else that does not fit (depth, width, patch size, pooling, stem) is a ValueError naming ``source``.
     """
     state = dict(state)
     own = model.state_dict()
@@ -306,11 +306,18 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
         log.warning(
             "%s: positions resampled from a %dx%d to a %dx%d patch grid", source, old_grid, old_grid, grid, grid
         )
-    proj = state.get("patch_embed.proj.weight")
-    in_chans = own["patch_embed.proj.weight"].shape[1]
-    if proj is not None and proj.shape[1] != in_chans:
-        state["patch_embed.proj.weight"] = adapt_input_conv(in_chans, proj)
-        log.warning("%s: patch projection adapted from %d to %d input channels", source, proj.shape[1], in_chans)
+    stems = {name: _stem_widths(d) for name, d in (("checkpoint", state), ("model", own))}
+    if stems["checkpoint"] != stems["model"]:
+        raise ValueError(
+            f"{source} has a convolutional stem of widths {stems['checkpoint']} ([]: none), the model "
+            f"{stems['model']}; set model.stem_channels={stems['checkpoint']}"
+        )
+    first = "patch_embed.stem.0.conv.weight" if stems["model"] else "patch_embed.proj.weight"  # reads the image
+    conv = state.get(first)
+    in_chans = own[first].shape[1]
+    if conv is not None and conv.shape[1] != in_chans:
+        state[first] = adapt_input_conv(in_chans, conv)
+        log.warning("%s: %s adapted from %d to %d input channels", source, first, conv.shape[1], in_chans)
     classes = {
         name: d["head.weight"].shape[0] if "head.weight" in d else 0
         for name, d in (("checkpoint", state), ("model", own))
@@ -339,6 +346,14 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
     model.load_state_dict(state, strict=not new_head)
     if new_head:
         model.reset_head()
+
+
+def _stem_widths(state: dict[str, Tensor]) -> list[int]:
+    """The output widths of a state dict's convolutional stem (`PatchEmbed`), in order; [] without one."""
+    widths = []
+    while (weight := state.get(f"patch_embed.stem.{len(widths)}.conv.weight")) is not None:
+        widths.append(weight.shape[0])
+    return widths
 
 
 def load_timm_state_dict(model: VisionTransformer, state: dict[str, Tensor], source: str = "timm state dict") -> None:

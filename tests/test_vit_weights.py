@@ -122,10 +122,23 @@ def test_rgb_weights_adapt_to_grayscale_by_summing_channels():
     torch.testing.assert_close(gray.patch_embed.proj.weight, rgb.patch_embed.proj.weight.sum(1, keepdim=True))
 
 
+def test_rgb_weights_adapt_to_grayscale_in_the_first_stem_convolution():
+    rgb = VisionTransformer(8, 1, 3, 2, 16, 1, 2, stem_channels=(4, 8))
+    gray = VisionTransformer(8, 1, 1, 2, 16, 1, 2, stem_channels=(4, 8))
+    load_pretrained(gray, rgb.state_dict())
+    first = rgb.patch_embed.stem[0].conv.weight
+    torch.testing.assert_close(gray.patch_embed.stem[0].conv.weight, first.sum(1, keepdim=True))
+    torch.testing.assert_close(gray.patch_embed.proj.weight, rgb.patch_embed.proj.weight)  # reads the stem, unchanged
+
+
 @pytest.mark.parametrize(
     "source,match",
     [
         (dict(global_pool="avg"), "trained with global_pool='avg' .* set model.global_pool=avg"),
+        (
+            dict(patch_size=1, stem_channels=(4,)),
+            r"a convolutional stem of widths \[4\] .* set model.stem_channels=\[4\]",
+        ),
         (dict(patch_size=2), "weights of another shape, e.g. patch_embed.proj.weight"),
     ],
 )
@@ -193,3 +206,10 @@ def test_layer_decay_scales_learning_rates_from_the_head_down():
 def test_layer_decay_out_of_range_is_refused():
     with pytest.raises(ValueError, match=r"model.layer_decay=1.5 must be in \(0, 1\]"):
         _classifier(layer_decay=1.5)
+
+
+def test_a_checkpoint_without_the_models_stem_is_refused_naming_stem_channels():
+    with pytest.raises(
+        ValueError, match=r"widths \[\] \(\[\]: none\), the model \[4, 8\]; set model.stem_channels=\[\]"
+    ):
+        load_pretrained(_vit(img_size=8, patch_size=1, stem_channels=(4, 8)), _vit(img_size=8).state_dict())
