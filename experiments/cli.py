@@ -169,7 +169,11 @@ class AttnlabCLI(LightningCLI):
 
     def after_fit(self) -> None:
         best = self.trainer.checkpoint_callback
-        if best is not None and best.best_model_path:
+        if best is None or not best.best_model_path:
+            return
+        if best.best_model_score is None:  # no monitor: the checkpoint is the latest one
+            print(f"attnlab: checkpoint {best.best_model_path}")
+        else:
             print(f"attnlab: best {best.monitor}={float(best.best_model_score):.4f}, checkpoint {best.best_model_path}")
 
 

@@ -50,6 +50,17 @@ def test_model_facts_are_linked_from_the_datamodule(attnlab, tmp_path):
     assert (hparams["num_classes"], hparams["in_chans"], hparams["img_size"]) == (10, 1, 8)
 
 
+def test_a_fit_without_a_monitored_checkpoint_names_its_checkpoint(attnlab, tmp_path):
+    # Lightning's own ModelCheckpoint (no monitor) keeps the latest checkpoint and has no best score
+    one_batch = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1")
+    code, out, err = attnlab(
+        "fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks=[]", *one_batch
+    )
+    assert code == 0, err
+    saved = next(tmp_path.glob("**/checkpoints/*.ckpt"))
+    assert f"attnlab: checkpoint {saved}" in out and "attnlab: best" not in out
+
+
 def test_print_config_shows_every_knob(attnlab):
     code, out, _ = attnlab("fit", "--config", DIGITS, "--print_config")
     assert code == 0
