@@ -48,15 +48,18 @@ def clip_gradients(module, optimizer, gradient_clip_val: float | None, gradient_
     Under FSDP, by norm: FSDP's own norm, over every process's shards. With a fused optimizer under mixed
     precision: Lightning refuses because such an optimizer unscales inside its step; the gradients are unscaled
     here first (only with fp16's scaler; bf16 has none), then clipped, and the scaler's step skips the unscaling.
+    Lightning calls it at every optimizer step, also without clipping: then it returns at once.
     """
+    if not gradient_clip_val:
+        return
     from pytorch_lightning.plugins.precision import Precision
     from pytorch_lightning.utilities import GradClipAlgorithmType
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     model, precision = module.trainer.model, module.trainer.precision_plugin
-    if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(model, FullyShardedDataParallel):
+    if gradient_clip_algorithm in (None, "norm") and isinstance(model, FullyShardedDataParallel):
         model.clip_grad_norm_(gradient_clip_val)
-    elif gradient_clip_val and getattr(optimizer, "_step_supports_amp_scaling", False) and hasattr(precision, "scaler"):
+    elif getattr(optimizer, "_step_supports_amp_scaling", False) and hasattr(precision, "scaler"):
         if precision.scaler is not None:
             precision.scaler.unscale_(optimizer)
         algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
