@@ -9,12 +9,17 @@ callback (`Interleave`) runs one step of the plain loop on its own copy of the m
 On a machine whose speed drifts by 10-40% from one second to the next (a shared VM), both loops then see
 the same conditions, within a tenth of a second. The trainer's step is the time from the end of that
 callback's hook to its next call (everything Lightning does for a batch: fetching it, the hooks of every
-callback, the step, logging); the plain step is the time the callback spends in it (fetching its batch
-included). Each repeat is one `attnlab fit` of ``--epochs`` + 1 epochs of ``--batches`` batches, validation
+callback, the step, logging); the plain step is the time the callback spends in it: it takes a batch from
+its own loader (the loading is paid alike) and trains on the trainer's batch (the same arithmetic, also where
+batches differ in length and the trainer's loader orders them otherwise). Each repeat is one `attnlab fit` of ``--epochs`` + 1 epochs of ``--batches`` batches, validation
 off; the first epoch and the first step of each epoch (warm-up, loader start, epoch-end work such as
 checkpoints) are not counted. Step time is the total over the counted steps / their number, as
 wall-clock time and as this process's CPU time, with one wait for the device at each boundary; the table
 also gives the median and the quartiles of the per-step ratios.
+
+A second row per task, "Lightning alone", measures a bare `pl.Trainer` (no callback but `Interleave`, no
+logger, no checkpoint) on the same module and data the same way: the part of the overhead that Lightning's
+loop itself sets, which no callback of ours can remove. The runs of the two loops take turns.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ class Interleave(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         now = _done(pl_module.device)
-        _PLAIN.step()
+        _PLAIN.step(batch)
         after = _done(pl_module.device)
         if trainer.current_epoch > 0 and self._mark is not None:
             _TIMES["trainer"].append((now[0] - self._mark[0], now[1] - self._mark[1]))
@@ -91,7 +96,9 @@ def _common(config: str, args: argparse.Namespace, root: str) -> list[str]:
     ]
 
 
-def _build(config: str, args: argparse.Namespace, root: str) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+def _build(
+    config: str, args: argparse.Namespace, root: str
+) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
     from experiments.cli import AttnlabCLI
 
     cli = AttnlabCLI(
@@ -103,7 +110,34 @@ def _build(config: str, args: argparse.Namespace, root: str) -> tuple[pl.Lightni
         save_config_callback=None,
         args=_common(config, args, root),
     )
-    return cli.model, cli.datamodule
+    return cli.model, cli.datamodule, cli.trainer
+
+
+def _lightning_alone(config: str, args: argparse.Namespace, root: str) -> None:
+    """Fit the config's module and data with a bare `pl.Trainer`: no callback but `Interleave`, no logger, no
+    checkpoint, the CLI's `NoProfiler`, and the config's logging interval, clipping, accumulation and precision."""
+    from experiments.tracking import NoProfiler
+
+    module, data, configured = _build(config, args, root)
+    pl.Trainer(
+        accelerator="gpu" if args.device == "cuda" else "cpu",
+        devices=1,
+        max_epochs=args.epochs + 1,
+        limit_train_batches=args.batches,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[Interleave()],
+        profiler=NoProfiler(),
+        default_root_dir=root,
+        log_every_n_steps=configured.log_every_n_steps,
+        gradient_clip_val=configured.gradient_clip_val,
+        accumulate_grad_batches=configured.accumulate_grad_batches,
+        precision=configured.precision,
+    ).fit(module, data)
 
 
 def _vit(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Callable[[Any], torch.Tensor]]:
@@ -141,11 +175,11 @@ def _seq2seq(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Ca
 
 class PlainLoop:
     """A hand-written loop on its own copy of the config's model, data and optimizer, one `step` at a time: fetch a
-    batch, forward, loss, backward, (clipping), AdamW step, schedule step."""
+    batch, forward, loss, backward, (clipping), AdamW step, schedule step (on the trainer's batch: `step`)."""
 
     def __init__(self, config: str, args: argparse.Namespace):
         with tempfile.TemporaryDirectory() as root:
-            self.module, data = _build(config, args, root)
+            self.module, data, _ = _build(config, args, root)
         self.device = torch.device(args.device)
         self.module.to(self.device).train()
         data.setup("fit")
@@ -157,14 +191,18 @@ class PlainLoop:
     def new_epoch(self) -> None:
         self.batches = iter(self.loader)
 
-    def step(self) -> None:
+    def step(self, batch: Any) -> None:
+        """One step on ``batch``, the trainer's own, so that both loops do the same arithmetic also where batches
+        differ in length (the trainer's loader may order them otherwise: `ExactResume`); a batch is first taken from
+        this loop's own loader and moved to the device, so that loading is paid as in the trainer."""
         from lightning_fabric.utilities.apply_func import move_data_to_device
 
-        batch = next(self.batches, None)
-        if batch is None:
+        own = next(self.batches, None)
+        if own is None:
             self.new_epoch()
-            batch = next(self.batches)
-        loss = self.loss(move_data_to_device(batch, self.device))
+            own = next(self.batches)
+        move_data_to_device(own, self.device)
+        loss = self.loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.clip is not None:
@@ -173,17 +211,26 @@ class PlainLoop:
         self.schedule.step()
 
 
-def interleaved_step_times(config: str, args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
-    """One `attnlab fit` of this config (the CLI in this process) with a plain step after each of its steps:
-    {"trainer": [...], "plain": [...]}, the (wall, CPU) seconds of each counted step."""
+LOOPS = {"attnlab": "`attnlab fit`", "lightning": "Lightning alone"}
+
+
+def interleaved_step_times(
+    config: str, args: argparse.Namespace, loop: str = "attnlab"
+) -> dict[str, list[tuple[float, float]]]:
+    """One fit of this config with a plain step after each of its steps: {"trainer": [...], "plain": [...]}, the
+    (wall, CPU) seconds of each counted step. ``loop``: "attnlab" (`attnlab fit`, the CLI in this process) or
+    "lightning" (a bare `pl.Trainer`, `_lightning_alone`: the floor that Lightning's loop sets)."""
     global _PLAIN
     from experiments.cli import main
 
     _PLAIN = PlainLoop(config, args)
     try:
         with tempfile.TemporaryDirectory() as root:
-            interleave = json.dumps({"class_path": f"{__name__}.Interleave"})
-            main(["fit", *_common(config, args, root), f"--trainer.callbacks+={interleave}"])
+            if loop == "lightning":
+                _lightning_alone(config, args, root)
+            else:
+                interleave = json.dumps({"class_path": f"{__name__}.Interleave"})
+                main(["fit", *_common(config, args, root), f"--trainer.callbacks+={interleave}"])
     finally:
         _PLAIN = None
     return {kind: list(times) for kind, times in _TIMES.items()}
@@ -197,36 +244,46 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["vit", "seq2seq"])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of `attnlab fit` per task")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each loop per task")
     parser.add_argument("--epochs", type=int, default=8, help="counted epochs per run (after one of warm-up)")
     parser.add_argument("--batches", type=int, default=20, help="training batches per epoch")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
+    parser.add_argument(
+        "--loops",
+        nargs="+",
+        choices=list(LOOPS),
+        default=list(LOOPS),
+        help="attnlab: `attnlab fit`; lightning: a bare pl.Trainer on the same module and data (Lightning's floor)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
     warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # this script's own options are in sys.argv
     loads, rows = [_load()], []
     for task in args.tasks:
-        times: dict[str, list[tuple[float, float]]] = {"trainer": [], "plain": []}
+        times = {loop: {"trainer": [], "plain": []} for loop in args.loops}
         for repeat in range(args.repeats):
-            measured = interleaved_step_times(TASKS[task], args)
-            for kind in times:
-                times[kind] += measured[kind]
-            per_step = {kind: statistics.fmean(t[0] for t in m) * 1e3 for kind, m in measured.items()}
-            print(
-                f"{task} repeat {repeat}: trainer {per_step['trainer']:.2f} ms, plain {per_step['plain']:.2f} ms, load {_load()}",
-                file=sys.stderr,
-                flush=True,
-            )
+            for loop in args.loops:  # in turn, so that a slow spell of the machine reaches each
+                measured = interleaved_step_times(TASKS[task], args, loop)
+                for kind in ("trainer", "plain"):
+                    times[loop][kind] += measured[kind]
+                per_step = {kind: statistics.fmean(t[0] for t in m) * 1e3 for kind, m in measured.items()}
+                print(
+                    f"{task} {loop} repeat {repeat}: trainer {per_step['trainer']:.2f} ms, plain {per_step['plain']:.2f} ms, "
+                    f"load {_load()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         loads.append(_load())
-        for clock, name in enumerate(("wall-clock", "CPU")):
-            trainer, plain = (statistics.fmean(t[clock] for t in times[k]) for k in ("trainer", "plain"))
-            ratios = [t[clock] / p[clock] - 1 for t, p in zip(times["trainer"], times["plain"])]
-            low, median, high = statistics.quantiles(ratios, n=4)
-            rows.append(
-                f"| {task} ({TASKS[task]}) | {name} | {trainer * 1e3:.2f} | {plain * 1e3:.2f} | {100 * (trainer - plain) / plain:+.1f} % | "
-                f"{100 * median:+.1f} % ({100 * low:+.1f} .. {100 * high:+.1f}) |"
-            )
+        for loop in args.loops:
+            for clock, name in enumerate(("wall-clock", "CPU")):
+                trainer, plain = (statistics.fmean(t[clock] for t in times[loop][k]) for k in ("trainer", "plain"))
+                ratios = [t[clock] / p[clock] - 1 for t, p in zip(times[loop]["trainer"], times[loop]["plain"])]
+                low, median, high = statistics.quantiles(ratios, n=4)
+                rows.append(
+                    f"| {task} ({TASKS[task]}) | {LOOPS[loop]} | {name} | {trainer * 1e3:.2f} | {plain * 1e3:.2f} | "
+                    f"{100 * (trainer - plain) / plain:+.1f} % | {100 * median:+.1f} % ({100 * low:+.1f} .. {100 * high:+.1f}) |"
+                )
     device = (
         torch.cuda.get_device_name()
         if args.device == "cuda"
@@ -238,13 +295,13 @@ def main(argv: list[str] | None = None) -> None:
         f"load average (1 min) before/after each task: {' -> '.join(loads)}  "
     )
     print(
-        f"{args.repeats} runs of {args.epochs} counted epochs x {args.batches} batches (after 1 warm-up epoch), the two "
-        "loops in alternating steps; step time: the mean over the counted steps.\n"
+        f"{args.repeats} runs of each loop of {args.epochs} counted epochs x {args.batches} batches (after 1 warm-up "
+        "epoch), each against the plain loop in alternating steps; step time: the mean over the counted steps.\n"
     )
     print(
-        "| task | time | `attnlab fit` step (ms) | plain loop step (ms) | Trainer overhead | per-step ratio: median (quartiles) |"
+        "| task | loop | time | loop step (ms) | plain loop step (ms) | overhead | per-step ratio: median (quartiles) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 
