@@ -17,6 +17,9 @@ checkpoints) are not counted. Step time is the total over the counted steps / th
 wall-clock time and as this process's CPU time, with one wait for the device at each boundary; the table
 also gives the median and the quartiles of the per-step ratios.
 
+Each run is a process of its own: the two models' relative speed moves by up to a point from one process to
+the next (memory layout; a process's runs agree within half a point), so repeats sample that too.
+
 A second row per task, "Lightning alone", measures a bare `pl.Trainer` (no callback but `Interleave`, no
 logger, no checkpoint) on the same module and data the same way: the part of the overhead that Lightning's
 loop itself sets, which no callback of ours can remove. The runs of the two loops take turns.
@@ -30,6 +33,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -236,6 +240,20 @@ def interleaved_step_times(
     return {kind: list(times) for kind, times in _TIMES.items()}
 
 
+def _in_fresh_process(task: str, loop: str, args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
+    """`interleaved_step_times` of one task and loop in a new Python process: the two models' memory layout, which
+    moves their relative speed by up to a point from one process to the next, is drawn anew for each run."""
+    options = ["--device", args.device, "--epochs", str(args.epochs), "--batches", str(args.batches)]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.overhead", "--one", task, loop, *options, "--threads", str(args.threads)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the {loop} run of {task} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.splitlines()[-1])  # the run's own output comes before
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -244,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["vit", "seq2seq"])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each loop per task")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each loop per task, each in its own process")
     parser.add_argument("--epochs", type=int, default=8, help="counted epochs per run (after one of warm-up)")
     parser.add_argument("--batches", type=int, default=20, help="training batches per epoch")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
@@ -255,16 +273,21 @@ def main(argv: list[str] | None = None) -> None:
         default=list(LOOPS),
         help="attnlab: `attnlab fit`; lightning: a bare pl.Trainer on the same module and data (Lightning's floor)",
     )
+    parser.add_argument("--one", nargs=2, metavar=("TASK", "LOOP"), help=argparse.SUPPRESS)  # a run, in its process
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
     warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # this script's own options are in sys.argv
+    if args.one:
+        task, loop = args.one
+        print(json.dumps(interleaved_step_times(TASKS[task], args, loop)))
+        return
     loads, rows = [_load()], []
     for task in args.tasks:
         times = {loop: {"trainer": [], "plain": []} for loop in args.loops}
         for repeat in range(args.repeats):
             for loop in args.loops:  # in turn, so that a slow spell of the machine reaches each
-                measured = interleaved_step_times(TASKS[task], args, loop)
+                measured = _in_fresh_process(task, loop, args)
                 for kind in ("trainer", "plain"):
                     times[loop][kind] += measured[kind]
                 per_step = {kind: statistics.fmean(t[0] for t in m) * 1e3 for kind, m in measured.items()}
