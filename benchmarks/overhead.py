@@ -11,8 +11,8 @@ the same conditions, within a tenth of a second. The trainer's step is the time 
 callback's hook to its next call (everything Lightning does for a batch: fetching it, the hooks of every
 callback, the step, logging); the plain step is the time the callback spends in it: it takes a batch from
 its own loader (the loading is paid alike) and trains on the trainer's batch (the same arithmetic, also where
-batches differ in length and the trainer's loader orders them otherwise). Each repeat is one `attnlab fit` of ``--epochs`` + 1 epochs of ``--batches`` batches, validation
-off; the first epoch and the first step of each epoch (warm-up, loader start, epoch-end work such as
+batches differ in length and the trainer's loader orders them otherwise). Each run is one fit of ``--epochs``
++ 1 epochs of ``--batches`` batches, validation off; the first epoch and the first step of each epoch (warm-up, loader start, epoch-end work such as
 checkpoints) are not counted. Step time is the total over the counted steps / their number, as
 wall-clock time and as this process's CPU time, with one wait for the device at each boundary; the table
 also gives the median and the quartiles of the per-step ratios.
