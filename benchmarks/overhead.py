@@ -15,7 +15,8 @@ batches differ in length and the trainer's loader orders them otherwise). Each r
 + 1 epochs of ``--batches`` batches, validation off; the first epoch and the first step of each epoch (warm-up, loader start, epoch-end work such as
 checkpoints) are not counted. Step time is the total over the counted steps / their number, as
 wall-clock time and as this process's CPU time, with one wait for the device at each boundary; the table
-also gives the median and the quartiles of the per-step ratios.
+also gives the overhead in ms a step (host time, which moves less than the ratio when the machine's arithmetic
+speeds up or slows down) and the median and the quartiles of the per-step ratios.
 
 Each run is a process of its own: the two models' relative speed moves by up to a point from one process to
 the next (memory layout; a process's runs agree within half a point), so repeats sample that too.
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> None:
                 low, median, high = statistics.quantiles(ratios, n=4)
                 rows.append(
                     f"| {task} ({TASKS[task]}) | {LOOPS[loop]} | {name} | {trainer * 1e3:.2f} | {plain * 1e3:.2f} | "
-                    f"{100 * (trainer - plain) / plain:+.1f} % | {100 * median:+.1f} % ({100 * low:+.1f} .. {100 * high:+.1f}) |"
+                    f"{100 * (trainer - plain) / plain:+.1f} % | {(trainer - plain) * 1e3:+.2f} | "
+                    f"{100 * median:+.1f} % ({100 * low:+.1f} .. {100 * high:+.1f}) |"
                 )
     device = (
         torch.cuda.get_device_name()
@@ -322,9 +324,10 @@ def main(argv: list[str] | None = None) -> None:
         "epoch), each against the plain loop in alternating steps; step time: the mean over the counted steps.\n"
     )
     print(
-        "| task | loop | time | loop step (ms) | plain loop step (ms) | overhead | per-step ratio: median (quartiles) |"
+        "| task | loop | time | loop step (ms) | plain loop step (ms) | overhead | overhead (ms) "
+        "| per-step ratio: median (quartiles) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 
