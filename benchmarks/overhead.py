@@ -120,9 +120,12 @@ def _build(
 
 def _lightning_alone(config: str, args: argparse.Namespace, root: str) -> None:
     """Fit the config's module and data with a bare `pl.Trainer`: no callback but `Interleave`, no logger, no
-    checkpoint, the CLI's `NoProfiler`, and the config's logging interval, clipping, accumulation and precision."""
+    checkpoint, the CLI's `NoProfiler` and process set-up (the CUDA check), and the config's logging interval,
+    clipping, accumulation and precision."""
+    from experiments.cli import drop_nvml_check_without_a_driver
     from experiments.tracking import NoProfiler
 
+    drop_nvml_check_without_a_driver()
     module, data, configured = _build(config, args, root)
     pl.Trainer(
         accelerator="gpu" if args.device == "cuda" else "cpu",
