@@ -15,8 +15,8 @@ batches differ in length and the trainer's loader orders them otherwise). Each r
 + 1 epochs of ``--batches`` batches, validation off; the first epoch and the first step of each epoch (warm-up, loader start, epoch-end work such as
 checkpoints) are not counted. Step time is the total over the counted steps / their number, as
 wall-clock time and as this process's CPU time, with one wait for the device at each boundary; the table
-also gives the overhead in ms a step (host time, which moves less than the ratio when the machine's arithmetic
-speeds up or slows down) and the median and the quartiles of the per-step ratios.
+also gives the overhead in ms a step and the median and the quartiles of the per-step ratios. On a shared VM
+both the step and the host's share of it drift from one hour to the next: compare runs of one sitting.
 
 Each run is a process of its own: the two models' relative speed moves by up to a point from one process to
 the next (memory layout; a process's runs agree within half a point), so repeats sample that too.
