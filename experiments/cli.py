@@ -189,8 +189,8 @@ def drop_nvml_check_without_a_driver() -> None:
     """Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` for the whole process, so that asking whether CUDA is
     there goes through NVML and leaves forks safe. Without an NVIDIA driver, torch (a CUDA build) then tries to load
     NVML at every ``torch.cuda.is_available()``, fails, and asks the CUDA runtime as it would without the variable:
-    the same answer after a failed library search, and torch's optimizers ask at every step (0.39 ms of a 25 ms
-    digits step on a 2-core CPU, against 0.04 ms). Where NVML cannot load, the variable is dropped; with a driver,
+    the same answer after a failed library search, and torch's optimizers ask at every step (0.35 ms of a 25 ms
+    digits step on a 2-core CPU, against 0.03 ms). Where NVML cannot load, the variable is dropped; with a driver,
     or on ROCm (which counts devices otherwise), it stays."""
     if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1" or torch.version.cuda is None or torch.version.hip:
         return
