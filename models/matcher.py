@@ -30,10 +30,12 @@ class HungarianMatcher(nn.Module):
         cost_class, cost_bbox, cost_giou: weights of the three terms (at least one non-zero).
         focal, focal_alpha, focal_gamma: the focal class cost and its α, γ (0.25 and 2, as the papers).
     Shapes:
-        outputs["pred_logits"] (B, Q, K + 1), outputs["pred_boxes"] (B, Q, 4) normalised cxcywh;
+        outputs["pred_logits"] (B, Q, K + 1), outputs["pred_boxes"] (B, Q, 4) normalised cxcywh, and
+        optionally outputs["padding"] (B, Q) True at queries that no target may take (the encoder's padded
+        cells, `models.query_selection`);
         targets: B dicts with "labels" (T_b,) and "boxes" (T_b, 4) normalised cxcywh.
-    Returns: B pairs (query indices, target indices), each int64 of length min(Q, T_b), on the
-    predictions' device.
+    Returns: B pairs (query indices, target indices), each int64 of length min(Q, T_b) (Q counting the
+    queries that may be taken), on the predictions' device.
     """
 
     def __init__(
@@ -95,7 +97,11 @@ class HungarianMatcher(nn.Module):
         stacked = {key: torch.stack([o[key] for o in layers]) for key in ("pred_logits", "pred_boxes")}  # (L, B, Q, ·)
         cost = self.cost_matrix(stacked, targets).cpu()  # (L, B, Q, T)
         sizes = [len(t["boxes"]) for t in targets]
-        pairs = [[self._assign(c[b, :, : sizes[b]]) for b in range(len(targets))] for c in cost]
+        # a padded cell's cost is finite (its blocked class, its box beside the image), so it could still win
+        # a target at the image's edge; it is left out of the assignment instead
+        padding = layers[0].get("padding")  # (B, Q)
+        free = [None] * len(targets) if padding is None else [(~p).nonzero()[:, 0] for p in padding.cpu()]
+        pairs = [[self._assign(c[b, :, : sizes[b]], free[b]) for b in range(len(targets))] for c in cost]
         # one copy of every index to the predictions' device: the losses then index there without
         # waiting for a copy of their own (from pageable memory, each such copy waits for the GPU)
         flat = [t for layer in pairs for pair in layer for t in pair]
@@ -103,6 +109,8 @@ class HungarianMatcher(nn.Module):
         return [[(next(parts), next(parts)) for _ in layer] for layer in pairs]
 
     @staticmethod
-    def _assign(cost: Tensor) -> tuple[Tensor, Tensor]:
-        rows, cols = linear_sum_assignment(cost.numpy())
-        return torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)
+    def _assign(cost: Tensor, free: Tensor | None) -> tuple[Tensor, Tensor]:
+        """cost (Q, T) -> (query indices, target indices); only the queries ``free`` (None: all) are assigned."""
+        rows, cols = linear_sum_assignment((cost if free is None else cost[free]).numpy())
+        rows = torch.as_tensor(rows, dtype=torch.int64)
+        return (rows if free is None else free[rows]), torch.as_tensor(cols, dtype=torch.int64)

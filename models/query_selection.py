@@ -5,9 +5,10 @@ Every feature cell of the encoder output proposes a class and a box, the box pre
 itself (``sigmoid(inverse_sigmoid(cell) + delta)``). The proposals are trained with the same set loss as a
 decoder layer (`models.criterion.SetCriterion`, terms ``_enc``), so every cell, and through it the trunk,
 is supervised from the first step, where DETR's learned queries pass the trunk a signal only through the
-few matched queries' cross-attention. The N cells with the best class score become the decoder's queries:
-their memory, detached (RT-DETR), is the content and their boxes, detached, the anchors that the decoder
-refines layer by layer as DAB-DETR's anchors (`models.detr.DETR`, ``query_type="encoder"``).
+few matched queries' cross-attention. The N unpadded cells with the most probable real class become the
+decoder's queries: their memory, detached (RT-DETR), is the content and their boxes, detached, the anchors
+that the decoder refines layer by layer as DAB-DETR's anchors (`models.detr.DETR`, ``query_type="encoder"``).
+A padded cell is neither a query nor a candidate of the matcher.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class EncoderProposals(nn.Module):
             "no object", like the decoder's.
         focal: sigmoid classes, the bias starting at a 1% prior (as the decoder's).
     Shapes: memory (B, h·w, D), mask (B, h·w) True at padding, cells (B, h·w, 4), see `cell_boxes` ->
-        content (B, N, D), anchors (B, N, 4), proposals {``pred_logits`` (B, h·w, C), ``pred_boxes`` (B, h·w, 4)}.
+        content (B, N, D), anchors (B, N, 4), proposals {``pred_logits`` (B, h·w, C), ``pred_boxes`` (B, h·w, 4),
+        ``padding`` (B, h·w): the mask, for the matcher}.
     """
 
     def __init__(self, box_head: nn.Module, d_model: int, num_classes: int, focal: bool):
@@ -62,22 +64,28 @@ class EncoderProposals(nn.Module):
     def forward(
         self, memory: Tensor, mask: Tensor, cells: Tensor, num_queries: int
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        if memory.shape[1] < num_queries:
+        valid = (~mask).sum(1).tolist()  # unpadded cells per image; one wait for the device
+        if min(valid) < num_queries:
+            image = valid.index(min(valid))
             raise ValueError(
-                f"model.num_queries={num_queries} exceeds the {memory.shape[1]} feature cells of this batch: "
-                "query_type='encoder' selects the queries among the cells; use fewer queries or larger images"
+                f"model.num_queries={num_queries} exceeds the {min(valid)} feature cells of image {image} of this "
+                "batch (its unpadded part): query_type='encoder' selects each image's queries among its unpadded "
+                "cells; use fewer queries or larger images"
             )
         out = self.enc_output(memory.masked_fill(mask[..., None], 0.0))  # (B, h·w, D)
         logits = self.enc_class_embed(out)  # (B, h·w, C)
         boxes = (inverse_sigmoid(cells.clamp(max=1.0)).to(out.dtype) + self.enc_bbox_embed(out)).sigmoid()
-        real = logits if self.focal else logits[..., :-1]  # the no-object column does not rank a cell
-        score = real.amax(-1).masked_fill(mask, float("-inf"))  # (B, h·w)
+        # the best real class's probability ranks a cell; sigmoid is monotone, so focal logits rank as they are,
+        # while softmax's no-object share lowers a cell whatever its largest real logit
+        score = logits.amax(-1) if self.focal else logits.softmax(-1)[..., :-1].amax(-1)  # (B, h·w)
+        score = score.masked_fill(mask, float("-inf"))
         top = score.topk(num_queries, dim=1).indices[..., None]  # (B, N, 1)
         content = out.gather(1, top.expand(-1, -1, out.shape[-1])).detach()
         anchors = boxes.gather(1, top.expand(-1, -1, 4)).detach()
-        # a padded cell never wins a match: no class probability and (softmax) certainly "no object"
+        # a padded cell is no candidate for the matcher (``padding``), and its class, no probability and (softmax)
+        # certainly "no object", is no loss
         blocked = torch.full_like(logits, -1e4)
         if not self.focal:
             blocked[..., -1] = 1e4
         logits = torch.where(mask[..., None], blocked, logits)
-        return content, anchors, {"pred_logits": logits, "pred_boxes": boxes}
+        return content, anchors, {"pred_logits": logits, "pred_boxes": boxes, "padding": mask}

@@ -18,12 +18,12 @@ from models.matcher import HungarianMatcher
 from models.query_selection import cell_boxes
 
 
-def tiny_detr(**kwargs) -> DETR:
+def tiny_detr(num_queries: int = 5, **kwargs) -> DETR:
     torch.manual_seed(0)
     return DETR(
         Backbone(**TINY_TRUNK),
         3,
-        5,
+        num_queries,
         d_model=32,
         nhead=4,
         num_encoder_layers=1,
@@ -329,23 +329,63 @@ def test_cell_boxes_by_hand():
     assert cells[0, 3, 0] > 1  # a padded cell lies outside the image
 
 
+class HandPlaced(torch.nn.Module):
+    """Stands in for the cells' classifier: the given logits (B, h·w, C), whatever the memory."""
+
+    def __init__(self, logits: torch.Tensor):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits
+
+
+# `half_padded`'s 4 x 4 cells: image 1's columns 2 and 3 are padding
+WINNERS = [[2, 7, 9, 12, 15], [0, 5, 8, 9, 13]]  # the 5 most probable real classes, by construction
+DECOYS = [5, 4]  # softmax: the largest real logit among the unpadded cells, and a larger no-object logit
+PADDED = [2, 3, 6, 7, 10, 11, 14, 15]
+
+
+def hand_placed_cell_logits(class_loss: str) -> torch.Tensor:
+    """(2, 16, C) cell logits whose 5 best unpadded cells are `WINNERS`: the winners' best real class has
+    probability 0.48 to 0.87 (softmax) or 0.73 to 0.95 (sigmoid), every other unpadded cell below 0.01;
+    the decoy's real logit (6) is larger than every winner's (at most 3), but softmax gives its class
+    e^6 / (e^6 + 2 + e^12) = 0.002; the padded cells are the most probable of all (logit 20)."""
+    focal = class_loss == "focal"
+    logits = torch.full((2, 16, 3), -5.0) if focal else torch.tensor([0.0, 0.0, 0.0, 5.0]).repeat(2, 16, 1)
+    for image, cells in enumerate(WINNERS):
+        for j, cell in enumerate(cells):
+            logits[image, cell, j % 3] = 1.0 + 0.5 * j
+            if not focal:
+                logits[image, cell, 3] = 0.0
+        if not focal:
+            logits[image, DECOYS[image]] = torch.tensor([6.0, 0.0, 0.0, 12.0])
+    logits[1, PADDED, 0] = 20.0
+    if not focal:
+        logits[1, PADDED, 3] = -20.0
+    return logits
+
+
 @pytest.mark.parametrize("class_loss", ["ce", "focal"])
 def test_encoder_queries_are_the_best_unpadded_cells_and_start_at_their_proposals(class_loss):
     model = tiny_detr(query_type="encoder", class_loss=class_loss).eval()
+    model.proposals.enc_class_embed = HandPlaced(hand_placed_cell_logits(class_loss))
     with torch.no_grad():
         model.proposals.enc_bbox_embed.layers[-1].weight.normal_(0, 0.1)  # proposals that differ from the cells
     images, mask = half_padded()
-    out = model(images, mask)
+    memory_mask = model.encode(images, mask)[1]
+    assert memory_mask[1].nonzero()[:, 0].tolist() == PADDED and not memory_mask[0].any()
+    with torch.no_grad():
+        out = model(images, mask)
     enc = out["enc_outputs"]
     assert enc["pred_logits"].shape == (2, 16, 3 if class_loss == "focal" else 4)
-    memory_mask = model.encode(images, mask)[1]
-    real = enc["pred_logits"] if class_loss == "focal" else enc["pred_logits"][..., :-1]
-    top = real.amax(-1).masked_fill(memory_mask, float("-inf")).topk(5).indices  # (2, 5)
-    assert not memory_mask.gather(1, top).any()  # no padded cell is a query
     first = out["aux_outputs"][0][
         "pred_boxes"
     ]  # the decoder's box head starts at zero: its first boxes are the anchors
-    torch.testing.assert_close(first, enc["pred_boxes"].gather(1, top[..., None].expand(-1, -1, 4)))
+    for image, winners in enumerate(WINNERS):
+        chosen = torch.cdist(first[image], enc["pred_boxes"][image]).argmin(1)  # (5,): the cell of each anchor
+        assert sorted(chosen.tolist()) == winners
+        torch.testing.assert_close(first[image], enc["pred_boxes"][image, chosen])
     if class_loss == "ce":  # a padded cell is certainly "no object"
         assert enc["pred_logits"][1][memory_mask[1]].softmax(-1)[:, -1].min() > 0.999
 
@@ -357,26 +397,46 @@ def test_encoder_proposals_start_as_their_cells():
     torch.testing.assert_close(model(images)["enc_outputs"]["pred_boxes"], cells, atol=1e-4, rtol=0)
 
 
-def test_encoder_proposals_are_trained_by_the_set_loss_and_never_matched_to_padding():
+def test_encoder_proposals_are_trained_by_the_set_loss():
     model = tiny_detr(query_type="encoder", class_loss="focal")
     weights = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
     criterion = SetCriterion(3, HungarianMatcher(2, 5, 2, focal=True), 0.1, weights, 2, focal_alpha=0.25, encoder=True)
     images, mask = half_padded()
-    targets = targets_of(2, 4)
-    out = model(images, mask)
-    losses = criterion(out, targets)
+    losses = criterion(model(images, mask), targets_of(2, 4))
     assert {"loss_ce_enc", "loss_bbox_enc", "loss_giou_enc"} <= set(losses)
     assert {k: criterion.weight_dict[k] for k in ("loss_ce_enc", "loss_bbox_enc", "loss_giou_enc")} == {
         "loss_ce_enc": 1.0,
         "loss_bbox_enc": 5.0,
         "loss_giou_enc": 2.0,
     }
-    memory_mask = model.encode(images, mask)[1]
-    matched, _ = criterion.matcher(out["enc_outputs"], targets)[1]
-    assert len(matched) == 4 and not memory_mask[1, matched].any()
     trunk = [p for p in model.backbone.parameters() if p.requires_grad]
     grads = torch.autograd.grad(losses["loss_ce_enc"], trunk, allow_unused=True)
     assert any(g is not None and g.abs().sum() > 0 for g in grads)  # the cells' classes train the trunk
+
+
+@pytest.mark.parametrize("class_loss", ["ce", "focal"])
+def test_encoder_proposals_are_never_matched_to_padding(class_loss):
+    """Objects at the right edge of image 1, whose padded cells lie beyond that edge: every cell has the same
+    class logits, and the padded cells' proposals (centre x 1) are nearer these objects than the last
+    unpadded column's (centre x 0.75), at an equal GIoU; unmasked, the padded cells would take them."""
+    focal = class_loss == "focal"
+    model = tiny_detr(query_type="encoder", class_loss=class_loss)
+    model.proposals.enc_class_embed = HandPlaced(torch.zeros(2, 16, 3 if focal else 4))
+    matcher = HungarianMatcher(2, 5, 2, focal=focal)
+    images, mask = half_padded()
+    edge = torch.tensor([[0.95, 0.125 + 0.25 * row, 0.1, 0.2] for row in range(4)])  # (4, 4) cxcywh
+    targets = [
+        {"labels": torch.tensor([0, 1]), "boxes": torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.6, 0.6, 0.2, 0.2]])},
+        {"labels": torch.tensor([0, 1, 2, 0]), "boxes": edge},
+    ]
+    memory_mask = model.encode(images, mask)[1]
+    assert memory_mask[1].nonzero()[:, 0].tolist() == PADDED
+    with torch.no_grad():
+        enc = model(images, mask)["enc_outputs"]
+    unmasked = {"pred_logits": torch.zeros_like(enc["pred_logits"]), "pred_boxes": enc["pred_boxes"]}
+    assert memory_mask[1, matcher(unmasked, targets)[1][0]].all()  # the construction: padding would win
+    matched, _ = matcher(enc, targets)[1]
+    assert len(matched) == 4 and not memory_mask[1, matched].any()
 
 
 def test_more_encoder_queries_than_cells_is_one_line_naming_the_setting():
@@ -384,3 +444,12 @@ def test_more_encoder_queries_than_cells_is_one_line_naming_the_setting():
     with pytest.raises(ValueError, match=r"^model\.num_queries=5 exceeds the 4 feature cells") as err:
         model(torch.randn(1, 3, 32, 32))
     assert "\n" not in str(err.value)
+
+
+def test_more_encoder_queries_than_an_images_unpadded_cells_is_one_line_naming_the_setting():
+    model = tiny_detr(num_queries=10, query_type="encoder")  # 16 cells a 64 x 64 image; image 1's 8 unpadded
+    images, mask = half_padded()
+    with pytest.raises(ValueError, match=r"^model\.num_queries=10 exceeds the 8 feature cells of image 1 ") as err:
+        model(images, mask)
+    assert "\n" not in str(err.value)
+    model(images)  # without padding, 16 cells are enough
