@@ -78,15 +78,9 @@ class SetCriterion(nn.Module):
         self.num_classes, self.matcher, self.eos_coef = num_classes, matcher, eos_coef
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
         base = weight_dict if weight_dict is not None else dict.fromkeys(("loss_ce", "loss_bbox", "loss_giou"), 1.0)
-        self.weight_dict = dict(base)
-        for i in range(num_aux):
-            self.weight_dict.update({f"{k}_{i}": v for k, v in base.items()})
-        if encoder:
-            self.weight_dict.update({f"{k}_enc": v for k, v in base.items()})
-        if denoising:
-            self.weight_dict.update({f"{k}_dn": v for k, v in base.items()})
-            for i in range(num_aux):
-                self.weight_dict.update({f"{k}_dn_{i}": v for k, v in base.items()})
+        layers = ["", *(f"_{i}" for i in range(num_aux))]  # the suffixes of `_losses`
+        suffixes = layers + ["_enc"] * encoder + [f"_dn{s}" for s in layers] * denoising
+        self.weight_dict = {k + s: v for s in suffixes for k, v in base.items()}
         empty_weight = torch.ones(num_classes + 1)
         empty_weight[-1] = eos_coef
         self.register_buffer("empty_weight", empty_weight)
@@ -136,12 +130,13 @@ class SetCriterion(nn.Module):
         ).flatten()  # pairs, not all ΣT x ΣT
         return {"loss_bbox": loss_bbox, "loss_giou": (1 - giou).sum() / num_boxes}
 
-    def _losses(self, outputs, targets, indices, num_boxes, log: bool) -> dict[str, Tensor]:
+    def _losses(self, outputs, targets, indices, num_boxes, log: bool = False, suffix: str = "") -> dict[str, Tensor]:
+        """One prediction set's losses, named with ``suffix`` (``_<layer>``, ``_enc``, ``_dn``, ``_dn_<layer>``)."""
         losses = self.loss_labels(outputs, targets, indices, num_boxes, log=log)
         losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
         if log:
             losses.update(self.loss_cardinality(outputs, targets, indices, num_boxes))
-        return losses
+        return {k + suffix: v for k, v in losses.items()}
 
     def forward(self, outputs: dict, targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         num_boxes = num_boxes_across_processes(targets, outputs["pred_logits"].device)
@@ -151,17 +146,12 @@ class SetCriterion(nn.Module):
         )  # one matching pass for all layers
         losses = self._losses(outputs, targets, final_indices, num_boxes, log=True)
         for i, (aux, indices) in enumerate(zip(aux_outputs, aux_indices)):
-            losses.update({f"{k}_{i}": v for k, v in self._losses(aux, targets, indices, num_boxes, log=False).items()})
+            losses.update(self._losses(aux, targets, indices, num_boxes, suffix=f"_{i}"))
         if "dn_outputs" in outputs:
             losses.update(self.denoising_losses(outputs["dn_outputs"], targets, num_boxes))
         if "enc_outputs" in outputs:
             enc = outputs["enc_outputs"]
-            losses.update(
-                {
-                    f"{k}_enc": v
-                    for k, v in self._losses(enc, targets, self.matcher(enc, targets), num_boxes, log=False).items()
-                }
-            )
+            losses.update(self._losses(enc, targets, self.matcher(enc, targets), num_boxes, suffix="_enc"))
         return losses
 
     def denoising_losses(
@@ -170,16 +160,9 @@ class SetCriterion(nn.Module):
         """The losses of the denoising slots (B, G·P, ·): slot g·P + j against target j, no matching."""
         groups = dn_outputs["num_groups"]
         indices = denoising_indices(targets, groups, dn_outputs["pred_boxes"].shape[1] // groups)
-        losses = {
-            f"{k}_dn": v for k, v in self._losses(dn_outputs, targets, indices, num_boxes * groups, log=False).items()
-        }
+        losses = self._losses(dn_outputs, targets, indices, num_boxes * groups, suffix="_dn")
         for i, aux in enumerate(dn_outputs["aux_outputs"]):
-            losses.update(
-                {
-                    f"{k}_dn_{i}": v
-                    for k, v in self._losses(aux, targets, indices, num_boxes * groups, log=False).items()
-                }
-            )
+            losses.update(self._losses(aux, targets, indices, num_boxes * groups, suffix=f"_dn_{i}"))
         return losses
 
     def total(self, losses: dict[str, Tensor]) -> Tensor:
