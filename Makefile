@@ -8,7 +8,7 @@ export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo ablation lint test install clean
+.PHONY: demo ablation lint test install clean gpu-wheels
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest
+
+# The wheels a lent GPU machine (Python 3.12, torch and Lightning installed, no registry) lacks for `attnlab fit`
+# and `python -m benchmarks`: carry .whl and start the command with
+# `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$$PWD`.
+GPU_WHEELS := 'jsonargparse[signatures]>=4.32,<5' docstring-parser typeshed-client 'pycocotools>=2.0.7'
+gpu-wheels:
+	rm -rf .whl && $(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) runs lightning_logs wandb
