@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -370,11 +371,14 @@ def test_hub_names_offline_name_the_local_folder_alternative(tmp_path):
     assert "give a folder written by save_pretrained" in _one_line(err)
 
 
-def test_a_timm_hub_name_offline_names_the_local_file_alternative():
+def test_a_timm_hub_name_offline_names_the_local_folder_alternative(tmp_path, monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # empty, whatever the machine's
     name = "timm/vit_small_patch16_224.augreg_in21k"
     with pytest.raises(ValueError) as err:
         ImageClassifier(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, init_from=name)
     message = _one_line(err)
-    assert (
-        f"model.init_from={name}" in message and "HF_HUB_OFFLINE=1" in message and "model.init_from=vit.pth" in message
-    )
+    assert f"model.init_from={name}" in message and "HF_HUB_OFFLINE=1" in message
+    assert f"hf download {name} --local-dir DIR`, then model.init_from=DIR" in message
+    with pytest.raises(ValueError) as err:  # timm's name without its hub owner: the same repository
+        ImageClassifier(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, init_from=name[5:])
+    assert f"model.init_from={name}: not a local path" in _one_line(err)
