@@ -18,6 +18,7 @@ from models.vit_module import ImageClassifier
 from models.weights import load_checked, read_state, resolve
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+ROOT = Path(__file__).parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -126,11 +127,12 @@ def test_load_checked_names_the_source_and_every_kind_of_misfit_in_one_line():
 )
 def test_attnlab_keeps_the_hub_offline_when_the_user_does_not_set_hf_hub_offline(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    env |= {"HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9", "PYTHONPATH": os.getcwd()}
+    env |= {"HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "experiments.cli", "fit", "--config", "configs/vision/digits.yaml"]
         + ["--model.init_args.init_from=attnlab-tests/no-such-vit", f"--trainer.default_root_dir={tmp_path}"],
         env=env,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
