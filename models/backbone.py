@@ -16,7 +16,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 from timm.layers import freeze_batch_norm_2d
 from torch import Tensor, nn
 
-from models.weights import load_weights_file
+from models.weights import load_checked, read_state, resolve
 
 BackboneNorm = Literal["frozen_bn", "bn"]
 # ResNet stages from the top; ``trainable_layers=k`` trains the first k of them (torchvision's convention)
@@ -26,32 +26,17 @@ _RESNET_STAGES = ("layer4", "layer3", "layer2", "layer1", ("conv1", "bn1"))
 def load_backbone_weights(body: nn.Module, path: str | Path) -> None:
     """Load a local state dict (a torchvision/timm ResNet checkpoint, optionally under "model" or
     "state_dict") into the trunk; the classifier (``fc.*``) and stages the trunk cut off are ignored."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"model.backbone_weights: {path} does not exist (this local file is never downloaded; "
-            "model.backbone_pretrained=true fetches timm's weights when online)"
-        )
-    state = load_weights_file(path, "model.backbone_weights")  # tensors only: a file holding pickled code is refused
-    for key in ("model", "state_dict"):
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    if not isinstance(state, dict):
-        raise ValueError(f"model.backbone_weights: {path} does not hold a state dict (got {type(state).__name__})")
+    key = "model.backbone_weights"
+    expected = "this local file is never downloaded; model.backbone_pretrained=true fetches timm's weights when online"
+    state = read_state(resolve(str(path), key, expected, hub_files=None), key)  # a file holding code is refused
     own = body.state_dict()
-    state = {k.removeprefix("module."): v for k, v in state.items()}
-    kept = {k: v for k, v in state.items() if k in own}
-    missing = [k for k in own if k not in kept and not k.endswith("num_batches_tracked")]
-    if missing:
-        raise ValueError(
-            f"model.backbone_weights: {path} lacks {len(missing)} weights of the trunk, e.g. {missing[:3]}; is it a checkpoint of this architecture?"
-        )
-    wrong = [k for k, v in kept.items() if v.shape != own[k].shape]
-    if wrong:
-        raise ValueError(
-            f"model.backbone_weights: {path} has weights of another shape, e.g. {wrong[0]}: {tuple(kept[wrong[0]].shape)} vs {tuple(own[wrong[0]].shape)}"
-        )
-    body.load_state_dict(kept, strict=False)
+    load_checked(
+        body,
+        {k: v for k, v in state.items() if k in own},  # a whole classifier: the trunk is its first stages
+        f"{key}: {path}",
+        "trunk",
+        "is it a checkpoint of this architecture?",
+    )
 
 
 class Backbone(nn.Module):

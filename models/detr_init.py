@@ -25,13 +25,11 @@ import torch
 from torch import Tensor
 
 from models.detr import DETR, convert_official_state_dict
-from models.weights import load_weights_file
+from models.weights import FOLDER_WEIGHTS, load_checked, network_state, read_state, resolve
 
 log = logging.getLogger(__name__)
 
 KEY = "model.init_from"
-_HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")  # "owner/name" that is not a local path
-_HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _ARCHITECTURE = (
     "make the YAML describe the checkpoint's architecture (backbone, d_model, nhead, dim_feedforward, layers)"
 )
@@ -93,27 +91,6 @@ def hf_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {**renamed, **packed}
 
 
-def _hub_snapshot(name: str) -> Path:
-    """The local folder of hub repository ``name``, from huggingface_hub's cache or downloaded into it."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    try:
-        folder = Path(snapshot_download(name, allow_patterns=["config.json", _HF_WEIGHTS[0]]))
-        if not (folder / _HF_WEIGHTS[0]).is_file():
-            folder = Path(snapshot_download(name, allow_patterns=["config.json", _HF_WEIGHTS[1]]))
-    except LocalEntryNotFoundError:
-        raise ValueError(
-            f"{KEY}={name}: not a local path, and offline the Hugging Face cache does not hold it; give a local folder "
-            f"instead (where online: `hf download {name} --local-dir DIR`, then {KEY}=DIR)"
-        ) from None
-    except HfHubHTTPError as err:
-        raise ValueError(
-            f"{KEY}={name}: neither a local path nor a Hugging Face hub repository ({str(err).splitlines()[0]})"
-        ) from None
-    return folder
-
-
 def _read_hf_config(folder: Path) -> dict:
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") != "detr":
@@ -132,37 +109,27 @@ def read_detr_weights(source: str) -> tuple[dict[str, Tensor], dict | None]:
         ValueError: the file holds pickled code (refused before it runs), is damaged, or holds no
             state dict of tensors; a hub name while offline and not in the cache.
     """
-    path = Path(source)
-    if not path.exists():
-        if not _HUB_NAME.fullmatch(source) or path.suffix in (".pth", ".ckpt", ".safetensors", ".bin"):
-            raise FileNotFoundError(
-                f"{KEY}: {path} does not exist (give a facebookresearch/detr .pth, an attnlab .ckpt, "
-                "a Hugging Face save_pretrained folder or a hub name such as facebook/detr-resnet-50)"
-            )
-        path = _hub_snapshot(source)
+    path = resolve(
+        source,
+        KEY,
+        "give a facebookresearch/detr .pth, an attnlab .ckpt, a Hugging Face save_pretrained folder or a hub name "
+        "such as facebook/detr-resnet-50",
+        hub_files=("config.json",),
+    )
     config = None
     if path.is_dir():
-        found = [path / name for name in _HF_WEIGHTS if (path / name).is_file()]
-        if not (path / "config.json").is_file() or not found:
+        if not (path / "config.json").is_file() or not any((path / name).is_file() for name in FOLDER_WEIGHTS):
             raise FileNotFoundError(
-                f"{KEY}: {path} is a folder without config.json and {' or '.join(_HF_WEIGHTS)}; "
+                f"{KEY}: {path} is a folder without config.json and {' or '.join(FOLDER_WEIGHTS[::2])}; "
                 "give a folder written by DetrForObjectDetection.save_pretrained"
             )
-        config, path = _read_hf_config(path), found[0]
-    state = load_weights_file(path, KEY, safe_globals=[argparse.Namespace])  # detr's own checkpoints hold args
-    for key in ("state_dict", "model"):
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    if not isinstance(state, dict) or not state or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"{KEY}: {path} does not hold a state dict of tensors")
-    state = {k.removeprefix("module."): v for k, v in state.items()}  # saved from a DDP-wrapped model
+        config = _read_hf_config(path)
+    state = read_state(path, KEY, safe_globals=[argparse.Namespace])  # detr's own checkpoints hold args
     if "class_labels_classifier.weight" in state or any(k.startswith("model.encoder.layers.") for k in state):
         return hf_to_attnlab(state), config
     if any(k.startswith("backbone.0.") for k in state):
         return convert_official_state_dict(state), config
-    if any(k.startswith("model.") for k in state):  # an attnlab .ckpt: the detector is the module's ``model``
-        return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}, config
-    return state, config
+    return network_state(state), config  # an attnlab .ckpt: the detector is the module's ``model``
 
 
 def _check_hf_config(model: DETR, config: dict, source: str) -> None:
@@ -197,7 +164,6 @@ def load_detr_weights(model: DETR, source: str) -> None:
     if config is not None:
         _check_hf_config(model, config, source)
     own = model.state_dict()
-    state = {k: v for k, v in state.items() if k in own or not k.endswith("num_batches_tracked")}
     changed = []
     for name in ("class_embed", "proposals.enc_class_embed"):  # the decoder's and the encoder cells' classifiers
         head, file_head = own.get(f"{name}.weight"), state.get(f"{name}.weight")
@@ -221,20 +187,6 @@ def load_detr_weights(model: DETR, source: str) -> None:
         if file_queries.shape[0] != queries.shape[0] and file_queries.shape[1:] == queries.shape[1:]:
             state[name] = queries
             changed.append(f"{queries.shape[0]} object queries re-initialised (the file has {file_queries.shape[0]})")
-    for name, tensor in own.items():
-        if name not in state and not name.endswith("num_batches_tracked"):
-            raise ValueError(f"{KEY}: {source} lacks {name} {tuple(tensor.shape)}; {_ARCHITECTURE}")
-        if name in state and state[name].shape != tensor.shape:
-            raise ValueError(
-                f"{KEY}: {source} does not fit this DETR: {name} is {tuple(tensor.shape)} in the model and "
-                f"{tuple(state[name].shape)} in the file; {_ARCHITECTURE}"
-            )
-    extra = [k for k in state if k not in own]
-    if extra:
-        raise ValueError(
-            f"{KEY}: {source} holds {extra[0]} {tuple(state[extra[0]].shape)} that this DETR lacks "
-            f"({len(extra)} such tensors); {_ARCHITECTURE}"
-        )
-    model.load_state_dict(state, strict=False)  # strict but for num_batches_tracked, which files of frozen trunks lack
+    load_checked(model, state, f"{KEY}: {source}", "DETR", _ARCHITECTURE)
     if changed:
         log.warning("%s=%s: %s", KEY, source, "; ".join(changed))

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from models.text import DecoderOnlyLM, Seq2SeqTransformer
-from models.weights import load_weights_file
+from models.weights import load_checked, read_state, resolve
+
+KEY = "model.init_from"
 
 # Hugging Face activation names -> ours (models.transformer)
 _ACTIVATIONS = {
@@ -39,67 +42,35 @@ _ACTIVATIONS = {
     "swish": "silu",
     "silu": "silu",
 }
-_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 def pretrained_folder(name: str, key: str) -> Path:
-    """A local folder, or a hub name resolved by huggingface_hub (its cache; a download only when online).
-
-    Offline (``HF_HUB_OFFLINE=1``, which `attnlab` sets unless told otherwise) a hub name that is not
-    in the cache is a ValueError naming the local-folder alternative.
-    """
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+    """A local folder, or a hub name resolved by huggingface_hub (its cache; a download only when online)."""
+    folder = resolve(
+        name,
+        key,
+        "give a folder written by save_pretrained (config.json and weights) or a hub name",
+        hub_files=("*.json", "*.spm", "*.model", "*.txt"),  # and the tokenizer's files, which the data reads
+    )
+    if not folder.is_dir():
         raise FileNotFoundError(
             f"{key}={name} is not a folder; give a folder written by save_pretrained (config.json and weights) or a hub name"
         )
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
-
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-    try:
-        return Path(
-            snapshot_download(
-                name,
-                local_files_only=offline,
-                allow_patterns=["*.json", "*.safetensors", "*.bin", "*.spm", "*.model", "*.txt"],
-            )
-        )
-    except LocalEntryNotFoundError:
-        raise ValueError(
-            f"{key}={name}: no such local folder, and the hub name is not in the Hugging Face cache while offline (HF_HUB_OFFLINE=1); "
-            f"set HF_HUB_OFFLINE=0 to download it, or give a local folder (huggingface-cli download {name} --local-dir DIR)"
-        ) from None
-    except (HfHubHTTPError, HFValidationError, OSError) as err:
-        raise ValueError(
-            f"{key}={name} is neither a local folder nor a hub model that could be fetched ({str(err).splitlines()[0]})"
-        ) from None
+    return folder
 
 
-def read_config(folder: Path, key: str, model_type: str) -> dict:
-    """``config.json`` of a pretrained folder, refused unless it describes a ``model_type`` model."""
+def read_config(folder: Path, key: str, model_types: tuple[str, ...]) -> dict:
+    """``config.json`` of a pretrained folder, refused unless it describes a model of one of ``model_types``."""
     path = folder / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{key}: {folder} has no config.json; give a folder written by save_pretrained")
     config = json.loads(path.read_text())
-    if config.get("model_type") != model_type:
+    if config.get("model_type") not in model_types:
         raise ValueError(
-            f"{key}: {path} describes a {config.get('model_type')!r} model; this model imports {model_type!r} folders only"
+            f"{key}: {path} describes a {config.get('model_type')!r} model; "
+            f"this model imports {' or '.join(map(repr, model_types))} folders only"
         )
     return config
-
-
-def read_state(folder: Path, key: str) -> dict[str, Tensor]:
-    """The weights of a pretrained folder (one file, or shards listed by an index), as tensors only."""
-    found = next((folder / name for name in _WEIGHTS if (folder / name).is_file()), None)
-    if found is None:
-        raise FileNotFoundError(f"{key}: {folder} holds no weights ({', '.join(_WEIGHTS[:2])})")
-    if found.name.endswith(".index.json"):
-        shards = sorted(set(json.loads(found.read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_weights_file(folder / shard, key).items()}
-    return load_weights_file(found, key)
 
 
 def _expect(config: dict, key: str, source: str, allowed: tuple, default=None) -> None:
@@ -130,25 +101,6 @@ def _check_linked(source: str, pairs: dict[str, tuple[int, int]]) -> None:
         raise ValueError(
             f"{source}: {'; '.join(diffs)}; use the folder's tokenizer (data.tokenizer=pretrained, data.tokenizer_dir= the same folder)"
         )
-
-
-def _load(model: nn.Module, state: dict[str, Tensor], source: str) -> None:
-    """Strict load; a tied matrix (embeddings = output projection) is given once and fills all its names."""
-    state, tied = dict(state), {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        tied.setdefault(id(p), []).append(name)
-    for names in tied.values():
-        given = next((n for n in names if n in state), None)
-        for name in names if given else ():
-            state.setdefault(name, state[given])
-    own = model.state_dict()
-    missing, unexpected = [k for k in own if k not in state], [k for k in state if k not in own]
-    wrong = [k for k in state if k in own and state[k].shape != own[k].shape]
-    if missing or unexpected or wrong:
-        raise ValueError(
-            f"{source} does not fit: missing {missing[:3]}, unexpected {unexpected[:3]}, other shape {wrong[:3]}"
-        )
-    model.load_state_dict(state)
 
 
 # ----------------------------------------------------------------------------- GPT-2
@@ -213,33 +165,6 @@ def gpt2_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
                 continue
         out[_GPT2_TOP.get(key, key)] = value  # unknown keys pass through, and the load names them
     return out
-
-
-def _with_defaults(network: type[nn.Module], given: dict) -> dict:
-    """The arguments ``network`` is built with: those ``given`` (the run's model options), then its defaults."""
-    bound = inspect.signature(network).bind(**given)
-    bound.apply_defaults()
-    return bound.arguments
-
-
-def gpt2_from_pretrained(name: str, network: dict) -> tuple[DecoderOnlyLM, dict]:
-    """A `DecoderOnlyLM` holding the GPT-2 of ``name`` (folder or hub name), and the architecture arguments
-    it was built with; of ``network`` (the run's `DecoderOnlyLM` arguments) the folder's architecture
-    replaces all but ``vocab_size`` (linked from the data: it must be the folder's), the dropout rates and
-    ``similarity``."""
-    source = f"model.init_from={name}"
-    folder = pretrained_folder(name, "model.init_from")
-    config = read_config(folder, source, "gpt2")
-    network = _with_defaults(DecoderOnlyLM, network)
-    if network["similarity"] != "scaled_dot":
-        raise ValueError(
-            f"{source}: GPT-2 was trained with scaled dot-product attention; set model.similarity=scaled_dot"
-        )
-    _check_linked(source, {"vocab_size": (network["vocab_size"], config["vocab_size"])})
-    arguments = gpt2_arguments(config, source)
-    model = DecoderOnlyLM(**{**network, **arguments})
-    _load(model, gpt2_to_attnlab(read_state(folder, source)), source)
-    return model, arguments
 
 
 # ----------------------------------------------------------------------------- Marian
@@ -316,29 +241,72 @@ def marian_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def marian_from_pretrained(name: str, network: dict, bos_id: int, eos_id: int) -> tuple[Seq2SeqTransformer, dict]:
-    """A `Seq2SeqTransformer` holding the Marian model of ``name`` (folder or hub name), and the
-    architecture arguments it was built with; of ``network`` (the run's `Seq2SeqTransformer` arguments)
-    the folder's architecture replaces all but the vocabulary facts, the dropout rates and ``similarity``. The
-    data's vocabulary sizes, ``pad_id``, ``bos_id`` (the decoder's start token) and ``eos_id`` must be the folder's."""
-    source = f"model.init_from={name}"
-    folder = pretrained_folder(name, "model.init_from")
-    config = read_config(folder, source, "marian")
-    network = _with_defaults(Seq2SeqTransformer, network)
-    if network["similarity"] != "scaled_dot":
-        raise ValueError(
-            f"{source}: Marian was trained with scaled dot-product attention; set model.similarity=scaled_dot"
-        )
-    theirs = {
+def _marian_linked(config: dict) -> dict[str, int]:
+    """The vocabulary facts and token ids the data must share with the folder."""
+    return {
         "src_vocab_size": config["vocab_size"],
         "tgt_vocab_size": config.get("decoder_vocab_size") or config["vocab_size"],
         "pad_id": config["pad_token_id"],
-        "bos_id": config["decoder_start_token_id"],
+        "bos_id": config["decoder_start_token_id"],  # the decoder's start token: PAD
         "eos_id": config["eos_token_id"],
     }
-    ours = {**network, "bos_id": bos_id, "eos_id": eos_id}
+
+
+# ----------------------------------------------------------------------------- the families, and the one import
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a Hugging Face ``model_type`` becomes one of our networks. A new family (Llama, say) is its
+    ``*_arguments`` and ``*_to_attnlab`` functions, an entry in `FAMILIES`, and its ``model_type`` among those
+    that the entry point of its network (`gpt2_from_pretrained` for `DecoderOnlyLM`) accepts."""
+
+    title: str  # for messages: "GPT-2"
+    network: type[nn.Module]
+    arguments: Callable[[dict, str], dict]  # config.json (and the source, for errors) -> our architecture arguments
+    rename: Callable[[dict[str, Tensor]], dict[str, Tensor]]  # its state dict -> our key names
+    linked: Callable[[dict], dict[str, int]]  # config.json -> the data's facts it fixes (vocabulary, token ids)
+
+
+FAMILIES = {
+    "gpt2": Family("GPT-2", DecoderOnlyLM, gpt2_arguments, gpt2_to_attnlab, lambda c: {"vocab_size": c["vocab_size"]}),
+    "marian": Family("Marian", Seq2SeqTransformer, marian_arguments, marian_to_attnlab, _marian_linked),
+}
+
+
+def from_pretrained(
+    name: str, model_types: tuple[str, ...], network: dict, data_ids: dict[str, int] | None = None
+) -> tuple[nn.Module, dict]:
+    """The network holding the pretrained model of ``name`` (folder or hub name) of one of ``model_types``, and
+    the architecture arguments it was built with. Of ``network`` (the run's arguments of the family's network,
+    with the data's vocabulary facts) the folder's architecture replaces all but the vocabulary facts, the
+    dropout rates and ``similarity``; the vocabulary facts, and ``data_ids`` (token ids the network is not
+    built with), must be the folder's."""
+    source = f"{KEY}={name}"
+    folder = pretrained_folder(name, KEY)
+    config = read_config(folder, source, model_types)
+    family = FAMILIES[config["model_type"]]
+    bound = inspect.signature(family.network).bind(**network)
+    bound.apply_defaults()
+    if bound.arguments["similarity"] != "scaled_dot":
+        raise ValueError(
+            f"{source}: {family.title} was trained with scaled dot-product attention; set model.similarity=scaled_dot"
+        )
+    theirs = family.linked(config)
+    ours = {**bound.arguments, **(data_ids or {})}
     _check_linked(source, {k: (ours[k], theirs[k]) for k in theirs})
-    arguments = marian_arguments(config, source)
-    model = Seq2SeqTransformer(**{**network, **arguments})
-    _load(model, marian_to_attnlab(read_state(folder, source)), source)
+    arguments = family.arguments(config, source)
+    model = family.network(**{**bound.arguments, **arguments})
+    load_checked(model, family.rename(read_state(folder, source)), source, family.title)
     return model, arguments
+
+
+def gpt2_from_pretrained(name: str, network: dict) -> tuple[DecoderOnlyLM, dict]:
+    """A `DecoderOnlyLM` holding the GPT-2 of ``name`` (`from_pretrained`); ``vocab_size`` comes from the data."""
+    return from_pretrained(name, ("gpt2",), network)
+
+
+def marian_from_pretrained(name: str, network: dict, bos_id: int, eos_id: int) -> tuple[Seq2SeqTransformer, dict]:
+    """A `Seq2SeqTransformer` holding the Marian model of ``name`` (`from_pretrained`); the data's vocabulary
+    sizes, ``pad_id``, ``bos_id`` (the decoder's start token) and ``eos_id`` must be the folder's."""
+    return from_pretrained(name, ("marian",), network, {"bos_id": bos_id, "eos_id": eos_id})

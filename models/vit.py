@@ -8,7 +8,8 @@ by ``fc_norm`` ("avg", as timm and MAE do).
 Weights come from a local file (`load_pretrained`): a checkpoint of our own
 (`attnlab fit` writes Lightning ``.ckpt`` files) or a timm ``VisionTransformer`` state dict
 (``.pth``/``.bin``/``.safetensors``), renamed by `timm_to_attnlab`; or from a timm hub name
-(``timm/vit_small_patch16_224.augreg_in21k``), fetched by timm's own loader when online. Positions are resampled
+(``timm/vit_small_patch16_224.augreg_in21k``), the hub repository of timm's weights, through huggingface_hub's
+cache (`models.weights`: one path for foreign weights). Positions are resampled
 (bicubic, timm's ``resample_abs_pos_embed``) when the patch grid differs from the checkpoint's,
 the patch projection is adapted when the channel count differs, and the head is re-initialised
 when the class count differs.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,14 +26,15 @@ from typing import Literal
 
 import torch
 from timm.layers import ConvNormAct, resample_abs_pos_embed
-from timm.models import adapt_input_conv
+from timm.models import adapt_input_conv, get_pretrained_cfg
 from torch import Tensor, nn
 
 from models.attention import Similarity
 from models.transformer import TransformerEncoder
-from models.weights import load_weights_file
+from models.weights import WEIGHT_SUFFIXES, load_checked, network_state, read_state, resolve
 
 log = logging.getLogger(__name__)
+KEY = "model.init_from"
 
 
 class PatchEmbed(nn.Module):
@@ -226,55 +227,37 @@ def timm_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
-    """A local weights file -> a state dict with our key names.
+    """A local weights file or folder -> a state dict with our key names.
 
     Accepts an `attnlab fit` checkpoint (``.ckpt``: Lightning's ``state_dict`` with the module's
     ``model.`` prefix), a state dict of our `VisionTransformer`, or a timm ``VisionTransformer``
-    state dict (``.pth``/``.bin``/``.safetensors``), optionally under a "model"/"state_dict" key.
-    Nothing is downloaded, and a file holding pickled code is refused before any of it runs (`models.weights`).
+    state dict (``.pth``/``.bin``/``.safetensors``, or the folder of a timm hub repository), optionally under a
+    "model"/"state_dict" key. Nothing is downloaded, and a file holding pickled code is refused before any of it
+    runs (`models.weights`).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"model.init_from: {path} does not exist (weights are never downloaded; give a local .ckpt, .pth or .safetensors file)"
-        )
-    state = load_weights_file(path, "model.init_from")
-    for key in ("state_dict", "model"):
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"model.init_from: {path} does not hold a state dict of tensors")
-    state = {k.removeprefix("module."): v for k, v in state.items()}  # saved from a DDP-wrapped model
-    if any(k.startswith("blocks.") for k in state):
-        return timm_to_attnlab(state)
-    return {k.removeprefix("model."): v for k, v in state.items()}
-
-
-_WEIGHT_SUFFIXES = (".ckpt", ".pth", ".pt", ".bin", ".safetensors")
+    expected = "weights are never downloaded; give a local .ckpt, .pth or .safetensors file"
+    state = read_state(resolve(str(path), KEY, expected, hub_files=None), KEY)
+    return timm_to_attnlab(state) if any(k.startswith("blocks.") for k in state) else network_state(state)
 
 
 def read_init_from(name: str) -> dict[str, Tensor]:
-    """``model.init_from`` -> a state dict with our key names: a local weights file (`read_checkpoint`), or a
-    timm hub name (``timm/<model>.<tag>``, or timm's ``<model>.<tag>``) whose weights timm's own loader
-    fetches (``timm.create_model(pretrained=True)``). Offline (``HF_HUB_OFFLINE=1``, which `attnlab` sets
-    unless told otherwise) a hub name is a ValueError naming the local-file alternative."""
-    if Path(name).exists() or name.endswith(_WEIGHT_SUFFIXES) or name.startswith((".", "/", "~")):
+    """``model.init_from`` -> a state dict with our key names: a local weights file or folder (`read_checkpoint`),
+    or a timm hub name (``timm/<model>.<tag>``, or timm's ``<model>.<tag>``): the hub repository of timm's weights,
+    read through huggingface_hub's cache, downloaded into it only when online (`models.weights.resolve`)."""
+    if Path(name).expanduser().exists() or name.endswith(WEIGHT_SUFFIXES) or name.startswith((".", "/", "~")):
         return read_checkpoint(name)
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise ValueError(
-            f"model.init_from={name}: no such local file, and timm hub names are fetched only online (HF_HUB_OFFLINE=1); set "
-            f"HF_HUB_OFFLINE=0, or give a local file: torch.save(timm.create_model('{name.removeprefix('timm/')}', pretrained=True)"
-            ".state_dict(), 'vit.pth') and model.init_from=vit.pth"
-        )
-    import timm
-
-    try:
-        timm_model = timm.create_model(f"hf-hub:{name}" if "/" in name else name, pretrained=True)
-    except Exception as err:  # noqa: BLE001  an unknown name, no network, a model without weights: timm's reasons vary
-        raise ValueError(
-            f"model.init_from={name}: timm could not load it ({str(err).splitlines()[0]}); give a timm ViT name or a local file"
-        ) from None
-    return timm_to_attnlab(timm_model.state_dict())
+    repository = name
+    if "/" not in name:  # timm's name -> the hub repository of its weights
+        try:
+            repository = get_pretrained_cfg(name).hf_hub_id
+        except (RuntimeError, AttributeError):  # a tag timm does not know, or no such architecture (None)
+            repository = None
+        if not repository:
+            raise ValueError(
+                f"{KEY}={name}: no such local file, and timm knows no hub weights of that name; "
+                "give a timm ViT name (timm/vit_small_patch16_224.augreg_in21k) or a local file"
+            )
+    return read_checkpoint(resolve(repository, KEY, "give a local file or a timm hub name", hub_files=("*.json",)))
 
 
 def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: str = "checkpoint") -> None:
@@ -324,26 +307,18 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
     }
     new_head = classes["checkpoint"] != classes["model"]
     if new_head:
-        state = {k: v for k, v in state.items() if not k.startswith("head.")}
+        state = {k: v for k, v in state.items() if not k.startswith("head.")} | {
+            k: v for k, v in own.items() if k.startswith("head.")
+        }  # re-initialised below
         log.warning(
             "%s: its head has %d classes, the model %d; the head is re-initialised",
             source,
             classes["checkpoint"],
             classes["model"],
         )
-    missing = [k for k in own if k not in state and not (new_head and k.startswith("head."))]
-    unexpected = [k for k in state if k not in own]
-    if missing or unexpected:
-        raise ValueError(
-            f"{source} does not fit this ViT: missing {missing[:3]}, unexpected {unexpected[:3]}; is it a ViT of this depth and pooling?"
-        )
-    wrong = [k for k in state if state[k].shape != own[k].shape]
-    if wrong:
-        k = wrong[0]
-        raise ValueError(
-            f"{source} has weights of another shape, e.g. {k}: {tuple(state[k].shape)} vs the model's {tuple(own[k].shape)}; check embed_dim, patch_size, mlp_ratio"
-        )
-    model.load_state_dict(state, strict=not new_head)
+    load_checked(
+        model, state, source, "ViT", "is it a ViT of this depth and pooling? check embed_dim, patch_size, mlp_ratio"
+    )
     if new_head:
         model.reset_head()
 

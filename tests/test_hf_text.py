@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -189,9 +190,7 @@ def test_the_gpt2_finetune_config_runs_on_a_tiny_gpt2(attnlab, gpt2, tmp_path):
 @pytest.fixture(scope="module")
 def marian_with_tokenizer(tmp_path_factory) -> Path:
     """A Marian folder with its tokenizer: a SentencePiece model per language over one vocab.json."""
-    spm = pytest.importorskip(
-        "sentencepiece", reason="the Marian tokenizer needs sentencepiece (pip install 'attnlab[pretrained-text]')"
-    )
+    import sentencepiece as spm  # in the dev extra, as in pretrained-text: these tests run in CI
     from transformers import MarianTokenizer
 
     folder = tmp_path_factory.mktemp("marian_tok")
@@ -268,21 +267,31 @@ def test_the_marian_tokenizer_feeds_the_model_as_transformers_does(marian_with_t
 
 
 def test_the_marian_finetune_config_runs_on_a_tiny_marian(attnlab, marian_with_tokenizer, tmp_path):
+    """configs/text/multi30k_marian_finetune.yaml as it is, on a 2+2-layer Marian folder and 40 sentence pairs:
+    two steps, validation with BLEU, the best checkpoint, and the test on it."""
     (tmp_path / "data").mkdir()
     data = _parallel_files(tmp_path / "data")
-    code, _, err = attnlab(
-        "fit",
+    tiny = (
         "--config",
         "configs/text/multi30k_marian_finetune.yaml",
         f"--model.init_args.init_from={marian_with_tokenizer}",
         f"--data.init_args.tokenizer_dir={marian_with_tokenizer}",
         f"--data.init_args.data_dir={data}",
-        "--data.init_args.test_split=null",
+        "--data.init_args.test_split=val",
         "--data.init_args.batch_size=4",
-        "--trainer.fast_dev_run=true",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.limit_test_batches=1",
+        "--trainer.num_sanity_val_steps=0",
         f"--trainer.default_root_dir={tmp_path}",
     )
+    code, out, err = attnlab("fit", *tiny)
     assert code == 0, err
+    assert "attnlab: best val/bleu=" in out
+    code, out, err = attnlab("test", *tiny, "--ckpt_path", "best")
+    assert code == 0, err
+    assert "test/bleu" in out
 
 
 # ----------------------------------------------------------------------------- refused, with one line
@@ -362,11 +371,14 @@ def test_hub_names_offline_name_the_local_folder_alternative(tmp_path):
     assert "give a folder written by save_pretrained" in _one_line(err)
 
 
-def test_a_timm_hub_name_offline_names_the_local_file_alternative():
+def test_a_timm_hub_name_offline_names_the_local_folder_alternative(tmp_path, monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # empty, whatever the machine's
     name = "timm/vit_small_patch16_224.augreg_in21k"
     with pytest.raises(ValueError) as err:
         ImageClassifier(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, init_from=name)
     message = _one_line(err)
-    assert (
-        f"model.init_from={name}" in message and "HF_HUB_OFFLINE=1" in message and "model.init_from=vit.pth" in message
-    )
+    assert f"model.init_from={name}" in message and "HF_HUB_OFFLINE=1" in message
+    assert f"hf download {name} --local-dir DIR`, then model.init_from=DIR" in message
+    with pytest.raises(ValueError) as err:  # timm's name without its hub owner: the same repository
+        ImageClassifier(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, init_from=name[5:])
+    assert f"model.init_from={name}: not a local path" in _one_line(err)
