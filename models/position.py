@@ -289,6 +289,7 @@ class T5RelativePositionBias(nn.Module):
         super().__init__()
         self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)  # T5's name
+        nn.init.trunc_normal_(self.relative_attention_bias.weight, std=0.02)
 
     def forward(self, lq: int, lk: int) -> Tensor:
         offsets = _query_key_offsets(lq, lk, self.relative_attention_bias.weight.device)
