@@ -228,9 +228,9 @@ class AttentionScores:
     """What one call of a layer computed, recorded by ``capture_attention(model, scores=True)``.
 
     weights (B, H, Lq, Lk): the attention; logits (B, H, Lq, Lk): the scaled similarities before the
-    mask, the position bias and the softmax (their maximum is the largest attention logit that QK-norm bounds);
-    blocked: the mask, True where attention is blocked, broadcastable to the
-    weights ((B|1, H|1, Lq, Lk)), or None when nothing was masked.
+    mask, the position bias and the softmax (their maximum is the largest attention logit, which QK-norm
+    bounds); blocked: the mask, True where attention is blocked, broadcastable to the weights
+    ((B|1, H|1, Lq, Lk)), or None when nothing was masked.
     """
 
     weights: Tensor
@@ -343,13 +343,15 @@ class MultiHeadAttention(nn.Module):
         beam search keeps one copy of a sentence's memory and its keys/values for all its beams.
 
         ``rope`` rotates the queries and the new keys (cos/sin (..., Lq, d): self-attention, the new rows'
-        positions); ``position_bias`` (H|B·H, Lq, Lk) is added to the logits. See the module docstring.
+        positions); ``position_bias`` (H, Lq, Lk) or (B, H, Lq, Lk) is added to the logits. See the module docstring.
 
         Returns (output (B, Lq, D), weights (B, H, Lq, Lk) or None).
         """
         key = query if key is None else key
         value = key if value is None else value
         if cache is not None and cache.static and cache.k is not None:
+            if rope is not None:
+                raise ValueError("rope rotates self-attention; a static (cross-attention) cache takes none")
             q = self._heads(
                 F.linear(
                     query,
@@ -360,8 +362,6 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.k, cache.v
             if self.qk_norm is not None:
                 q = self.q_norm(q)
-            if rope is not None:
-                raise ValueError("rope rotates self-attention; a static (cross-attention) cache takes none")
         else:
             q, k, v = self._project(query, key, value)
             if self.qk_norm is not None:  # (B, H, L, d), over d
