@@ -144,3 +144,32 @@ def test_swin_table_depends_on_the_offset_only():
     bias = RelativePositionBias2D((3, 3), 1)()[0]  # (9, 9), cells row by row
     assert bias[0, 4] == bias[4, 8]  # (0,0)->(1,1) and (1,1)->(2,2)
     assert bias[0, 4] != bias[4, 0]
+
+
+@pytest.mark.slow  # dynamo traces each model: seconds apiece on a shared CPU
+@pytest.mark.parametrize("model", ["vit-rope_mixed", "vit-relpos", "seq2seq-rope", "seq2seq-t5", "lm-alibi"])
+def test_positions_inside_attention_keep_forward_one_graph(model):
+    """As tests/test_compile.py checks for the default models: no host read or graph break in the new paths."""
+    import torch._dynamo as dynamo
+
+    from models.text import DecoderOnlyLM, Seq2SeqTransformer
+    from models.vit import VisionTransformer
+
+    kind, positions = model.split("-")
+    if kind == "vit":
+        net = VisionTransformer(
+            img_size=16, patch_size=4, num_classes=5, embed_dim=16, depth=2, num_heads=2, positions=positions
+        )
+        inputs = (torch.randn(2, 3, 16, 16),)
+    elif kind == "seq2seq":
+        net = Seq2SeqTransformer(30, 30, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                 dim_feedforward=32, positions=positions, qk_norm="rmsnorm")  # fmt: skip
+        src = torch.randint(1, 30, (2, 7))
+        src[1, 4:] = 0
+        inputs = (src, torch.randint(1, 30, (2, 5)))
+    else:
+        net = DecoderOnlyLM(30, d_model=16, nhead=2, num_layers=2, dim_feedforward=32, positions=positions)
+        inputs = (torch.randint(0, 30, (2, 9)),)
+    dynamo.reset()
+    explanation = dynamo.explain(net.train())(*inputs)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
