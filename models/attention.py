@@ -20,6 +20,21 @@ Mask convention (ONE for the whole project, the one of ``torch.nn.MultiheadAtten
 A query row whose keys are all blocked gets all-zero weights and a zero attention output (before
 ``out_proj``), never NaN.
 
+Positions inside attention (the tables come from `models.position`):
+    ``rope``           a `Rotation` of the queries and keys after the projections (RoPE, 1D or 2D), before the
+                       kernel; with a KV cache the keys are cached rotated, so a step rotates only its new rows
+                       (at the cache's offset, which the caller gives).
+    ``position_bias``  (H, Lq, Lk) or (B, H, Lq, Lk) added to the logits (ALiBi, T5, Swin); merged with the
+                       masks into one additive float mask.
+QK-norm (``qk_norm="layernorm"|"rmsnorm"``, Dehghani et al. 2023, Wortsman et al. 2023): each head's queries
+and keys are normalised over d after the projections (learned scale shared by the heads, as in timm), before
+the rotation and the similarity; it bounds the logits, whose maximum `capture_attention(scores=True)` records.
+
+SDPA kernel that each option gets on a GPU: no mask, or ``is_causal`` alone (keys as long as queries): flash;
+a boolean mask (padding, a cached causal step): memory-efficient; ``position_bias``: memory-efficient with a
+float mask (its gradient flows to a learned bias); math where those kernels do not apply (e.g. head sizes
+they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep whichever kernel the masks allow.
+
 Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU) whenever
 weights are not needed. Reference path: explicit softmax, used when weights are requested
 (``need_weights=True`` or inside `capture_attention`) and as the test oracle.
@@ -43,8 +58,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.position import Rotation
+
 Similarity = Literal["scaled_dot", "dot", "general"]
 SIMILARITIES = ("scaled_dot", "dot", "general")
+QKNorm = Literal["layernorm", "rmsnorm"]
+_QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
 
 
 def subsequent_mask(size: int, device: torch.device | None = None) -> Tensor:
@@ -65,15 +84,23 @@ def merge_masks(
     attn_mask: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
     is_causal: bool = False,
+    position_bias: Tensor | None = None,
     device: torch.device,
     dtype: torch.dtype,
 ) -> Tensor | None:
-    """Combine causal, key-padding and arbitrary masks into one broadcastable (B|1, H|1, Lq, Lk) mask.
+    """Combine causal, key-padding and arbitrary masks and a position bias into one broadcastable
+    (B|1, H|1, Lq, Lk) mask.
 
     Returns a boolean mask (True = blocked) when every input is boolean, else an additive float
     mask; None when nothing is masked.
     """
     parts: list[Tensor] = []
+    if position_bias is not None:
+        if position_bias.shape[-2:] != (lq, lk) or position_bias.dim() not in (3, 4):
+            raise ValueError(
+                f"position_bias has shape {tuple(position_bias.shape)}, expected (heads, {lq}, {lk}) or (batch, heads, {lq}, {lk})"
+            )
+        parts.append(position_bias.to(device) if position_bias.dim() == 4 else position_bias.to(device)[None])
     if is_causal:
         parts.append(_causal_mask(lq, lk, device))
     if key_padding_mask is not None:
@@ -121,7 +148,7 @@ def attention_reference(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Explicit softmax attention. q (B, H, Lq, d), k/v (B, H, Lk, d) -> out (B, H, Lq, d), weights (B, H, Lq, Lk)
-    and logits (B, H, Lq, Lk): the scaled similarities before the mask and the softmax."""
+    and logits (B, H, Lq, Lk): the scaled similarities before the mask (and a position bias in it) and the softmax."""
     logits = (q @ k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
     scores, empty = logits, None
     if mask is not None:
@@ -201,8 +228,9 @@ class AttentionScores:
     """What one call of a layer computed, recorded by ``capture_attention(model, scores=True)``.
 
     weights (B, H, Lq, Lk): the attention; logits (B, H, Lq, Lk): the scaled similarities before the
-    mask and the softmax; blocked: the mask, True where attention is blocked, broadcastable to the
-    weights ((B|1, H|1, Lq, Lk)), or None when nothing was masked.
+    mask, the position bias and the softmax (their maximum is the largest attention logit, which QK-norm
+    bounds); blocked: the mask, True where attention is blocked, broadcastable to the weights
+    ((B|1, H|1, Lq, Lk)), or None when nothing was masked.
     """
 
     weights: Tensor
@@ -219,6 +247,7 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights during training.
         similarity: "scaled_dot", "dot" or "general" (see the module docstring).
         bias: biases on the input and output projections.
+        qk_norm: None, "layernorm" or "rmsnorm": normalise each head's queries and keys (module docstring).
 
     Shapes (batch first): query (B, Lq, D), key/value (B, Lk, D) -> output (B, Lq, D) and,
     when requested, weights (B, H, Lq, Lk).
@@ -231,10 +260,13 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         similarity: Similarity = "scaled_dot",
         bias: bool = True,
+        qk_norm: QKNorm | None = None,
     ):
         super().__init__()
         if similarity not in SIMILARITIES:
             raise ValueError(f"similarity={similarity!r} is not known; choose one of {', '.join(SIMILARITIES)}")
+        if qk_norm is not None and qk_norm not in _QK_NORMS:
+            raise ValueError(f"qk_norm={qk_norm!r} is not known; choose null, {' or '.join(_QK_NORMS)}")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
@@ -244,6 +276,10 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         if similarity == "general":
             self.general_weight = nn.Parameter(torch.eye(self.head_dim).repeat(num_heads, 1, 1))  # (H, d, d)
+        if qk_norm is not None:  # timm's names
+            self.q_norm = _QK_NORMS[qk_norm](self.head_dim, eps=1e-6)
+            self.k_norm = _QK_NORMS[qk_norm](self.head_dim, eps=1e-6)
+        self.qk_norm = qk_norm
         self._captured: list[Tensor] | list[AttentionScores] | None = None
         self._capture_scores = False
         self._reset_parameters()
@@ -293,6 +329,8 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        rope: Rotation | None = None,
+        position_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (both default to ``query``: self-attention).
 
@@ -304,11 +342,16 @@ class MultiHeadAttention(nn.Module):
         (B_kv, Lk) the only mask): each of their rows then serves ``B // B_kv`` consecutive query rows, so
         beam search keeps one copy of a sentence's memory and its keys/values for all its beams.
 
+        ``rope`` rotates the queries and the new keys (cos/sin (..., Lq, d): self-attention, the new rows'
+        positions); ``position_bias`` (H, Lq, Lk) or (B, H, Lq, Lk) is added to the logits. See the module docstring.
+
         Returns (output (B, Lq, D), weights (B, H, Lq, Lk) or None).
         """
         key = query if key is None else key
         value = key if value is None else value
         if cache is not None and cache.static and cache.k is not None:
+            if rope is not None:
+                raise ValueError("rope rotates self-attention; a static (cross-attention) cache takes none")
             q = self._heads(
                 F.linear(
                     query,
@@ -317,8 +360,14 @@ class MultiHeadAttention(nn.Module):
                 )
             )[0]
             k, v = cache.k, cache.v
+            if self.qk_norm is not None:
+                q = self.q_norm(q)
         else:
             q, k, v = self._project(query, key, value)
+            if self.qk_norm is not None:  # (B, H, L, d), over d
+                q, k = self.q_norm(q), self.k_norm(k)
+            if rope is not None:
+                q, k = rope(q), rope(k)
             if cache is not None:
                 if cache.k is not None:
                     k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
@@ -331,7 +380,7 @@ class MultiHeadAttention(nn.Module):
         if group * kv_bsz != bsz:
             raise ValueError(f"query batch {bsz} is not a multiple of the key/value batch {kv_bsz}")
         if group > 1:  # the rows of one key/value row's group attend as one longer query (beams sharing a memory)
-            if attn_mask is not None or is_causal:
+            if attn_mask is not None or is_causal or position_bias is not None:
                 raise ValueError(
                     "a query batch larger than the key/value batch (beams sharing one memory) takes key_padding_mask only"
                 )
@@ -342,7 +391,9 @@ class MultiHeadAttention(nn.Module):
             )
         dropout_p = self.dropout if self.training else 0.0
         want_weights = need_weights or self._captured is not None
-        plain_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None
+        plain_causal = (
+            is_causal and lq == lk and attn_mask is None and key_padding_mask is None and position_bias is None
+        )
         mask = (
             None
             if plain_causal and not want_weights
@@ -353,6 +404,7 @@ class MultiHeadAttention(nn.Module):
                 attn_mask=attn_mask,
                 key_padding_mask=key_padding_mask,
                 is_causal=is_causal,
+                position_bias=position_bias,
                 device=q.device,
                 dtype=q.dtype,
             )

@@ -1,7 +1,7 @@
 """DETR: End-to-End Object Detection with Transformers (Carion et al. 2020) on the shared core.
 
 CNN backbone -> 1x1 projection to width D -> post-norm Transformer encoder over the H·W feature
-cells (2D sine positions added to queries and keys) -> decoder whose N learned object queries
+cells (2D sine positions added to queries and keys, or 2D RoPE: ``encoder_positions``) -> decoder whose N learned object queries
 attend to the memory -> per query a class (K + 1 with "no object") and a box (normalised cxcywh).
 
 Parameter names follow facebookresearch/detr (``input_proj``, ``query_embed``,
@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.attention import Similarity
+from models.attention import QKNorm, Similarity
 from models.backbone import Backbone, BackboneNorm
 from models.box_ops import box_cxcywh_to_xyxy, inverse_sigmoid
 from models.denoising import DenoisingQueries, check_denoising, denoising_queries
-from models.position import PositionEmbeddingSine2D
+from models.position import PositionEmbeddingSine2D, RotaryEmbedding2D, Rotation
 from models.query_selection import EncoderProposals, cell_boxes
 from models.transformer import TransformerDecoder, TransformerEncoder
 
@@ -54,7 +54,9 @@ class DETRTransformer(nn.Module):
     ``encode`` and the decoder with the queries it builds; its signature holds the defaults.
 
     Shapes: src (B, D, h, w), mask (B, h, w) True at padding, pos (B, D, h, w)
-    -> memory (B, h·w, D), mask (B, h·w), pos (B, h·w, D).
+    -> memory (B, h·w, D), mask (B, h·w), pos (B, h·w, D). With ``rope`` (2D RoPE over the cells, one
+    `Rotation` or one per layer) the encoder takes it instead of ``pos``; ``pos`` still goes to the decoder's
+    memory keys.
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class DETRTransformer(nn.Module):
         dropout: float,
         activation: str,
         similarity: Similarity,
+        qk_norm: QKNorm | None = None,
     ):
         super().__init__()
         layer_kwargs = dict(
@@ -75,6 +78,7 @@ class DETRTransformer(nn.Module):
             activation=activation,
             norm_first=False,
             similarity=similarity,
+            qk_norm=qk_norm,
         )
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=False, **layer_kwargs)
         self.decoder = TransformerDecoder(
@@ -85,11 +89,14 @@ class DETRTransformer(nn.Module):
             if p.dim() > 1 and not name.endswith("general_weight"):
                 nn.init.xavier_uniform_(p)
 
-    def encode(self, src: Tensor, mask: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def encode(
+        self, src: Tensor, mask: Tensor, pos: Tensor, rope: Rotation | list[Rotation] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         src = src.flatten(2).transpose(1, 2)  # (B, h·w, D)
         pos = pos.flatten(2).transpose(1, 2)  # (B, h·w, D)
         mask = mask.flatten(1)  # (B, h·w)
-        return self.encoder(src, src_key_padding_mask=mask, pos=pos), mask, pos
+        encoder_pos = pos if rope is None else None
+        return self.encoder(src, src_key_padding_mask=mask, pos=encoder_pos, rope=rope), mask, pos
 
 
 def box_sine_embedding(boxes: Tensor, num_pos_feats: int, temperature: float = 10000.0) -> Tensor:
@@ -118,6 +125,11 @@ class DETR(nn.Module):
         num_queries: N object queries, the most objects one image can yield.
         d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout,
         activation, similarity: the Transformer (see models.transformer).
+        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys, in every attention.
+        encoder_positions: "sine" (the paper: the 2D sine encoding added to the encoder's queries and keys)
+            or "rope_axial" / "rope_mixed" (2D RoPE over the feature-map cells, Heo et al. 2024, counted from
+            the top-left cell, so that padding at the bottom and right moves no cell; padded cells stay
+            blocked as keys). The decoder's memory keys keep the sine encoding either way.
         aux_loss: return every decoder layer's predictions in ``aux_outputs``.
         query_type: "vanilla" (the paper: N learned positional queries, boxes predicted absolutely)
             or "anchor" (DAB-DETR, Liu et al. 2022: N learned anchor boxes; each decoder layer's
@@ -154,6 +166,8 @@ class DETR(nn.Module):
         dropout: float = 0.1,
         activation: str = "relu",
         similarity: Similarity = "scaled_dot",
+        qk_norm: QKNorm | None = None,
+        encoder_positions: Literal["sine", "rope_axial", "rope_mixed"] = "sine",
         aux_loss: bool = True,
         query_type: QueryType = "vanilla",
         class_loss: ClassLoss = "ce",
@@ -166,6 +180,15 @@ class DETR(nn.Module):
             raise ValueError(f"num_classes={num_classes} must be >= 1")
         if d_model % 2:
             raise ValueError(f"model.d_model={d_model} must be even: half the channels encode y, half x")
+        if encoder_positions not in ("sine", "rope_axial", "rope_mixed"):
+            raise ValueError(
+                f"model.encoder_positions={encoder_positions!r} is not known; choose sine, rope_axial or rope_mixed"
+            )
+        if encoder_positions != "sine" and (d_model // nhead) % 4:
+            raise ValueError(
+                f"model.encoder_positions={encoder_positions} needs a head size divisible by 4, "
+                f"got model.d_model/model.nhead = {d_model // nhead}"
+            )
         if query_type not in ("vanilla", "anchor", "encoder"):
             raise ValueError(f"model.query_type={query_type!r} is not known; choose 'vanilla', 'anchor' or 'encoder'")
         if class_loss not in ("ce", "focal"):
@@ -176,11 +199,26 @@ class DETR(nn.Module):
         self.dn_number, self.dn_label_noise, self.dn_box_noise = dn_number, dn_label_noise, dn_box_noise
         self.backbone = backbone
         self.position_embedding = PositionEmbeddingSine2D(d_model // 2, normalize=True)
+        self.encoder_rope = (
+            None
+            if encoder_positions == "sine"
+            else RotaryEmbedding2D(
+                d_model // nhead, nhead, encoder_positions.removeprefix("rope_"), depth=num_encoder_layers
+            )
+        )
         self.input_proj = nn.Conv2d(backbone.num_channels, d_model, kernel_size=1)
         if query_type == "vanilla":
             self.query_embed = nn.Embedding(num_queries, d_model)
         self.transformer = DETRTransformer(
-            d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation, similarity
+            d_model,
+            nhead,
+            num_encoder_layers,
+            num_decoder_layers,
+            dim_feedforward,
+            dropout,
+            activation,
+            similarity,
+            qk_norm,
         )
         self.class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
         self.bbox_embed = MLP(d_model, d_model, 4, 3)
@@ -201,7 +239,7 @@ class DETR(nn.Module):
             nn.init.constant_(self.class_embed.bias, -math.log((1 - 0.01) / 0.01))
 
     def no_weight_decay(self) -> set[str]:
-        return {"query_embed.weight", "refpoint_embed.weight"}
+        return {"query_embed.weight", "refpoint_embed.weight", "encoder_rope.freqs"}
 
     def forward(
         self, images: Tensor, mask: Tensor | None = None, targets: list[dict[str, Tensor]] | None = None
@@ -223,7 +261,8 @@ class DETR(nn.Module):
         features = self.backbone(images)  # (B, C, h, w)
         mask = F.interpolate(mask[None].float(), size=features.shape[-2:]).to(torch.bool)[0]  # (B, h, w)
         pos = self.position_embedding(mask).to(features.dtype)  # (B, D, h, w)
-        return *self.transformer.encode(self.input_proj(features), mask, pos), cell_boxes(mask)
+        rope = None if self.encoder_rope is None else self.encoder_rope(tuple(features.shape[-2:]))
+        return *self.transformer.encode(self.input_proj(features), mask, pos, rope), cell_boxes(mask)
 
     def decode(
         self, memory: Tensor, memory_mask: Tensor, pos: Tensor, cells: Tensor, dn: DenoisingQueries | None = None

@@ -1,13 +1,22 @@
-"""Positional encodings: sinusoidal 1D (Vaswani et al.), learned 1D, and DETR's 2D sine encoding.
+"""Positional encodings, added to the tokens or acting inside attention.
 
-The 1D encodings return the vectors of a run of consecutive positions, (length, D), sliced from
-their table; models add them to token embeddings. The 2D encoding maps a padding mask (B, H, W)
-to (B, D, H, W).
+Added to the token embeddings:
+    sinusoidal 1D (Vaswani et al. 2017), learned 1D (GPT, ViT): a run of consecutive positions,
+    (length, D), sliced from a table; DETR's 2D sine encoding: a padding mask (B, H, W) -> (B, D, H, W).
+Rotations of queries and keys (`Rotation`, applied by the attention core before its kernel):
+    `RotaryEmbedding` 1D RoPE for text (Su et al. 2021), HF Llama's rotate-half layout;
+    `RotaryEmbedding2D` for patch grids (Heo et al. 2024), "axial" or "mixed", timm's layout.
+Additive biases on the attention logits, (H, Lq, Lk), queries aligned to the end of the keys:
+    `ALiBi` (Press et al. 2022), `T5RelativePositionBias` (Raffel et al. 2020, bucketed),
+    `RelativePositionBias2D` (Swin, Liu et al. 2021: one learned value per 2D offset and head).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -96,3 +105,219 @@ class PositionEmbeddingSine2D(nn.Module):
         pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)
         pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)
         return torch.cat((pos_y, pos_x), dim=3).permute(0, 3, 1, 2)  # (B, 2F, H, W)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(..., d): [x1 | x2] -> [-x2 | x1], the pairs (i, i + d/2) (HF Llama's layout)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_pairs(x: Tensor) -> Tensor:
+    """(..., d): [x0, x1, x2, x3, ..] -> [-x1, x0, -x3, x2, ..], the pairs (2i, 2i + 1) (timm's interleaved layout)."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """RoPE angles of a run of positions: ``cos`` and ``sin`` (..., L, d), broadcastable to the heads
+    (B, H, L, d). Calling it rotates each pair of channels of a query or key by its position's angle:
+    x·cos + rot(x)·sin, where ``interleaved`` pairs channels (2i, 2i + 1) (timm), else (i, i + d/2) (Llama).
+    The product is taken in the angles' float32 and cast back to x's dtype."""
+
+    cos: Tensor
+    sin: Tensor
+    interleaved: bool = False
+
+    def __call__(self, x: Tensor) -> Tensor:
+        rot = rotate_pairs(x) if self.interleaved else rotate_half(x)
+        return (x * self.cos + rot * self.sin).to(x.dtype)
+
+    def with_prefix(self, n: int) -> Rotation:
+        """Leave ``n`` leading tokens (a class token) unrotated: angle 0 (cos 1, sin 0) before the run."""
+        pad = (0, 0, n, 0)
+        return Rotation(
+            nn.functional.pad(self.cos, pad, value=1.0), nn.functional.pad(self.sin, pad, value=0.0), self.interleaved
+        )
+
+
+class RotaryEmbedding(nn.Module):
+    """1D RoPE (Su et al. 2021) as HF Llama computes it, so that its checkpoints load unchanged:
+    inverse frequencies θ^(-2i/d), i < d/2, in float32, channels i and i + d/2 rotated together.
+
+    (length, start) -> the `Rotation` of positions start..start + length - 1, cos/sin (length, d);
+    ``start`` is the KV cache's length when decoding step by step.
+    """
+
+    def __init__(self, head_dim: int, max_len: int = 1024, theta: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
+        self.max_len = max_len
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)  # (d/2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, length: int, start: int = 0) -> Rotation:
+        _check_range(length, start, self.max_len)
+        pos = torch.arange(start, start + length, device=self.inv_freq.device).float()
+        angles = pos[:, None] * self.inv_freq  # (L, d/2)
+        angles = torch.cat((angles, angles), dim=-1)  # (L, d)
+        return Rotation(angles.cos(), angles.sin())
+
+
+class RotaryEmbedding2D(nn.Module):
+    """2D RoPE for a grid of patches or feature-map cells (Heo et al. 2024), in timm's layout
+    (``RotaryEmbeddingCat`` with integer positions, ``RotaryEmbeddingMixed``; grid indexing "xy"):
+    channels are rotated in interleaved pairs; a cell at row y, column x has the angles
+    "axial": x·ω_j on the first d/2 channels, y·ω_j on the last d/2, ω_j = θ^(-j/(d/4)), j < d/4
+             (fixed; θ = 100 in the RoPE ViTs);
+    "mixed": x·f_x + y·f_y, learned frequencies ``freqs`` (2, depth, H, d/2) per layer and head, started
+             as ω' = θ^(-4j/d) along a random direction per head and layer, then at a right angle to it
+             (θ = 10).
+    Cells are numbered row by row (y outer), as the tokens of a flattened feature map.
+
+    Shapes: grid (h, w) -> "axial": one `Rotation` for every layer, cos/sin (h·w, d);
+    "mixed": a list of ``depth`` `Rotation`s, cos/sin (H, h·w, d) each.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int,
+        mode: Literal["axial", "mixed"] = "axial",
+        theta: float | None = None,
+        depth: int = 1,
+    ):
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"2D RoPE needs a head dimension divisible by 4, got {head_dim}")
+        if mode not in ("axial", "mixed"):
+            raise ValueError(f"2D RoPE mode={mode!r} is not known; choose axial or mixed")
+        self.mode = mode
+        if mode == "axial":
+            theta = 100.0 if theta is None else theta
+            omega = 1.0 / theta ** (torch.arange(head_dim // 4, dtype=torch.int64).float() / (head_dim // 4))
+            self.register_buffer("omega", omega, persistent=False)  # (d/4,)
+        else:
+            theta = 10.0 if theta is None else theta
+            magnitude = 1.0 / theta ** (torch.arange(0, head_dim, 4).float() / head_dim)  # (d/4,)
+            direction = torch.rand(depth, num_heads, 1) * 2 * math.pi  # (depth, H, 1)
+            fx = torch.cat((magnitude * direction.cos(), magnitude * (direction + math.pi / 2).cos()), dim=-1)
+            fy = torch.cat((magnitude * direction.sin(), magnitude * (direction + math.pi / 2).sin()), dim=-1)
+            self.freqs = nn.Parameter(torch.stack((fx, fy)))  # (2, depth, H, d/2)
+
+    def forward(self, grid: tuple[int, int]) -> Rotation | list[Rotation]:
+        h, w = grid
+        device = self.omega.device if self.mode == "axial" else self.freqs.device
+        y, x = torch.meshgrid(
+            torch.arange(h, device=device).float(), torch.arange(w, device=device).float(), indexing="ij"
+        )
+        x, y = x.reshape(-1, 1), y.reshape(-1, 1)  # (N, 1), rows first
+        if self.mode == "axial":
+            angles = torch.cat((x * self.omega, y * self.omega), dim=-1).repeat_interleave(2, -1)  # (N, d)
+            return Rotation(angles.cos(), angles.sin(), interleaved=True)
+        freqs = self.freqs.float()
+        angles = (x * freqs[0, :, :, None] + y * freqs[1, :, :, None]).repeat_interleave(2, -1)  # (depth, H, N, d)
+        cos, sin = angles.cos(), angles.sin()
+        return [Rotation(c, s, interleaved=True) for c, s in zip(cos, sin)]
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi's head slopes (Press et al. 2022): the geometric sequence 2^(-8/n), 2^(-16/n), .. for n a power
+    of two; otherwise those of the power of two below n, then every other slope of the next power of two."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+
+    def geometric(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+    slopes = geometric(closest) + geometric(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes)
+
+
+def _query_key_offsets(lq: int, lk: int, device: torch.device) -> Tensor:
+    """(Lq, Lk) key position minus query position, queries aligned to the end of the keys (a cached step)."""
+    keys = torch.arange(lk, device=device)
+    return keys[None, :] - (keys[lk - lq :, None])
+
+
+class ALiBi(nn.Module):
+    """Attention with linear biases (Press et al. 2022): head h adds -m_h·|i - j| to the logit of query i
+    and key j (causal models see j <= i only, so this is the paper's -m_h·(i - j)).
+
+    (Lq, Lk) -> bias (H, Lq, Lk), queries at the last Lq key positions.
+    """
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def forward(self, lq: int, lk: int) -> Tensor:
+        distance = _query_key_offsets(lq, lk, self.slopes.device).abs().float()  # (Lq, Lk)
+        return -self.slopes[:, None, None] * distance
+
+
+def relative_position_bucket(
+    relative_position: Tensor, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
+) -> Tensor:
+    """T5's buckets for key position minus query position: half of the buckets (per direction when
+    ``bidirectional``, else for the past only; the future shares bucket 0) hold offsets 0..n/2 - 1 exactly,
+    the other half grow logarithmically up to ``max_distance``, beyond which offsets share the last bucket."""
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    log_bucket = (
+        max_exact
+        + (
+            torch.log(distance.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+        ).long()
+    )
+    log_bucket = log_bucket.clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < max_exact, distance, log_bucket)
+
+
+class T5RelativePositionBias(nn.Module):
+    """T5's relative position bias (Raffel et al. 2020): one learned scalar per head and bucket of the offset
+    key - query; bidirectional for an encoder, past-only for a causal decoder. One module serves every
+    layer of a stack, as in T5. (Lq, Lk) -> bias (H, Lq, Lk), queries at the last Lq key positions."""
+
+    def __init__(self, num_heads: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__()
+        self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
+        self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)  # T5's name
+        nn.init.trunc_normal_(self.relative_attention_bias.weight, std=0.02)
+
+    def forward(self, lq: int, lk: int) -> Tensor:
+        offsets = _query_key_offsets(lq, lk, self.relative_attention_bias.weight.device)
+        buckets = relative_position_bucket(offsets, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).permute(2, 0, 1)  # (H, Lq, Lk)
+
+
+class RelativePositionBias2D(nn.Module):
+    """Swin's relative position bias over a patch grid (Liu et al. 2021), timm's ``RelPosBias``: a table of
+    (2h - 1)(2w - 1) offsets x heads, indexed by the (dy, dx) between query and key cells (rows first).
+    ``prefix_tokens`` = 1 (a class token) adds BEiT's three entries: class to cell, cell to class, class to class.
+    () -> bias (H, p + h·w, p + h·w)."""
+
+    def __init__(self, grid: Sequence[int], num_heads: int, prefix_tokens: int = 0):
+        super().__init__()
+        if prefix_tokens not in (0, 1):
+            raise ValueError(f"a relative position bias takes 0 or 1 prefix tokens, got {prefix_tokens}")
+        h, w = grid
+        n_offsets = (2 * h - 1) * (2 * w - 1)
+        self.relative_position_bias_table = nn.Parameter(torch.empty(n_offsets + 3 * prefix_tokens, num_heads))
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+        cells = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")).flatten(1)  # (2, N)
+        delta = cells[:, :, None] - cells[:, None, :]  # (2, N, N): query minus key
+        index = (delta[0] + h - 1) * (2 * w - 1) + delta[1] + w - 1  # (N, N)
+        if prefix_tokens:
+            index = nn.functional.pad(index, (1, 0, 1, 0))
+            index[0, :], index[:, 0], index[0, 0] = n_offsets, n_offsets + 1, n_offsets + 2
+        self.register_buffer("relative_position_index", index, persistent=False)
+
+    def forward(self) -> Tensor:
+        return self.relative_position_bias_table[self.relative_position_index].permute(2, 0, 1)  # (H, N, N)

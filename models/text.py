@@ -9,6 +9,12 @@ shifted right (`teacher_forcing`) and predicts the next token, up to EOS.
 
 Both models decode incrementally: pass ``cache`` (one cache per layer, from ``init_cache()``) and
 the position of the new tokens, and each step attends to the cached keys/values of the prefix.
+
+``positions`` chooses how order enters: added to the embeddings ("sinusoidal", "sinusoidal_concat",
+"learned") or inside each self-attention ("rope": queries and keys rotated, Su et al. 2021; "alibi":
+linear biases, Press et al. 2022; "t5": T5's bucketed relative bias, one table per stack, Raffel et al.
+2020). Cross-attention sees no positions in the last three, as in T5. ALiBi's bias in the encoder is
+symmetric, -m·|i - j| (as MosaicBERT's): it tells near from far but not left from right.
 """
 
 from __future__ import annotations
@@ -19,11 +25,19 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from models.attention import KVCache, Similarity
-from models.position import LearnedPositionalEncoding, SinusoidalPositionalEncoding
+from models.attention import KVCache, QKNorm, Similarity
+from models.position import (
+    ALiBi,
+    LearnedPositionalEncoding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    T5RelativePositionBias,
+)
 from models.transformer import Activation, DecoderLayerCache, TransformerDecoder, TransformerEncoder
 
-Positions = Literal["sinusoidal", "sinusoidal_concat", "learned"]
+Positions = Literal["sinusoidal", "sinusoidal_concat", "learned", "rope", "alibi", "t5"]
+POSITIONS = ("sinusoidal", "sinusoidal_concat", "learned", "rope", "alibi", "t5")
+IN_ATTENTION = ("rope", "alibi", "t5")
 
 
 def teacher_forcing(tgt: Tensor) -> tuple[Tensor, Tensor]:
@@ -78,7 +92,10 @@ def check_heads(d_model: int, nhead: int) -> None:
         raise ValueError(f"model.nhead={nhead} does not divide model.d_model={d_model}; choose a divisor of {d_model}")
 
 
-def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Module:
+def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Module | None:
+    """The encoding added to the token embeddings; None when positions act inside attention."""
+    if kind in IN_ATTENTION:
+        return None
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_len)
     if kind == "sinusoidal_concat":  # the same waves, all sines first, then all cosines (tensor2tensor, Marian)
@@ -87,7 +104,37 @@ def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Modul
         return pos
     if kind == "learned":
         return LearnedPositionalEncoding(d_model, max_len)
-    raise ValueError(f"model.positions={kind!r} is not known; choose sinusoidal, sinusoidal_concat or learned")
+    raise ValueError(f"model.positions={kind!r} is not known; choose one of {', '.join(POSITIONS)}")
+
+
+class SelfAttentionPositions(nn.Module):
+    """The positions one stack's self-attention sees: RoPE angles, or an ALiBi or T5 bias.
+
+    (length, start) -> the stack's keyword arguments for new tokens at positions start..start + length - 1,
+    attending to keys 0..start + length - 1 (a cached step has start > 0): {"rope": Rotation} or
+    {"position_bias": (H, length, start + length)}; {} for positions added to the embeddings.
+    """
+
+    def __init__(self, kind: Positions, d_model: int, nhead: int, max_len: int, causal: bool, rope_theta: float):
+        super().__init__()
+        self.rope = self.bias = None
+        if kind == "rope":
+            if (d_model // nhead) % 2:
+                raise ValueError(
+                    f"model.positions=rope needs an even head size, got model.d_model/model.nhead = {d_model // nhead}"
+                )
+            self.rope = RotaryEmbedding(d_model // nhead, max_len, rope_theta)
+        elif kind == "alibi":
+            self.bias = ALiBi(nhead)
+        elif kind == "t5":
+            self.bias = T5RelativePositionBias(nhead, bidirectional=not causal)
+
+    def forward(self, length: int, start: int = 0) -> dict:
+        if self.rope is not None:
+            return {"rope": self.rope(length, start)}
+        if self.bias is not None:
+            return {"position_bias": self.bias(length, start + length)}
+        return {}
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -108,8 +155,11 @@ class Seq2SeqTransformer(nn.Module):
         activation: MLP activation (the paper: relu; see `models.transformer`).
         norm_first: pre-norm layers with final norms; post-norm (the paper) when false.
         similarity: attention similarity (see `models.attention`).
-        positions: "sinusoidal" (the paper), "sinusoidal_concat" (sines, then cosines: Marian) or "learned".
+        positions: "sinusoidal" (the paper), "sinusoidal_concat" (sines, then cosines: Marian), "learned",
+            "rope", "alibi" or "t5" (see the module docstring).
         max_positions: longest sequence the positions cover.
+        rope_theta: RoPE's frequency base θ (positions=rope).
+        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
         tie_output: the output projection is the target embedding matrix (Press & Wolf 2017).
         pad_id: the PAD index, masked everywhere.
@@ -140,6 +190,8 @@ class Seq2SeqTransformer(nn.Module):
         output_bias: bool = False,
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
+        rope_theta: float = 10000.0,
+        qk_norm: QKNorm | None = None,
     ):
         super().__init__()
         check_heads(d_model, nhead)
@@ -154,6 +206,8 @@ class Seq2SeqTransformer(nn.Module):
             self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, d_model, pad_id, scale_embeddings)
         )
         self.pos = positional_encoding(positions, d_model, max_positions)
+        self.encoder_positions = SelfAttentionPositions(positions, d_model, nhead, max_positions, False, rope_theta)
+        self.decoder_positions = SelfAttentionPositions(positions, d_model, nhead, max_positions, True, rope_theta)
         self.dropout = nn.Dropout(dropout)
         layer = dict(
             dim_feedforward=dim_feedforward,
@@ -163,6 +217,7 @@ class Seq2SeqTransformer(nn.Module):
             activation=activation,
             norm_first=norm_first,
             similarity=similarity,
+            qk_norm=qk_norm,
         )
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=norm_first, **layer)
         self.decoder = TransformerDecoder(num_decoder_layers, d_model, nhead, final_norm=norm_first, **layer)
@@ -181,19 +236,29 @@ class Seq2SeqTransformer(nn.Module):
             self.generator.weight = self.tgt_embed.weight
 
     def no_weight_decay(self) -> set[str]:
-        return {"src_embed.embedding.weight", "tgt_embed.embedding.weight", "pos.weight"}
+        return {
+            "src_embed.embedding.weight",
+            "tgt_embed.embedding.weight",
+            "pos.weight",
+            "relative_attention_bias.weight",
+        }
 
     def init_cache(self) -> list[DecoderLayerCache]:
         return [DecoderLayerCache() for _ in self.decoder.layers]
 
     def _embed(self, embed: TokenEmbedding, tokens: Tensor, start_pos: int = 0) -> Tensor:
-        return self.dropout(embed(tokens) + self.pos(tokens.size(1), start_pos))  # (B, L, D)
+        x = embed(tokens)
+        return self.dropout(x if self.pos is None else x + self.pos(tokens.size(1), start_pos))  # (B, L, D)
 
     def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
         """src (B, S) -> memory (B, S, D). PAD keys are blocked (mask from ``pad_id`` when not given)."""
         if src_key_padding_mask is None:
             src_key_padding_mask = src.eq(self.pad_id)
-        return self.encoder(self._embed(self.src_embed, src), src_key_padding_mask=src_key_padding_mask)
+        return self.encoder(
+            self._embed(self.src_embed, src),
+            src_key_padding_mask=src_key_padding_mask,
+            **self.encoder_positions(src.size(1)),
+        )
 
     def decode(
         self,
@@ -217,6 +282,7 @@ class Seq2SeqTransformer(nn.Module):
             memory_key_padding_mask=memory_key_padding_mask,
             tgt_is_causal=True,
             cache=cache,
+            **self.decoder_positions(tgt.size(1), start_pos),
         )  # (B, T, D)
         return self.generator(h)
 
@@ -244,8 +310,10 @@ class DecoderOnlyLM(nn.Module):
         activation: MLP activation (see `models.transformer`).
         norm_first: pre-norm blocks with a final LayerNorm (GPT-2); post-norm when false.
         similarity: attention similarity (see `models.attention`).
-        positions: "learned" (GPT) or "sinusoidal".
+        positions: "learned" (GPT), "sinusoidal", "sinusoidal_concat", "rope", "alibi" or "t5" (module docstring).
         max_positions: the longest context (block size).
+        rope_theta: RoPE's frequency base θ (positions=rope).
+        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
         tie_embeddings: the output projection is the token embedding matrix.
     Shapes: tokens (B, T) -> logits (B, T, vocab_size).
     """
@@ -266,12 +334,15 @@ class DecoderOnlyLM(nn.Module):
         tie_embeddings: bool = True,
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
+        rope_theta: float = 10000.0,
+        qk_norm: QKNorm | None = None,
     ):
         super().__init__()
         check_heads(d_model, nhead)
         self.max_positions = max_positions
         self.tok_embed = TokenEmbedding(vocab_size, d_model, scale=False)
         self.pos = positional_encoding(positions, d_model, max_positions)
+        self.attn_positions = SelfAttentionPositions(positions, d_model, nhead, max_positions, True, rope_theta)
         self.dropout = nn.Dropout(dropout)
         self.blocks = TransformerEncoder(
             num_layers,
@@ -285,6 +356,7 @@ class DecoderOnlyLM(nn.Module):
             activation=activation,
             norm_first=norm_first,
             similarity=similarity,
+            qk_norm=qk_norm,
         )
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self._init_weights(num_layers)
@@ -302,15 +374,18 @@ class DecoderOnlyLM(nn.Module):
         nn.init.normal_(self.lm_head.weight, std=0.02)
 
     def no_weight_decay(self) -> set[str]:
-        return {"tok_embed.embedding.weight", "pos.weight"}
+        return {"tok_embed.embedding.weight", "pos.weight", "relative_attention_bias.weight"}
 
     def init_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.blocks.layers]
 
     def forward(self, tokens: Tensor, cache: list[KVCache] | None = None, start_pos: int = 0) -> Tensor:
         """tokens (B, T) at positions ``start_pos``.. -> logits (B, T, V); with ``cache``, earlier tokens are cached."""
-        x = self.dropout(self.tok_embed(tokens) + self.pos(tokens.size(1), start_pos))  # (B, T, D)
-        return self.lm_head(self.blocks(x, is_causal=True, cache=cache))
+        x = self.tok_embed(tokens)  # (B, T, D)
+        x = self.dropout(x if self.pos is None else x + self.pos(tokens.size(1), start_pos))
+        return self.lm_head(
+            self.blocks(x, is_causal=True, cache=cache, **self.attn_positions(tokens.size(1), start_pos))
+        )
 
     @torch.no_grad()
     def generate(

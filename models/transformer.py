@@ -4,10 +4,14 @@ Parameter names follow ``torch.nn.TransformerEncoderLayer``/``TransformerDecoder
 (``self_attn``, ``multihead_attn``, ``linear1``, ``linear2``, ``norm1..3``), so their state dicts
 load unchanged. Both layers run pre-norm (``norm_first=True``, ViT/GPT) or post-norm (the paper,
 DETR). Optional positional terms (DETR) are added to queries and keys only, never to values.
+Positions inside the self-attention (``rope``: a `Rotation`; ``position_bias``: (H, Lq, Lk) added to the
+logits) are handed to it unchanged; a stack takes one for all its layers or a sequence of one per layer
+(mixed 2D RoPE, a Swin table per layer). Cross-attention takes neither (as in T5).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
@@ -17,7 +21,8 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import Tensor, nn
 
-from models.attention import KVCache, MultiHeadAttention, Similarity
+from models.attention import KVCache, MultiHeadAttention, QKNorm, Similarity
+from models.position import Rotation
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 # gelu_tanh: GPT-2's tanh approximation of GELU ("gelu_new"); silu: x·sigmoid(x), Marian's "swish"
@@ -46,6 +51,11 @@ def _or(rate: float | None, default: float) -> float:
     return default if rate is None else rate
 
 
+def _layer_item(x, i: int):
+    """The ``i``-th layer's rope or bias: a sequence holds one per layer, anything else serves every layer."""
+    return x[i] if isinstance(x, Sequence) else x
+
+
 def _activation(name: str):
     if name not in _ACTIVATIONS:
         raise ValueError(f"activation={name!r} is not known; choose one of {', '.join(_ACTIVATIONS)}")
@@ -61,6 +71,7 @@ class TransformerEncoderLayer(nn.Module):
         activation: "relu", "gelu", "gelu_tanh" or "silu".
         norm_first: pre-norm if True, post-norm (the paper) if False.
         similarity: attention similarity (see models.attention). drop_path: stochastic depth rate.
+        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see models.attention).
         attn_dropout: dropout on the attention weights. activation_dropout: dropout inside the MLP, after
             its activation (fairseq's ``attention_dropout`` and ``activation_dropout``). None: ``dropout``.
     Shapes: src (B, L, D), pos (B, L, D) or None, src_key_padding_mask (B, L) -> (B, L, D).
@@ -79,9 +90,10 @@ class TransformerEncoderLayer(nn.Module):
         drop_path: float = 0.0,
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
+        qk_norm: QKNorm | None = None,
     ):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, nhead, _or(attn_dropout, dropout), similarity)
+        self.self_attn = MultiHeadAttention(d_model, nhead, _or(attn_dropout, dropout), similarity, qk_norm=qk_norm)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.dropout = nn.Dropout(_or(activation_dropout, dropout))
         self.linear2 = nn.Linear(dim_feedforward, d_model)
@@ -101,9 +113,21 @@ class TransformerEncoderLayer(nn.Module):
         kpm: Tensor | None,
         is_causal: bool,
         cache: KVCache | None,
+        rope: Rotation | None,
+        bias: Tensor | None,
     ) -> Tensor:
         qk = _with_pos(x, pos)
-        out = self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=cache)[0]
+        out = self.self_attn(
+            qk,
+            qk,
+            x,
+            attn_mask=mask,
+            key_padding_mask=kpm,
+            is_causal=is_causal,
+            cache=cache,
+            rope=rope,
+            position_bias=bias,
+        )[0]
         return self.drop_path(self.dropout1(out))
 
     def _ff(self, x: Tensor) -> Tensor:
@@ -117,14 +141,17 @@ class TransformerEncoderLayer(nn.Module):
         is_causal: bool = False,
         pos: Tensor | None = None,
         cache: KVCache | None = None,
+        rope: Rotation | None = None,
+        position_bias: Tensor | None = None,
     ) -> Tensor:
         """``cache``: this layer's keys/values, for causal decoding step by step (a decoder-only LM's
-        blocks are encoder layers with ``is_causal=True``)."""
+        blocks are encoder layers with ``is_causal=True``). ``rope``, ``position_bias``: see the module docstring."""
         x = src
+        sa = (src_mask, src_key_padding_mask, is_causal, cache, rope, position_bias)
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), pos, src_mask, src_key_padding_mask, is_causal, cache)
+            x = x + self._sa(self.norm1(x), pos, *sa)
             return x + self._ff(self.norm2(x))
-        x = self.norm1(x + self._sa(x, pos, src_mask, src_key_padding_mask, is_causal, cache))
+        x = self.norm1(x + self._sa(x, pos, *sa))
         return self.norm2(x + self._ff(x))
 
 
@@ -151,10 +178,12 @@ class TransformerDecoderLayer(nn.Module):
         layer_norm_eps: float = 1e-5,
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
+        qk_norm: QKNorm | None = None,
     ):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, nhead, _or(attn_dropout, dropout), similarity)
-        self.multihead_attn = MultiHeadAttention(d_model, nhead, _or(attn_dropout, dropout), similarity)
+        rate = _or(attn_dropout, dropout)
+        self.self_attn = MultiHeadAttention(d_model, nhead, rate, similarity, qk_norm=qk_norm)
+        self.multihead_attn = MultiHeadAttention(d_model, nhead, rate, similarity, qk_norm=qk_norm)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.dropout = nn.Dropout(_or(activation_dropout, dropout))
         self.linear2 = nn.Linear(dim_feedforward, d_model)
@@ -167,12 +196,21 @@ class TransformerDecoderLayer(nn.Module):
         self.activation = _activation(activation)
         self.norm_first = norm_first
 
-    def _sa(self, x, query_pos, mask, kpm, is_causal, cache):
+    def _sa(self, x, query_pos, mask, kpm, is_causal, cache, rope, bias):
         qk = _with_pos(x, query_pos)
         sub = None if cache is None else cache.self_attn
-        return self.dropout1(
-            self.self_attn(qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=sub)[0]
-        )
+        out = self.self_attn(
+            qk,
+            qk,
+            x,
+            attn_mask=mask,
+            key_padding_mask=kpm,
+            is_causal=is_causal,
+            cache=sub,
+            rope=rope,
+            position_bias=bias,
+        )[0]
+        return self.dropout1(out)
 
     def _ca(self, x, memory, query_pos, pos, mask, kpm, cache):
         sub = None if cache is None else cache.cross_attn
@@ -197,13 +235,17 @@ class TransformerDecoderLayer(nn.Module):
         pos: Tensor | None = None,
         query_pos: Tensor | None = None,
         cache: DecoderLayerCache | None = None,
+        rope: Rotation | None = None,
+        position_bias: Tensor | None = None,
     ) -> Tensor:
+        """``rope``, ``position_bias``: for the self-attention (see the module docstring)."""
         x = tgt
+        sa = (tgt_mask, tgt_key_padding_mask, tgt_is_causal, cache, rope, position_bias)
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), query_pos, tgt_mask, tgt_key_padding_mask, tgt_is_causal, cache)
+            x = x + self._sa(self.norm1(x), query_pos, *sa)
             x = x + self._ca(self.norm2(x), memory, query_pos, pos, memory_mask, memory_key_padding_mask, cache)
             return x + self._ff(self.norm3(x))
-        x = self.norm1(x + self._sa(x, query_pos, tgt_mask, tgt_key_padding_mask, tgt_is_causal, cache))
+        x = self.norm1(x + self._sa(x, query_pos, *sa))
         x = self.norm2(x + self._ca(x, memory, query_pos, pos, memory_mask, memory_key_padding_mask, cache))
         return self.norm3(x + self._ff(x))
 
@@ -236,11 +278,23 @@ class TransformerEncoder(nn.Module):
         is_causal: bool = False,
         pos: Tensor | None = None,
         cache: list[KVCache] | None = None,
+        rope: Rotation | Sequence[Rotation] | None = None,
+        position_bias: Tensor | Sequence[Tensor] | None = None,
     ) -> Tensor:
-        """``cache``: one `KVCache` per layer, for incremental causal decoding."""
+        """``cache``: one `KVCache` per layer, for incremental causal decoding. ``rope``, ``position_bias``:
+        one for every layer or one per layer (see the module docstring)."""
         x = src
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, src_key_padding_mask, is_causal, pos, None if cache is None else cache[i])
+            x = layer(
+                x,
+                mask,
+                src_key_padding_mask,
+                is_causal,
+                pos,
+                None if cache is None else cache[i],
+                _layer_item(rope, i),
+                _layer_item(position_bias, i),
+            )
         return x if self.norm is None else self.norm(x)
 
 
@@ -274,8 +328,11 @@ class TransformerDecoder(nn.Module):
         pos: Tensor | None = None,
         query_pos: Tensor | None = None,
         cache: list[DecoderLayerCache] | None = None,
+        rope: Rotation | Sequence[Rotation] | None = None,
+        position_bias: Tensor | Sequence[Tensor] | None = None,
     ) -> Tensor:
-        """``cache``: one `DecoderLayerCache` per layer (e.g. ``[DecoderLayerCache() for _ in decoder.layers]``)."""
+        """``cache``: one `DecoderLayerCache` per layer (e.g. ``[DecoderLayerCache() for _ in decoder.layers]``).
+        ``rope``, ``position_bias``: for the self-attention, one for every layer or one per layer."""
         x, intermediate = tgt, []
         norm = self.norm if self.norm is not None else nn.Identity()
         for i, layer in enumerate(self.layers):
@@ -290,6 +347,8 @@ class TransformerDecoder(nn.Module):
                 pos,
                 query_pos,
                 None if cache is None else cache[i],
+                _layer_item(rope, i),
+                _layer_item(position_bias, i),
             )
             if self.return_intermediate:
                 intermediate.append(norm(x))

@@ -1,7 +1,8 @@
 """Vision Transformer (Dosovitskiy et al. 2021) on the shared encoder, and weight import.
 
 An image is cut into non-overlapping patches (`PatchEmbed`), a class token is prepended,
-learned positions are added, and the shared pre-norm encoder runs over the tokens; the head
+learned positions are added (or positions act inside attention: ``positions``), and the shared
+pre-norm encoder runs over the tokens; the head
 reads the class token after the final norm ("token"), or the mean of the patch tokens followed
 by ``fc_norm`` ("avg", as timm and MAE do).
 
@@ -29,7 +30,8 @@ from timm.layers import ConvNormAct, resample_abs_pos_embed
 from timm.models import adapt_input_conv, get_pretrained_cfg
 from torch import Tensor, nn
 
-from models.attention import Similarity
+from models.attention import QKNorm, Similarity
+from models.position import RelativePositionBias2D, RotaryEmbedding2D
 from models.transformer import TransformerEncoder
 from models.weights import WEIGHT_SUFFIXES, load_checked, network_state, read_state, resolve
 
@@ -104,10 +106,17 @@ class VisionTransformer(nn.Module):
         similarity: attention similarity of the shared core (see `models.attention`).
         stem_channels: widths of a convolutional stem before the patch projection (see `PatchEmbed`);
             ``patch_size`` then applies to the stem's feature map. Empty: the plain ViT.
+        positions: "learned" (ViT: ``pos_embed`` added to the tokens), or inside attention, without
+            ``pos_embed`` (the class token unrotated / with its own bias entries): "rope_axial" or
+            "rope_mixed" (2D RoPE, Heo et al. 2024, timm's RoPE ViTs), "relpos" (a Swin/BEiT relative
+            position table per layer). See `models.position`.
+        rope_theta: the 2D RoPE frequency base; None: the RoPE ViTs' (100 axial, 10 mixed).
+        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
     Shapes: images (B, C, H, W) -> logits (B, num_classes).
     """
 
     num_prefix_tokens = 1  # the class token
+    POSITIONS = ("learned", "rope_axial", "rope_mixed", "relpos")
 
     def __init__(
         self,
@@ -125,8 +134,15 @@ class VisionTransformer(nn.Module):
         global_pool: Literal["token", "avg"] = "token",
         similarity: Similarity = "scaled_dot",
         stem_channels: Sequence[int] = (),
+        positions: Literal["learned", "rope_axial", "rope_mixed", "relpos"] = "learned",
+        rope_theta: float | None = None,
+        qk_norm: QKNorm | None = None,
     ):
         super().__init__()
+        if positions not in self.POSITIONS:
+            raise ValueError(
+                f"model.positions={positions!r} is not known for the ViT; choose one of {', '.join(self.POSITIONS)}"
+            )
         if global_pool not in ("token", "avg"):
             raise ValueError(f"model.global_pool={global_pool!r}; expected 'token' or 'avg'")
         if num_heads < 1 or embed_dim % num_heads:
@@ -137,7 +153,21 @@ class VisionTransformer(nn.Module):
         self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, stem_channels)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.patch_embed.num_patches, embed_dim))
+        num_tokens, grid = self.num_prefix_tokens + self.patch_embed.num_patches, self.patch_embed.grid_size
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, embed_dim)) if positions == "learned" else None
+        self.rope = self.rel_pos_bias = None
+        if positions.startswith("rope"):
+            if (embed_dim // num_heads) % 4:
+                raise ValueError(
+                    f"model.positions={positions} needs a head size divisible by 4, "
+                    f"got model.embed_dim/model.num_heads = {embed_dim // num_heads}"
+                )
+            mode = positions.removeprefix("rope_")
+            self.rope = RotaryEmbedding2D(embed_dim // num_heads, num_heads, mode, rope_theta, depth)  # timm's name
+        if positions == "relpos":
+            self.rel_pos_bias = nn.ModuleList(
+                RelativePositionBias2D((grid, grid), num_heads, self.num_prefix_tokens) for _ in range(depth)
+            )
         self.pos_drop = nn.Dropout(drop_rate)
         self.encoder = TransformerEncoder(
             depth,
@@ -152,13 +182,15 @@ class VisionTransformer(nn.Module):
             norm_first=True,
             similarity=similarity,
             layer_norm_eps=1e-6,
+            qk_norm=qk_norm,
         )
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "avg" else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
     def _init_weights(self) -> None:
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -170,13 +202,15 @@ class VisionTransformer(nn.Module):
             _init_linear(self.head)
 
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token"}
+        named = {"pos_embed": self.pos_embed, "rope.freqs": getattr(self.rope, "freqs", None)}
+        named["relative_position_bias_table"] = self.rel_pos_bias
+        return {"cls_token"} | {name for name, present in named.items() if present is not None}
 
     def group_matcher(self, coarse: bool = False) -> dict:
         """Layer groups for timm's layer-wise learning-rate decay, as timm's ``VisionTransformer``
         makes them: embeddings, one group per block (the final norm joins the last), the head on top."""
         return {
-            "stem": r"^cls_token|pos_embed|patch_embed",
+            "stem": r"^cls_token|pos_embed|patch_embed|rope\.",
             "blocks": [(r"^encoder\.layers\.(\d+)", None), (r"^encoder\.norm", (99999,))],
         }
 
@@ -184,8 +218,22 @@ class VisionTransformer(nn.Module):
         """Images (B, C, H, W) -> encoded tokens (B, 1 + N, D), class token first
         (after the final norm with "token" pooling)."""
         x = self.patch_embed(x)  # (B, N, D)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed  # (B, 1 + N, D)
-        return self.encoder(self.pos_drop(x))
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        return self.encoder(self.pos_drop(x), **self._attention_positions())
+
+    def _attention_positions(self) -> dict:
+        """The encoder's rope (the class token unrotated) or its per-layer biases (H, 1 + N, 1 + N)."""
+        if self.rope is not None:
+            grid = self.patch_embed.grid_size
+            rotation = self.rope((grid, grid))
+            if isinstance(rotation, list):  # mixed: one per layer
+                return {"rope": [r.with_prefix(self.num_prefix_tokens) for r in rotation]}
+            return {"rope": rotation.with_prefix(self.num_prefix_tokens)}
+        if self.rel_pos_bias is not None:
+            return {"position_bias": [table() for table in self.rel_pos_bias]}
+        return {}
 
     def forward_head(self, tokens: Tensor) -> Tensor:
         """Tokens (B, 1 + N, D) -> logits (B, num_classes)."""

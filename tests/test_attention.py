@@ -9,6 +9,7 @@ from torch import nn
 
 from models import attention
 from models.attention import SIMILARITIES, KVCache, MultiHeadAttention, capture_attention, subsequent_mask
+from models.position import ALiBi, RotaryEmbedding, T5RelativePositionBias
 
 B, LQ, LK, D, H = 3, 5, 7, 16, 4
 
@@ -289,3 +290,126 @@ def test_cache_reorder_follows_the_beams_and_keeps_a_static_cache_per_sentence()
         and static.v.flatten().tolist() == [11]
     )
     KVCache().reorder(torch.tensor([0]), None)  # an empty cache (no step yet) has nothing to move
+
+
+# positions inside attention and QK-norm: each option on both paths, alone and with every mask
+OPTIONS = ["qk_layernorm", "qk_rmsnorm", "rope", "alibi", "t5", "rope+qk_layernorm+alibi"]
+
+
+def _with_option(option, similarity="scaled_dot"):
+    """A layer (with non-trivial norm and bias parameters) and the keyword arguments of a self-attention call."""
+    qk_norm = "rmsnorm" if "rmsnorm" in option else "layernorm" if "layernorm" in option else None
+    torch.manual_seed(1)
+    mha = MultiHeadAttention(D, H, similarity=similarity, qk_norm=qk_norm)
+    for p in mha.parameters():
+        if p.dim() == 1:
+            nn.init.normal_(p, mean=0.5 if p.shape == (D // H,) else 0.0, std=0.3)
+    kw = {}
+    if "rope" in option:
+        kw["rope"] = RotaryEmbedding(D // H, max_len=32)(LQ, start=3)
+    if "alibi" in option:
+        kw["position_bias"] = ALiBi(H)(LQ, LQ)
+    if "t5" in option:
+        t5 = T5RelativePositionBias(H, bidirectional=True, num_buckets=6, max_distance=8)
+        nn.init.normal_(t5.relative_attention_bias.weight)
+        kw["position_bias"] = t5(LQ, LQ)
+    return mha, kw
+
+
+@pytest.mark.parametrize("option,kind", list(itertools.product(OPTIONS, MASKS)))
+def test_options_fast_path_equals_reference_path_with_gradients(option, kind):
+    mha, kw = _with_option(option)
+    x = torch.randn(B, LQ, D, requires_grad=True)
+    params = [p for p in mha.parameters()]
+    bias = kw.get("position_bias")
+    if bias is not None:
+        bias = kw["position_bias"] = bias.detach().requires_grad_()
+    kw.update(_masks(kind, LQ, LQ))
+    results = []
+    for need_weights in (False, True):
+        out = mha(x, need_weights=need_weights, **kw)[0]
+        wrt = [x, *params] + ([bias] if bias is not None else [])
+        results.append((out, *torch.autograd.grad(out.pow(2).sum(), wrt, allow_unused=True)))
+    for fast, ref in zip(*results):
+        if ref is None:
+            assert fast is None
+        else:
+            torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+def test_qk_norm_normalises_each_head_of_queries_and_keys(similarity):
+    mha, _ = _with_option("qk_layernorm", similarity)
+    x = torch.randn(B, LQ, D)
+    with capture_attention(mha, scores=True) as maps:
+        mha(x)
+    q, k, _ = mha._project(x, x, x)
+    q, k = nn.functional.layer_norm(q, (D // H,), mha.q_norm.weight, mha.q_norm.bias, 1e-6), mha.k_norm(k)
+    if similarity == "general":
+        q = torch.einsum("bhld,hde->bhle", q, mha.general_weight)
+    torch.testing.assert_close(maps[""][0].logits, q @ k.transpose(-2, -1) * mha.scale)
+
+
+def test_qk_norm_bounds_the_largest_logit_that_capture_records():
+    """|q|, |k| = √d after a LayerNorm with unit scale, so |q·k/√d| <= √d however large the inputs."""
+    torch.manual_seed(0)
+    plain, normed = MultiHeadAttention(D, H), MultiHeadAttention(D, H, qk_norm="layernorm")
+    normed.load_state_dict(plain.state_dict(), strict=False)
+    x = 30 * torch.randn(B, LQ, D)
+    largest = {}
+    for name, mha in (("plain", plain), ("normed", normed)):
+        with capture_attention(mha, scores=True) as maps:
+            mha(x)
+        largest[name] = maps[""][0].logits.max().item()
+    assert largest["normed"] <= math.sqrt(D // H) + 1e-4 < largest["plain"]
+
+
+def test_rope_cached_decoding_equals_the_full_causal_pass():
+    mha, _ = _with_option("rope+qk_layernorm")
+    rope = RotaryEmbedding(D // H, max_len=16)
+    x = torch.randn(B, 7, D)
+    full = mha(x, is_causal=True, rope=rope(7))[0]
+    cache = KVCache()
+    prefix = mha(x[:, :3], is_causal=True, cache=cache, rope=rope(3))[0]  # a prompt, then one token a step
+    steps = [mha(x[:, t : t + 1], is_causal=True, cache=cache, rope=rope(1, start=t))[0] for t in range(3, 7)]
+    torch.testing.assert_close(torch.cat([prefix, *steps], 1), full, atol=1e-5, rtol=1e-5)
+    wrong = mha(x[:, :1], is_causal=True, cache=KVCache(cache.k[:, :, :6], cache.v[:, :, :6]), rope=rope(1))[0]
+    assert not torch.allclose(wrong, full[:, 6:]), "the offset matters: position 0 instead of 6"
+
+
+def test_alibi_cached_decoding_equals_the_full_causal_pass():
+    mha, _ = _with_option("qk_rmsnorm")
+    alibi = ALiBi(H)
+    x = torch.randn(B, 6, D)
+    full = mha(x, is_causal=True, position_bias=alibi(6, 6))[0]
+    cache = KVCache()
+    steps = [mha(x[:, t : t + 1], is_causal=True, cache=cache, position_bias=alibi(1, t + 1))[0] for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("native_safe_softmax", [True, False], ids=["sdpa-zeroes-rows", "own-fix"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_position_bias_keeps_fully_masked_rows_finite(need_weights, native_safe_softmax, monkeypatch):
+    monkeypatch.setattr(attention, "_CPU_SDPA_SAFE", native_safe_softmax and attention._CPU_SDPA_SAFE)
+    mha, kw = _with_option("t5")
+    x = torch.randn(B, LQ, D, requires_grad=True)
+    kpm = torch.zeros(B, LQ, dtype=torch.bool)
+    kpm[1] = True  # every key of sequence 1 padded
+    mask = torch.zeros(LQ, LQ, dtype=torch.bool)
+    mask[2] = True  # query 2 sees nothing
+    out, w = mha(x, attn_mask=mask, key_padding_mask=kpm, need_weights=need_weights, **kw)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    torch.testing.assert_close(out[:, 2], mha.out_proj.bias.expand(B, D))
+
+
+def test_position_options_are_refused_with_their_names():
+    with pytest.raises(ValueError, match="qk_norm='l2'.*layernorm or rmsnorm"):
+        MultiHeadAttention(D, H, qk_norm="l2")
+    mha = MultiHeadAttention(D, H)
+    with pytest.raises(ValueError, match=r"position_bias has shape \(4, 5, 6\), expected \(heads, 5, 5\)"):
+        mha(torch.randn(B, LQ, D), position_bias=torch.zeros(H, LQ, 6))
+    cache = KVCache(static=True)
+    mha(torch.randn(B, 1, D), torch.randn(B, LK, D), cache=cache)
+    with pytest.raises(ValueError, match="static .*cache takes none"):
+        mha(torch.randn(B, 1, D), torch.randn(B, LK, D), cache=cache, rope=RotaryEmbedding(D // H)(1))

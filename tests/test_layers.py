@@ -156,3 +156,24 @@ def test_decoder_returns_every_layer_and_decodes_incrementally():
         atol=1e-5,
         rtol=1e-5,
     )
+
+
+def test_stacks_hand_one_rope_or_bias_to_every_layer_or_one_per_layer():
+    from models.position import RotaryEmbedding
+
+    torch.manual_seed(0)
+    enc = TransformerEncoder(2, 12, 3, dim_feedforward=FF, dropout=0.0, qk_norm="rmsnorm").eval()
+    dec = TransformerDecoder(2, 12, 3, dim_feedforward=FF, dropout=0.0).eval()
+    x, memory = torch.randn(2, 5, 12), torch.randn(2, 4, 12)
+    biases = [torch.randn(3, 5, 5), torch.randn(3, 5, 5)]
+    rope = RotaryEmbedding(4)(5)
+    by_hand = enc.layers[1](enc.layers[0](x, position_bias=biases[0]), position_bias=biases[1])
+    torch.testing.assert_close(enc(x, position_bias=biases), by_hand)
+    by_hand = enc.layers[1](enc.layers[0](x, rope=rope), rope=rope)
+    torch.testing.assert_close(enc(x, rope=rope), by_hand)
+    assert not torch.allclose(enc(x, rope=rope), enc(x))
+    by_hand = dec.layers[1](
+        dec.layers[0](x, memory, rope=rope, tgt_is_causal=True), memory, rope=rope, tgt_is_causal=True
+    )
+    torch.testing.assert_close(dec(x, memory, rope=rope, tgt_is_causal=True), by_hand)
+    assert not torch.allclose(dec(x, memory, rope=rope), dec(x, memory))

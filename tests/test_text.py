@@ -199,6 +199,72 @@ def test_lm_generation_with_cache_equals_without_even_past_the_context():
     assert torch.equal(lm.generate(prompt, 5, temperature=1.0, top_k=1), fast[:, :8])  # top-1 sampling is greedy
 
 
+IN_ATTENTION = ["rope", "alibi", "t5"]
+
+
+@pytest.mark.parametrize("positions,qk_norm", [("rope", None), ("alibi", "rmsnorm"), ("t5", "layernorm")])
+def test_positions_inside_attention_decode_with_the_cache_as_without(positions, qk_norm):
+    model = tiny_seq2seq(d_model=24, nhead=3, positions=positions, qk_norm=qk_norm, seed=11)  # head size 8
+    assert model.pos is None
+    src = padded_batch([5, 3, 6], seed=12)
+    memory, mask = model.encode(src), src.eq(PAD_ID)
+    tgt = torch.cat([torch.full((3, 1), BOS_ID), padded_batch([6, 6, 6], seed=13)], dim=1)  # (3, 7)
+    full = model.decode(tgt, memory, mask)
+    cache = model.init_cache()
+    steps = [model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start_pos=t) for t in range(7)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    cached, cached_scores = greedy_decode(model, src, max_len=9, **IDS)
+    uncached, uncached_scores = greedy_decode(model, src, max_len=9, use_cache=False, **IDS)
+    assert torch.equal(cached, uncached)
+    torch.testing.assert_close(cached_scores, uncached_scores)
+    batched, _ = beam_search(model, src, max_len=7, beam_size=2, **IDS)  # reordered caches, shared memory
+    alone, _ = beam_search(model, src[1:2, :3], max_len=7, beam_size=2, **IDS)
+    assert torch.equal(batched[1, : alone.size(1)], alone[0])
+
+
+@pytest.mark.parametrize("positions", IN_ATTENTION)
+def test_lm_with_positions_inside_attention_generates_with_the_cache_as_without(positions):
+    torch.manual_seed(2)
+    lm = DecoderOnlyLM(V, d_model=20, nhead=2, num_layers=2, dropout=0.0, max_positions=6, positions=positions)
+    lm = lm.eval()
+    prompt = padded_batch([4, 4], seed=5)
+    fast = lm.generate(prompt, 7, temperature=0)  # 11 tokens > 6 positions: the window slides
+    assert torch.equal(fast, lm.generate(prompt, 7, temperature=0, use_cache=False))
+
+
+@pytest.mark.parametrize("positions", IN_ATTENTION)
+def test_positions_inside_attention_make_the_encoder_see_order(positions):
+    model = tiny_seq2seq(d_model=24, nhead=3, positions=positions, seed=14)
+    src = padded_batch([6], seed=15)
+    order = torch.tensor([2, 1, 0, 3, 4, 5])
+    # without positions an encoder is permutation-equivariant; with them, the shuffled sentence reads differently
+    assert not torch.allclose(model.encode(src[:, order]), model.encode(src)[:, order], atol=1e-4)
+    # ALiBi's encoder bias -m·|i - j| is symmetric: it tells near from far, not left from right
+    reversal_equivariant = torch.allclose(model.encode(src.flip(1)), model.encode(src).flip(1), atol=1e-5)
+    assert reversal_equivariant == (positions == "alibi")
+
+
+def test_t5_tables_are_one_per_stack_and_not_decayed():
+    model = tiny_seq2seq(d_model=24, nhead=3, positions="t5")
+    tables = [n for n, _ in model.named_parameters() if "relative_attention_bias" in n]
+    assert tables == [
+        "encoder_positions.bias.relative_attention_bias.weight",
+        "decoder_positions.bias.relative_attention_bias.weight",
+    ]
+    assert model.encoder_positions.bias.bidirectional and not model.decoder_positions.bias.bidirectional
+    _, no_decay = param_groups(model, 0.1, model.no_weight_decay())
+    assert id(model.encoder_positions.bias.relative_attention_bias.weight) in {id(p) for p in no_decay["params"]}
+
+
+def test_position_and_qk_norm_keys_are_refused_with_their_names():
+    with pytest.raises(ValueError, match="model.positions='rotary' is not known; choose one of .*rope, alibi, t5"):
+        tiny_seq2seq(positions="rotary")
+    with pytest.raises(ValueError, match=r"model.positions=rope needs an even head size, .* = 5"):
+        DecoderOnlyLM(V, d_model=15, nhead=3, positions="rope")
+    with pytest.raises(ValueError, match="qk_norm='l2' is not known"):
+        DecoderOnlyLM(V, d_model=16, nhead=2, qk_norm="l2")
+
+
 def test_beam_of_one_is_greedy():
     model = tiny_seq2seq(seed=3)
     src = padded_batch([7, 5, 3, 6], seed=4)

@@ -1,10 +1,13 @@
 """ViT building blocks and the digits DataModule, without a Trainer."""
 
+import re
+
 import pytest
 import torch
 
 from datamodules.vision import DigitsDataModule, split_lengths
 from models.attention import capture_attention
+from models.optim import param_groups
 from models.vit import PatchEmbed, VisionTransformer
 
 
@@ -92,3 +95,69 @@ def test_tiny_vit_overfits_32_digits():
         torch.nn.functional.cross_entropy(vit(x), y).backward()
         opt.step()
     assert (vit(x).argmax(-1) == y).float().mean().item() == 1.0
+
+
+# positions inside attention: 2D RoPE (timm's RoPE ViTs, Eva), a Swin/BEiT table per layer, QK-norm
+
+
+def _rope_pair(positions, qk_norm):
+    from timm.models.eva import Eva
+
+    from models.vit import timm_to_attnlab
+
+    torch.manual_seed(0)
+    size = dict(img_size=20, patch_size=4, in_chans=1, num_classes=3, embed_dim=24, depth=2, num_heads=2)
+    theirs = Eva(
+        **size,
+        attn_type="rope",
+        qkv_bias=True,
+        qk_norm=qk_norm is not None,
+        use_abs_pos_emb=False,
+        use_rot_pos_emb=True,
+        rope_grid_indexing="xy",
+        rope_temperature=100.0 if positions == "rope_axial" else 10.0,
+        rope_type="cat" if positions == "rope_axial" else "mixed",
+        global_pool="token",
+    ).eval()
+    for p in theirs.parameters():  # away from the initialisation, so that every parameter counts
+        p.data.add_(0.1 * torch.randn_like(p))
+    ours = VisionTransformer(**size, positions=positions, qk_norm=qk_norm).eval()
+    state = timm_to_attnlab(theirs.state_dict())
+    # QK-norm's names are not in the timm renaming yet: (blocks.i.attn.q_norm -> encoder.layers.i.self_attn.q_norm)
+    state = {re.sub(r"^blocks\.(\d+)\.attn\.", r"encoder.layers.\1.self_attn.", k): v for k, v in state.items()}
+    ours.load_state_dict(state)
+    return theirs, ours
+
+
+@pytest.mark.parametrize("positions", ["rope_axial", "rope_mixed"])
+@pytest.mark.parametrize("qk_norm", [None, "layernorm"])
+def test_rope_vit_equals_timm_eva_with_its_weights(positions, qk_norm):
+    theirs, ours = _rope_pair(positions, qk_norm)
+    assert ours.pos_embed is None and ("rope.freqs" in ours.no_weight_decay()) == (positions == "rope_mixed")
+    images = torch.randn(2, 1, 20, 20)
+    torch.testing.assert_close(ours(images), theirs(images), atol=1e-5, rtol=1e-5)
+
+
+def test_relpos_vit_has_a_table_per_layer_with_class_token_entries():
+    torch.manual_seed(0)
+    vit = VisionTransformer(
+        img_size=12, patch_size=4, in_chans=1, num_classes=2, embed_dim=12, depth=2, num_heads=3, positions="relpos"
+    ).eval()
+    tables = [n for n, _ in vit.named_parameters() if "relative_position_bias_table" in n]
+    assert tables == [f"rel_pos_bias.{i}.relative_position_bias_table" for i in range(2)]
+    assert vit.rel_pos_bias[0].relative_position_bias_table.shape == (5 * 5 + 3, 3)
+    images = torch.randn(2, 1, 12, 12)
+    before = vit(images)
+    with torch.no_grad():
+        vit.rel_pos_bias[1].relative_position_bias_table[-1] += 1.0  # class token to class token, layer 1
+    assert not torch.allclose(vit(images), before)
+    _, no_decay = param_groups(vit, 0.05, vit.no_weight_decay())
+    assert id(vit.rel_pos_bias[0].relative_position_bias_table) in {id(p) for p in no_decay["params"]}
+
+
+def test_vit_positions_that_make_no_sense_are_refused_with_the_key():
+    size = dict(img_size=8, patch_size=4, in_chans=1, num_classes=2, depth=1)
+    with pytest.raises(ValueError, match="model.positions='alibi' is not known for the ViT; choose one of learned"):
+        VisionTransformer(**size, embed_dim=8, num_heads=2, positions="alibi")
+    with pytest.raises(ValueError, match=r"model.positions=rope_mixed needs a head size divisible by 4, .* = 6"):
+        VisionTransformer(**size, embed_dim=12, num_heads=2, positions="rope_mixed")
