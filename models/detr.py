@@ -149,7 +149,8 @@ class DETR(nn.Module):
         ``pred_logits`` (B, N, K + 1), ``pred_boxes`` (B, N, 4) normalised cxcywh in [0, 1],
         ``aux_outputs``: L_dec - 1 dicts with the same two keys (empty without aux_loss);
         with denoising, ``dn_outputs``: the same three keys over the G·P denoising slots, and
-        ``num_groups``; with encoder queries, ``enc_outputs``: the per-cell proposals (B, h·w, ·);
+        ``num_groups``; with encoder queries, ``enc_outputs``: the per-cell proposals (B, h·w, ·)
+        and their ``padding`` (B, h·w), which the matcher leaves out;
         with focal classes, ``sigmoid``: True.
     """
 
