@@ -242,6 +242,7 @@ def test_cells_and_paired_comparisons_go_to_wandb_as_tables(attnlab, sweep_root,
 
 def test_a_panel_says_the_modality_once():
     from experiments.compare import panel_title
+    from experiments.runfolder import Summary
 
-    assert panel_title({"label": "vision", "summary": {"modality": "vision"}}) == "vision"
-    assert panel_title({"label": "runs/a", "summary": {"modality": "text"}}) == "runs/a\ntext"
+    assert panel_title({"label": "vision", "summary": Summary(modality="vision")}) == "vision"
+    assert panel_title({"label": "runs/a", "summary": Summary(modality="text")}) == "runs/a\ntext"
