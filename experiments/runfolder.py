@@ -78,6 +78,15 @@ class _Record:
             **{k: v for k, v in data.items() if k in names}, extra={k: v for k, v in data.items() if k not in names}
         )
 
+    def update(self, **values: Any) -> None:
+        """Set fields by name; other names go to ``extra``."""
+        names = {f.name for f in dataclasses.fields(self)} - {"extra"}
+        for key, value in values.items():
+            if key in names:
+                setattr(self, key, value)
+            else:
+                self.extra[key] = value
+
     def to_dict(self) -> dict[str, Any]:
         """The fields that are set (not None), then ``extra``."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
