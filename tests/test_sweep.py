@@ -221,7 +221,24 @@ BAD = {
         "slurm: Unknown executor 'timeout' in parameter 'timeout_minutes'",
     ),
     "max_parallel": ({"max_parallel": 0}, "max_parallel: expected a positive integer, got 0"),
+    "root": ({"root": 3}, "root: expected a folder, got 3"),
+    "config entry": (
+        {"configs": [{"config": DIGITS, "grid": {"trainer.max_epochs": 2}}]},
+        "configs[configs/vision/digits.yaml].grid.trainer.max_epochs: expected a non-empty list of values, got 2",
+    ),
 }
+
+
+def test_grid_and_override_values_stay_as_the_yaml_gave_them(tmp_path):
+    """The sweep file is parsed by jsonargparse, which would read the string "1e-3" as a number: run names and
+    command lines keep what the user wrote."""
+    sweep = sweeps.load(
+        write(tmp_path, grid={"model.init_args.lr": ["1e-3", 0.01]}, overrides={"trainer.max_epochs": "2"})
+    )
+    assert [run.name for run in sweep.runs()][::2] == ["digits/lr=1e-3/seed=0", "digits/lr=0.01/seed=0"]
+    assert sweep.overrides == {"trainer.max_epochs": "2"} and "--model.init_args.lr=1e-3" in sweep.command(
+        sweep.runs()[0]
+    )
 
 
 @pytest.mark.parametrize("case", BAD, ids=str)

@@ -26,9 +26,10 @@ agents call ``attnlab sweep FILE --agent --run=NAME``: each run's settings reach
 DDP process, as command-line arguments. Compare the runs with ``attnlab compare ROOT``.
 """
 
+from experiments.sweep.file import SweepError, SweepFile
 from experiments.sweep.launch import error_line, execute, spawn, wandb_sweep_config
 from experiments.sweep.main import main, no_run_finished, report
-from experiments.sweep.spec import Run, Sweep, SweepError, SweepFile, check, load
+from experiments.sweep.runs import Run, Sweep, check, load
 from experiments.sweep.status import plan, record, update
 
 __all__ = [

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.sweep.spec import Run, Sweep, SweepError
+from experiments.sweep.file import SweepError
+from experiments.sweep.runs import Run, Sweep, slurm_executor
 from experiments.sweep.status import plan, update
 
 LOG = "sweep.log"
@@ -126,20 +127,6 @@ def launch_local(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
         print(f"attnlab: sweep stopped by signal {stop[0]}; run it again to resume", file=sys.stderr)
         return 128 + stop[0]
     return 0
-
-
-def slurm_executor(sweep: Sweep, folder: Path):
-    """submitit's executor with the sweep's ``slurm`` parameters (``cluster: local`` runs the jobs here)."""
-    import submitit
-
-    params = dict(sweep.slurm)
-    cluster = params.pop("cluster", None)
-    try:
-        executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-        executor.update_parameters(name=sweep.name, **params)
-    except (AssertionError, NameError, ValueError, TypeError, RuntimeError) as err:
-        raise SweepError(f"{sweep.file}: slurm: {str(err).strip().splitlines()[0]}") from None
-    return executor
 
 
 def launch_slurm(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:

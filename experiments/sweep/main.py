@@ -7,8 +7,9 @@ import shlex
 import sys
 
 from experiments.runfolder import SWEEP, SweepStatus, split_extra
+from experiments.sweep.file import SweepError
 from experiments.sweep.launch import LAUNCH, LOG, run_agent
-from experiments.sweep.spec import Sweep, SweepError, check, load
+from experiments.sweep.runs import Sweep, check, load
 from experiments.sweep.status import lock, plan, record, update
 
 

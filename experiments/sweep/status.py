@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.runfolder import SWEEP, SweepRun, SweepStatus, is_finished, newest_checkpoint
-from experiments.sweep.spec import Run, Sweep, SweepError
+from experiments.sweep.file import SweepError
+from experiments.sweep.runs import Run, Sweep
 
 
 @contextlib.contextmanager
