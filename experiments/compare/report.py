@@ -15,7 +15,7 @@ unless W&B is configured, like training runs).
 Runs that differ only in their seed form a cell: the runs of one cell of an `attnlab sweep` (read from the
 sweep's ``sweep.json``), or else runs whose resolved ``config.yaml`` is the same but for
 ``seed_everything`` and the output folders. Each cell gets a row with the mean over its seeds, n and the
-half-width of the 95% t-interval (scipy.stats.t, n - 1 degrees of freedom) of the best metric and each
+half-width of the 95% t-interval (scipy.stats.ttest_1samp, n - 1 degrees of freedom) of the best metric and each
 attention statistic, and each cell is compared with its reference over the seeds both ran (the mean
 difference, its 95% t-interval and the p-value of a paired t-test, scipy.stats.ttest_rel). The reference
 of a cell is the same cell with one setting at its first grid value (outside a sweep: the value in the
