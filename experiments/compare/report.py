@@ -134,6 +134,7 @@ def build_report(
         "columns": columns,
         "rows": rows,
         "scaling": scale,
+        "scaling_columns": scale_columns,
         "plots": plots,
         "cell_columns": cell_columns,
         "cell_rows": cell_table,
@@ -170,13 +171,13 @@ def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:
     return where
 
 
-def print_result(result: dict[str, Any], runs: list[Path]) -> None:
+def print_result(result: dict[str, Any]) -> None:
     """The per-run table (and the √d section), or, when runs share cells, the cells and the paired comparisons."""
     if not result["cell_rows"]:
         print(result["table"])
         if result["scaling"]:
             print()
-            print(markdown_table(*scaling_rows(load_runs(runs))))
+            print(markdown_table(result["scaling_columns"], result["scaling"]))
         return
     print("Cells: mean ± half-width of the 95% t-interval over n seeds (scipy.stats.t)")
     print(markdown_table(result["cell_columns"], result["cell_rows"]))
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     result = build_report(runs, out, args.title, args.baseline)
     result["runs"] = runs
-    print_result(result, runs)
+    print_result(result)
     if args.wandb:
         print(f"attnlab: W&B: {log_to_wandb(args.wandb, result, out)}")
     print(f"attnlab: report written to {result['report']}")
