@@ -17,31 +17,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from experiments import sweep as sweeps
-from experiments.compare import (
-    build_report,
-    find_runs,
-    load_runs,
-    markdown_table,
-    print_result,
-    scaling_rows,
-)
+from experiments.runfolder import split_extra
 
 SWEEP = "configs/sweeps/ablation.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    extra: list[str] = []
-    if "--" in argv:
-        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    argv, extra = split_extra(sys.argv[1:] if argv is None else list(argv))
     parser = argparse.ArgumentParser(prog="python -m experiments.ablation", description=__doc__.split("\n\n")[0])
     parser.add_argument("file", nargs="?", default=SWEEP, help="the sweep file (default: %(default)s)")
     parser.add_argument("--root", help="the sweep's folder (default: the file's, runs/sweeps/ablation)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; train nothing")
     args = parser.parse_args(argv)
+    code = 0
     try:
         sweeps.main(
             [
@@ -55,16 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         if exit_.code != 1:  # 1: some runs failed (the report says which are missing); a bad file or a stop ends here
             raise
+        code = 1
     if args.dry_run:
         return 0
-    root = Path(args.root) if args.root else sweeps.load(args.file).root
-    runs = find_runs([str(root)])
-    result = build_report(runs, root / "report", "attnlab: the √d ablation over seeds")
-    print_result(result, runs)
-    if result["scaling"]:
-        print()
-        print(markdown_table(*scaling_rows(load_runs(runs))))
-    print(f"attnlab: report written to {result['report']}")
+    sweep = sweeps.load(args.file, args.root)
+    if not sweeps.report(sweep, "attnlab: the √d ablation over seeds", scaling=True):
+        sys.exit(sweeps.no_run_finished(sweep, code))
     return 0
 
 

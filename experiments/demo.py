@@ -14,14 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from experiments.runfolder import split_extra
+
 CONFIGS = ("configs/compare/vision.yaml", "configs/compare/text.yaml", "configs/compare/detection.yaml")
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    extra: list[str] = []
-    if "--" in argv:
-        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    argv, extra = split_extra(sys.argv[1:] if argv is None else list(argv))
     parser = argparse.ArgumentParser(prog="python -m experiments.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/demo")
     args = parser.parse_args(argv)

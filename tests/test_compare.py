@@ -242,6 +242,77 @@ def test_cells_and_paired_comparisons_go_to_wandb_as_tables(attnlab, sweep_root,
 
 def test_a_panel_says_the_modality_once():
     from experiments.compare import panel_title
+    from experiments.runfolder import Summary
 
-    assert panel_title({"label": "vision", "summary": {"modality": "vision"}}) == "vision"
-    assert panel_title({"label": "runs/a", "summary": {"modality": "text"}}) == "runs/a\ntext"
+    assert panel_title({"label": "vision", "summary": Summary(modality="vision")}) == "vision"
+    assert panel_title({"label": "runs/a", "summary": Summary(modality="text")}) == "runs/a\ntext"
+
+
+def _sweep_with(tmp_path, scores, statuses=None):
+    """A recorded sweep over similarities x seeds 0-2 whose runs give ``scores[similarity][seed]`` (None: the run
+    left no summary) and end with ``statuses`` (similarity, seed) -> status (default finished)."""
+    from experiments import sweep as sweeps
+
+    path = tmp_path / "s.yaml"
+    spec = {
+        "name": "sims",
+        "configs": [DIGITS],
+        "grid": {"model.init_args.similarity": list(scores)},
+        "seeds": [0, 1, 2],
+    }
+    path.write_text(yaml.safe_dump({**spec, "root": str(tmp_path / "sweep")}))
+    sweep = sweeps.load(path)
+    sweeps.record(sweep)
+    for run in sweep.runs():
+        similarity = run.cell["model.init_args.similarity"]
+        if scores[similarity][run.seed] is not None:
+            _fake_run(run.folder, scores[similarity][run.seed], entropy=1.0)
+            status = (statuses or {}).get((similarity, run.seed))
+            if status:
+                summary = run.folder / "lightning_logs" / "version_0" / "summary.json"
+                summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": status}))
+    return sweep.root
+
+
+def test_pairs_use_only_the_seeds_both_cells_finished_and_say_how_many(monkeypatch, tmp_path):
+    from experiments.compare import build_report, find_runs
+
+    monkeypatch.chdir(ROOT)
+    scores = {"scaled_dot": [0.80, 0.85, 0.83], "dot": [0.70, 0.78, 0.71], "general": [0.82, None, 0.80]}
+    root = _sweep_with(tmp_path, scores, statuses={("dot", 2): "failed"})  # dot's seed 2 failed, general's 1 is missing
+    result = build_report(find_runs([str(root)]), tmp_path / "report")
+    cells = {row[0]: row for row in result["cell_rows"]}
+    assert [cells[f"digits/similarity={s}"][2:4] for s in scores] == [["3", "0,1,2"], ["2", "0,1"], ["2", "0,2"]]
+    best = {row[0]: row for row in result["paired_rows"] if row[1] == "val/acc"}
+    for similarity, seeds in (("dot", [0, 1]), ("general", [0, 2])):
+        a, b = [scores[similarity][s] for s in seeds], [scores["scaled_dot"][s] for s in seeds]
+        low, high = stats.ttest_rel(a, b).confidence_interval()
+        row = best[f"digits, {similarity} vs scaled_dot"]
+        assert row[2] == "2" and row[4] == f"{low:.3g} to {high:.3g}"
+        assert row[5] == f"{stats.ttest_rel(a, b).pvalue:.2g}"
+    assert "n=2, paired t-test" in result["conclusions"][0]
+
+
+def test_zero_variance_gives_a_zero_width_interval_and_no_p_value(monkeypatch, tmp_path):
+    """Seeds that agree exactly: the mean ± 0, and the paired difference's interval is that difference; scipy's
+    ttest_rel would say p = 0 (t = inf) or NaN (0/0), which is no evidence: the table says '-'."""
+    import warnings
+
+    from experiments.compare import build_report, find_runs, interval, paired
+
+    monkeypatch.chdir(ROOT)
+    root = _sweep_with(tmp_path, {"scaled_dot": [0.8, 0.8, 0.8], "dot": [0.7, 0.7, 0.7]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning from a division by a zero spread either
+        result = build_report(find_runs([str(root)]), tmp_path / "report")
+        zero = interval([0.8, 0.8, 0.8])
+        assert zero["half"] == 0.0 and zero == pytest.approx({"mean": 0.8, "n": 3, "half": 0, "low": 0.8, "high": 0.8})
+        same = paired([0.5, 0.6], [0.5, 0.6])
+        assert (same["mean"], same["half"], same["p"]) == (0.0, 0.0, None)
+    cells = {row[0]: row for row in result["cell_rows"]}
+    assert cells["digits/similarity=scaled_dot"][4] == "val/acc = 0.8 ± 0"
+    best = next(row for row in result["paired_rows"] if row[1] == "val/acc")
+    assert best == ["digits, dot vs scaled_dot", "val/acc", "3", "-0.1", "-0.1 to -0.1", "-"]
+    assert result["conclusions"] == [
+        "digits, dot vs scaled_dot: -0.1 val/acc (95% CI -0.1 to -0.1, n=3, paired t-test p=-)"
+    ]

@@ -1,5 +1,6 @@
-"""experiments.stats: the statistics against a hand computation, and against the computation they had before
-the core reported its own logits and blocked mask (the oracle below re-derives both from the layer's inputs)."""
+"""experiments.stats: the statistics against a hand computation, and against an oracle that re-derives each layer's
+logits and blocked mask from its inputs (as experiments/stats.py did before the core reported them) and computes the
+statistics query by query in plain Python (`hand_layer_stats`), sharing no code with the module's own."""
 
 import math
 
@@ -8,7 +9,7 @@ import torch
 from conftest import TINY_TRUNK
 from torch import nn
 
-from experiments.stats import Sequence, _layer_stats, _sequences, attention_statistics
+from experiments.stats import SATURATION, Sequence, _layer_stats, _sequences, attention_statistics
 from models.attention import MultiHeadAttention, capture_attention, merge_masks
 from models.backbone import Backbone
 from models.detr import DETR
@@ -92,10 +93,82 @@ def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, .
                 "name": name,
                 "kind": "cross" if cross else "self",
                 "heads": m.num_heads,
-                **_layer_stats(weights, logits, blocked, valid_q, q_seq, k_seq),
+                **hand_layer_stats(weights, logits, blocked, valid_q, q_seq, k_seq),
             }
         )
     return out
+
+
+def hand_layer_stats(
+    weights: torch.Tensor,
+    logits: torch.Tensor,
+    blocked: torch.Tensor,
+    valid_q: torch.Tensor,
+    q_seq: Sequence | None,
+    k_seq: Sequence | None,
+) -> dict[str, list[float] | None]:
+    """The module docstring's definitions, one query at a time: per head, the mean over the queries that count (not
+    padding, at least one open key) of each quantity. weights/logits (B, H, Lq, Lk)."""
+    b_, h_, lq, lk = weights.shape
+    p_all, z_all = weights.float().tolist(), logits.float().tolist()
+    shut, valid = blocked.expand(b_, h_, lq, lk).tolist(), valid_q.tolist()
+    q_pos = q_seq.positions.tolist() if q_seq is not None and q_seq.positions is not None else None
+    k_pos = k_seq.positions.tolist() if k_seq is not None and k_seq.positions is not None else None
+    special = k_seq.special.tolist() if k_seq is not None and k_seq.special is not None else None
+
+    def average(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    out = {key: [] for key in ("entropy", "max_weight", "saturated", "logit_var", "distance", "special")}
+    for h in range(h_):
+        rows, distances = [], []
+        for b in range(b_):
+            for i in range(lq):
+                open_keys = [j for j in range(lk) if not shut[b][h][i][j]]
+                if not valid[b][i] or not open_keys:
+                    continue
+                p = p_all[b][h][i]
+                z = [z_all[b][h][i][j] for j in open_keys]
+                mean_z = sum(z) / len(z)
+                rows.append(
+                    {
+                        "entropy": -sum(x * math.log(x) for x in p if x > 0),
+                        "max_weight": max(p),
+                        "saturated": float(max(p) > SATURATION),
+                        "logit_var": sum((v - mean_z) ** 2 for v in z) / len(z),
+                        "special": sum(p[j] for j in range(lk) if special[b][j]) if special is not None else 0.0,
+                    }
+                )
+                if q_pos is None or k_pos is None or any(math.isnan(c) for c in q_pos[i]):
+                    continue
+                placed = [j for j in range(lk) if not any(math.isnan(c) for c in k_pos[j])]
+                mass = sum(p[j] for j in placed)
+                if mass > 0:
+                    distances.append(sum(p[j] * math.dist(q_pos[i], k_pos[j]) for j in placed) / mass)
+        for key in ("entropy", "max_weight", "saturated", "logit_var", "special"):
+            out[key].append(average([row[key] for row in rows]))
+        out["distance"].append(average(distances))
+    if q_pos is None or k_pos is None:
+        out["distance"] = None
+    if special is None:
+        out["special"] = None
+    return out
+
+
+def test_statistics_of_a_known_attention_matrix():
+    """Two queries over three keys, the third blocked; every expected value worked out on paper."""
+    weights = torch.tensor([[[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]]])  # (B=1, H=1, Lq=2, Lk=3)
+    logits = torch.tensor([[[[1.0, 3.0, -50.0], [2.0, 2.0, -50.0]]]])
+    blocked = torch.tensor([False, False, True])
+    queries = Sequence(torch.tensor([[0.0], [1.0]]), None)  # at positions 0 and 1
+    keys = Sequence(torch.tensor([[0.0], [1.0], [2.0]]), torch.tensor([[True, False, False]]))  # key 0 is special
+    for oracle in (_layer_stats, hand_layer_stats):
+        stats = oracle(weights, logits, blocked, torch.tensor([[True, True]]), queries, keys)
+        assert stats["entropy"] == pytest.approx([math.log(2) / 2])  # ln 2 for the even split, 0 for the one-hot
+        assert stats["max_weight"] == pytest.approx([0.75]) and stats["saturated"] == pytest.approx([0.5])
+        assert stats["logit_var"] == pytest.approx([0.5])  # var(1, 3) = 1, var(2, 2) = 0
+        assert stats["distance"] == pytest.approx([0.75])  # query 0: 0.5 x 1 away; query 1: all on key 0, 1 away
+        assert stats["special"] == pytest.approx([0.75])  # 0.5 and 1.0 on key 0
 
 
 def _cases():

@@ -19,6 +19,7 @@ import yaml
 from scipy import stats
 
 from experiments import sweep as sweeps
+from experiments.runfolder import SweepStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = "configs/vision/digits.yaml"
@@ -168,7 +169,7 @@ def test_the_status_file_records_every_run_and_keeps_their_state(tmp_path):
     )
     sweeps.update(sweep.root, "digits/similarity=dot/seed=1", status="failed", error="attnlab: error: boom")
     sweeps.record(sweep)  # a second start of the sweep keeps what the first recorded
-    assert sweeps.read_status(sweep.root)["runs"]["digits/similarity=dot/seed=1"]["error"] == "attnlab: error: boom"
+    assert SweepStatus.read(sweep.root).runs["digits/similarity=dot/seed=1"].error == "attnlab: error: boom"
 
 
 def test_the_error_line_is_attnlabs_own_or_the_exception_that_ended_the_traceback(tmp_path):
@@ -220,7 +221,24 @@ BAD = {
         "slurm: Unknown executor 'timeout' in parameter 'timeout_minutes'",
     ),
     "max_parallel": ({"max_parallel": 0}, "max_parallel: expected a positive integer, got 0"),
+    "root": ({"root": 3}, "root: expected a folder, got 3"),
+    "config entry": (
+        {"configs": [{"config": DIGITS, "grid": {"trainer.max_epochs": 2}}]},
+        "configs[configs/vision/digits.yaml].grid.trainer.max_epochs: expected a non-empty list of values, got 2",
+    ),
 }
+
+
+def test_grid_and_override_values_stay_as_the_yaml_gave_them(tmp_path):
+    """The sweep file is parsed by jsonargparse, which would read the string "1e-3" as a number: run names and
+    command lines keep what the user wrote."""
+    sweep = sweeps.load(
+        write(tmp_path, grid={"model.init_args.lr": ["1e-3", 0.01]}, overrides={"trainer.max_epochs": "2"})
+    )
+    assert [run.name for run in sweep.runs()][::2] == ["digits/lr=1e-3/seed=0", "digits/lr=0.01/seed=0"]
+    assert sweep.overrides == {"trainer.max_epochs": "2"} and "--model.init_args.lr=1e-3" in sweep.command(
+        sweep.runs()[0]
+    )
 
 
 @pytest.mark.parametrize("case", BAD, ids=str)
@@ -430,3 +448,36 @@ def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(tmp_pat
         first / "lightning_logs" / "version_0" / "summary.json"
     ).stat().st_mtime == stamp  # the finished run was left alone
     assert json.loads((root / "sweep.json").read_text())["runs"]["digits/max_epochs=30/seed=0"]["status"] == "done"
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_runs_all_failed_ends_in_one_line_with_status_1(attnlab, tmp_path):
+    """patch_size 3 passes the parser but not the 8x8 digits: no run finishes, so there is nothing to report."""
+    path = _tiny_sweep(tmp_path, "broken", grid={"model.init_args.patch_size": [3]}, seeds=[0])
+    code, out, err = attnlab("sweep", str(path))
+    assert code == 1, err
+    assert "Traceback" not in err and "0 done, 1 failed, 0 interrupted of 1" in out
+    assert err.strip().splitlines()[-1] == (
+        f"attnlab: error: sweep broken: no run finished, nothing to report; each run's log is "
+        f"{tmp_path / 'root'}/<run>/sweep.log, their states are in {tmp_path / 'root' / 'sweep.json'}"
+    )
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_before_any_run_finished_ends_in_one_line_with_status_143(tmp_path):
+    path = _tiny_sweep(tmp_path, "stopped", grid={"trainer.max_epochs": [30]}, seeds=[0])
+    root = tmp_path / "root"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "sweep", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not list(root.glob("**/sweep.log")) and sweep.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sweep.send_signal(signal.SIGTERM)
+    out, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 128 + signal.SIGTERM, out + err
+    assert "Traceback" not in err and "0 done, 0 failed, 1 interrupted of 1" in out
+    assert err.strip().splitlines()[-1].startswith("attnlab: error: sweep stopped: no run finished, nothing to report")

@@ -1,0 +1,187 @@
+"""Plots of the report: training loss, attention statistics by layer, the √d section and every seed of every cell.
+
+Each function draws one PNG with matplotlib's Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from experiments.compare.runs import STATS, by_seed
+from experiments.compare.stats import interval
+
+
+def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
+    """One row per group, one panel per measure: every seed's value (dots) and the mean with its 95% interval (bars)."""
+    plt = _pyplot()
+    groups = list(dict.fromkeys(c["group"] for c in cells))
+    measures = [("best", "best")] + [(k, label) for k, label in STATS if any(by_seed(c, k) for c in cells)]
+    fig, axes = plt.subplots(
+        len(groups), len(measures), figsize=(3.2 * len(measures), 3.4 * len(groups)), squeeze=False
+    )
+    for axes_row, group in zip(axes, groups):
+        members = [c for c in cells if c["group"] == group]
+        names = [c["label"].removeprefix(f"{group}/") for c in members]
+        keys = ", ".join(re.findall(r"([\w.]+)=", names[0]))  # "similarity=dot,positions=learned": ticks "dot,learned"
+        names = [re.sub(r"[\w.]+=", "", name) for name in names]
+        for ax, (key, label) in zip(axes_row, measures):
+            for x, cell in enumerate(members):
+                values = list(by_seed(cell, key).values())
+                if not values:
+                    continue
+                jitter = [(i - (len(values) - 1) / 2) * 0.06 for i in range(len(values))]
+                ax.plot(
+                    [x + j for j in jitter],
+                    values,
+                    "o",
+                    color="gray",
+                    alpha=0.6,
+                    ms=4,
+                    label="a seed" if x == 0 else None,
+                )
+                stat = interval(values)
+                ax.errorbar(
+                    [x + 0.25],
+                    [stat["mean"]],
+                    yerr=[[stat["half"] or 0], [stat["half"] or 0]],
+                    fmt="s",
+                    color="tab:blue",
+                    capsize=4,
+                    label="mean, 95% CI" if x == 0 else None,
+                )
+            monitor = next((c.get("monitor") for c in members if c.get("monitor")), None)
+            ax.set_title(f"{group}: {monitor or label}" if key == "best" else f"{group}: {label}", fontsize=9)
+            ax.set_xticks(range(len(members)), names, rotation=30, ha="right", fontsize=7)
+            ax.set_xlabel(keys, fontsize=7)
+            ax.grid(alpha=0.3, axis="y")
+        axes_row[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _train_loss(metrics: dict[str, list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    return metrics.get("train/loss_step") or metrics.get("train/loss") or metrics.get("train/loss_epoch") or []
+
+
+def plot_losses(runs: list[dict[str, Any]], path: Path) -> None:
+    """Training loss of every run against the fraction of its training, raw (log scale) and relative to its first value."""
+    plt = _pyplot()
+    fig, (raw, rel) = plt.subplots(1, 2, figsize=(11, 4))
+    raw.set_prop_cycle(color=[plt.get_cmap("tab20")(i % 20) for i in range(len(runs))])
+    rel.set_prop_cycle(color=[plt.get_cmap("tab20")(i % 20) for i in range(len(runs))])
+    for r in runs:
+        curve = _train_loss(r["metrics"])
+        if not curve:
+            continue
+        last = max(step for step, _ in curve) or 1
+        x = [step / last for step, _ in curve]
+        y = [v for _, v in curve]
+        raw.plot(x, y, label=r["label"])
+        rel.plot(x, [v / y[0] for v in y] if y[0] else y, label=r["label"])
+        val = r["metrics"].get("val/loss")
+        if val:
+            raw.plot([s / last for s, _ in val], [v for _, v in val], "o", ms=3, color=raw.lines[-1].get_color())
+    raw.set(xlabel="fraction of training", ylabel="loss (train: line, val: dots)", yscale="log", title="loss")
+    rel.set(xlabel="fraction of training", ylabel="train loss / first train loss", title="loss relative to its start")
+    for ax in (raw, rel):
+        ax.grid(alpha=0.3)
+    if rel.lines:
+        rel.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_by_layer(runs: list[dict[str, Any]], key: str, ylabel: str, path: Path) -> bool:
+    """One panel per run: ``key`` of each attention layer (mean over heads as a line, heads as dots)."""
+    panels = [(r, ((r["summary"].attention or {}).get("final") or {})) for r in runs]
+    panels = [(r, a) for r, a in panels if any(layer.get(key) for layer in a.get("layers", []))]
+    if not panels:
+        return False
+    plt = _pyplot()
+    cols = min(len(panels), 4)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    for ax, (r, attention) in zip(axes.flat, panels):
+        layers = [layer for layer in attention["layers"] if layer.get(key)]
+        for kind, marker in (("self", "o"), ("cross", "s")):
+            idx = [i for i, layer in enumerate(layers) if layer["kind"] == kind]
+            if not idx:
+                continue
+            means = [sum(layers[i][key]) / len(layers[i][key]) for i in idx]
+            ax.plot(idx, means, marker=marker, label=f"{kind}-attention (head mean)")
+            for i in idx:
+                ax.plot([i] * len(layers[i][key]), layers[i][key], ".", color="gray", alpha=0.5, ms=4)
+        ax.set_xticks(range(len(layers)), [_short(layer["name"]) for layer in layers], rotation=60, fontsize=6)
+        unit = f" ({attention.get('unit')})" if key == "distance" else ""
+        ax.set(title=panel_title(r), ylabel=ylabel + unit)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def panel_title(run: dict[str, Any]) -> str:
+    """The run's label, and its modality below when the label does not already say it (not "vision / vision")."""
+    modality_ = run["summary"].modality
+    return run["label"] if not modality_ or modality_ in run["label"].split("/") else f"{run['label']}\n{modality_}"
+
+
+def _short(name: str) -> str:
+    parts = name.split(".")
+    stack = next((p for p in parts if p in ("encoder", "decoder", "blocks")), "")
+    index = next((p for p in parts if p.isdigit()), "")
+    kind = "x" if parts[-1] == "multihead_attn" else ""
+    return f"{stack[:3]}{index}{kind}" or name
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_scaling(runs: list[dict[str, Any]], path: Path) -> None:
+    """Logit variance and max weight at initialisation, by similarity, one group per modality (log scale)."""
+    plt = _pyplot()
+    groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for r in runs:
+        groups.setdefault(r["summary"].modality or "-", {}).setdefault(r["similarity"] or "-", []).append(r)
+    groups = {m: g for m, g in groups.items() if len(g) > 1}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    sims = [s for s in ("scaled_dot", "dot", "general") if any(s in by_sim for by_sim in groups.values())]
+    width = 0.8 / len(sims)
+    colors = {"scaled_dot": "tab:blue", "dot": "tab:orange", "general": "tab:green"}
+    for ax, (key, stage, label) in zip(
+        axes,
+        (
+            ("logit_var", "init", "logit variance at init"),
+            ("max_weight", "init", "max weight at init"),
+            ("max_weight", "final", "max weight at the end"),
+        ),
+    ):
+        for j, sim in enumerate(sims):
+            xs, ys = [], []
+            for i, (_modality, by_sim) in enumerate(sorted(groups.items())):
+                values = [r[stage].get(key) for r in by_sim.get(sim, []) if r[stage].get(key) is not None]
+                if values:
+                    xs.append(i + (j - (len(sims) - 1) / 2) * width)
+                    ys.append(sum(values) / len(values))
+            ax.bar(xs, ys, width, label=sim, color=colors[sim])
+        ax.set_xticks(range(len(groups)), sorted(groups))
+        ax.set(title=label, yscale="log" if key == "logit_var" else "linear")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

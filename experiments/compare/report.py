@@ -1,0 +1,227 @@
+"""`attnlab compare RUN_DIR... [--out DIR] [--wandb ENTITY/PROJECT]`: one report across runs and modalities.
+
+Each RUN_DIR is a run folder holding ``summary.json`` (written by `experiments.callbacks.RunSummary`),
+or any folder above run folders (an experiment's ``default_root_dir``, or ``runs/`` itself): then the
+newest finished run of every experiment below it is taken. The report (``report.md`` + PNG plots,
+in ``--out``, default ``runs/compare/report``) has, per run, modality, dataset, parameters, FLOPs per
+sample, throughput, the best value of the checkpoint monitor and attention statistics on the run's
+fixed batch; plots of the training loss on a common axis (fraction of training, loss relative to its
+first value) and of attention entropy and distance by layer, one panel per run. When runs of one
+modality differ in the similarity function, a section measures what the √d scaling does: logit
+variance and softmax saturation at initialisation and at the end, gradient norm, final metric.
+``--wandb ENTITY/PROJECT`` (or just PROJECT) also logs the table and plots to a W&B run (offline
+unless W&B is configured, like training runs).
+
+Runs that differ only in their seed form a cell: the runs of one cell of an `attnlab sweep` (read from the
+sweep's ``sweep.json``), or else runs whose resolved ``config.yaml`` is the same but for
+``seed_everything`` and the output folders. Each cell gets a row with the mean over its seeds, n and the
+half-width of the 95% t-interval (scipy.stats.ttest_1samp, n - 1 degrees of freedom) of the best metric and each
+attention statistic, and each cell is compared with its reference over the seeds both ran (the mean
+difference, its 95% t-interval and the p-value of a paired t-test, scipy.stats.ttest_rel). The reference
+of a cell is the same cell with one setting at its first grid value (outside a sweep: the value in the
+first cell), or the value ``--baseline KEY=VALUE`` names. A plot shows every seed's value and the
+intervals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from experiments.compare.plots import plot_by_layer, plot_cells, plot_losses, plot_scaling
+from experiments.compare.runs import find_runs, group_cells, load_runs
+from experiments.compare.tables import cell_rows, markdown_table, paired_rows, run_rows, scaling_rows
+
+
+def build_report(
+    run_dirs: list[Path], out: Path, title: str = "attnlab: runs compared", baseline: str | None = None
+) -> dict[str, Any]:
+    """Write report.md and its plots into ``out``; returns {"report", "table", "rows", "plots", "cells", ...}."""
+    runs = load_runs(run_dirs)
+    out.mkdir(parents=True, exist_ok=True)
+    columns, rows = run_rows(runs)
+    plots = {"loss": out / "loss_curves.png"}
+    plot_losses(runs, plots["loss"])
+    for key, ylabel in (("entropy", "attention entropy (nats)"), ("distance", "mean attention distance")):
+        if plot_by_layer(runs, key, ylabel, out / f"attention_{key}.png"):
+            plots[key] = out / f"attention_{key}.png"
+    table = markdown_table(columns, rows)
+    lines = [
+        f"# {title}",
+        "",
+        "Attention statistics are means over layers and heads on each run's fixed batch at the end of training;",
+        "distance is in tokens for text and in pixels for image patches and detection memory.",
+        "",
+        table,
+        "",
+    ]
+    scale_columns, scale = scaling_rows(runs)
+    if scale:
+        plots["scaling"] = out / "sqrt_d.png"
+        plot_scaling(runs, plots["scaling"])
+        lines += [
+            "## What the √d scaling does",
+            "",
+            "Logit variance: variance over the keys of q·k (×1/√d for scaled_dot) before softmax; max weight: mean largest",
+            "attention weight (1 = one-hot); saturated: share of queries whose largest weight exceeds 0.9; 'init' is measured",
+            "before the first update, 'end' after training, on the same fixed batch.",
+            "",
+            markdown_table(scale_columns, scale),
+            "",
+            f"![√d]({plots['scaling'].name})",
+            "",
+        ]
+    cells = group_cells(runs)
+    cell_columns, cell_table, paired_columns, paired_table, conclusions = [], [], [], [], []
+    if any(len(c["runs"]) > 1 for c in cells):
+        cell_columns, cell_table = cell_rows(cells)
+        paired_columns, paired_table, conclusions = paired_rows(cells, baseline)
+        plots["seeds"] = out / "seeds.png"
+        plot_cells(cells, plots["seeds"])
+        lines += [
+            "## Cells: mean over seeds with 95% confidence intervals",
+            "",
+            "A cell is one setting run with several seeds. `mean ± h`: the mean over the seeds and h,",
+            "the half-width of the 95% t-interval (scipy.stats.t with n - 1 degrees of freedom and the",
+            "sample standard deviation); n: the number of seeds.",
+            "",
+            markdown_table(cell_columns, cell_table),
+            "",
+            f"![seeds]({plots['seeds'].name})",
+            "",
+        ]
+        if paired_table:
+            lines += [
+                "## Paired comparisons over the same seeds",
+                "",
+                "Each cell against its reference (the same settings with one key at its first grid value"
+                + (f", here {baseline}" if baseline else "")
+                + "), over the seeds both ran:",
+                "the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test",
+                "(scipy.stats.ttest_rel).",
+                "",
+                *(f"- {line}" for line in conclusions),
+                "",
+                markdown_table(paired_columns, paired_table),
+                "",
+            ]
+    lines += [f"![{name}]({path.name})" for name, path in plots.items() if name not in ("scaling", "seeds")]
+    lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
+    report = out / "report.md"
+    report.write_text("\n".join(lines))
+    (out / "table.json").write_text(
+        json.dumps(
+            {
+                "columns": columns,
+                "rows": rows,
+                "scaling_columns": scale_columns,
+                "scaling_rows": scale,
+                "cell_columns": cell_columns,
+                "cell_rows": cell_table,
+                "paired_columns": paired_columns,
+                "paired_rows": paired_table,
+                "conclusions": conclusions,
+            },
+            indent=1,
+        )
+    )
+    return {
+        "report": report,
+        "table": table,
+        "columns": columns,
+        "rows": rows,
+        "scaling": scale,
+        "scaling_columns": scale_columns,
+        "plots": plots,
+        "cell_columns": cell_columns,
+        "cell_rows": cell_table,
+        "paired_columns": paired_columns,
+        "paired_rows": paired_table,
+        "conclusions": conclusions,
+    }
+
+
+def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:
+    """The table and plots as a W&B run of job type "compare"; returns where it went."""
+    import wandb
+
+    from experiments.tracking import wandb_mode
+
+    entity, _, project = target.rpartition("/")
+    mode = wandb_mode()
+    run = wandb.init(
+        project=project,
+        entity=entity or None,
+        job_type="compare",
+        dir=str(out),
+        mode=mode,
+        config={"runs": [str(r) for r in result["runs"]]},
+    )
+    tables = {"compare/runs": wandb.Table(columns=result["columns"], data=result["rows"])}
+    if result["cell_rows"]:
+        tables["compare/cells"] = wandb.Table(columns=result["cell_columns"], data=result["cell_rows"])
+    if result["paired_rows"]:
+        tables["compare/paired"] = wandb.Table(columns=result["paired_columns"], data=result["paired_rows"])
+    run.log({**tables, **{f"compare/{name}": wandb.Image(str(path)) for name, path in result["plots"].items()}})
+    where = run.url if mode == "online" else str(Path(run.dir).parent)
+    run.finish()
+    return where
+
+
+def print_result(result: dict[str, Any]) -> None:
+    """The per-run table (and the √d section), or, when runs share cells, the cells and the paired comparisons."""
+    if not result["cell_rows"]:
+        print(result["table"])
+        if result["scaling"]:
+            print()
+            print(markdown_table(result["scaling_columns"], result["scaling"]))
+        return
+    print("Cells: mean ± half-width of the 95% t-interval over n seeds (scipy.stats.t)")
+    print(markdown_table(result["cell_columns"], result["cell_rows"]))
+    if result["conclusions"]:
+        print()
+        print("Paired over the same seeds (cell - reference; 95% t-interval, scipy.stats.ttest_rel):")
+        print("\n".join(f"- {line}" for line in result["conclusions"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="attnlab compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run folders (with summary.json) or folders above them"
+    )
+    parser.add_argument(
+        "--out", default="runs/compare/report", help="folder for report.md and the plots (default: %(default)s)"
+    )
+    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also log the table and plots to this W&B project")
+    parser.add_argument("--title", default="attnlab: runs compared")
+    parser.add_argument(
+        "--baseline",
+        metavar="KEY=VALUE",
+        help="compare each cell with the one where KEY (e.g. similarity) is VALUE "
+        "(default: each key's first grid value)",
+    )
+    args = parser.parse_args(argv)
+    if args.baseline is not None and "=" not in args.baseline:
+        message = f"--baseline {args.baseline!r}: expected KEY=VALUE, e.g. similarity=scaled_dot"
+        print(f"attnlab: error: {message}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        runs = find_runs(args.runs)
+    except ValueError as err:
+        print(f"attnlab: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    out = Path(args.out)
+    result = build_report(runs, out, args.title, args.baseline)
+    result["runs"] = runs
+    print_result(result)
+    if args.wandb:
+        print(f"attnlab: W&B: {log_to_wandb(args.wandb, result, out)}")
+    print(f"attnlab: report written to {result['report']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

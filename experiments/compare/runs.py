@@ -1,0 +1,227 @@
+"""Discovery and cells: run folders -> loaded runs (summary, metrics, attention means) -> cells of seeds.
+
+Runs that differ only in their seed form a cell: the runs of one cell of an `attnlab sweep` (read from the
+sweep's ``sweep.json``), or else runs whose resolved ``config.yaml`` is the same but for ``seed_everything``
+and the output folders.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from experiments.runfolder import SUMMARY, Summary, SweepRun, SweepStatus, cli_value
+
+POSITION_KEYS = (
+    "positions",
+    "pos_embed",
+    "pos_embed_type",
+    "position_embedding",
+    "pos_encoding",
+    "positional_encoding",
+)
+STATS = (
+    ("entropy", "entropy (nats)"),
+    ("distance", "distance"),
+    ("special", "special share"),
+    ("logit_var", "logit var"),
+    ("max_weight", "max weight"),
+)
+IGNORED = ("seed_everything", "ckpt_path", "trainer.default_root_dir", "trainer.logger", "trainer.enable_progress_bar")
+_SEED = re.compile(r"(^|/)seed[=_-]?\d+(?=/|$)")
+
+
+def summarize(stats: dict[str, Any]) -> dict[str, float | None]:
+    """Attention statistics of one run (`experiments.stats`) -> the mean over every layer and head of each."""
+    out: dict[str, float | None] = {}
+    for key in ("entropy", "max_weight", "saturated", "logit_var", "distance", "special"):
+        values = [v for layer in stats.get("layers", []) if layer.get(key) is not None for v in layer[key]]
+        out[key] = sum(values) / len(values) if values else None
+    return out
+
+
+def find_runs(paths: list[str]) -> list[Path]:
+    """Run folders (holding summary.json) named by ``paths``; the newest finished run per experiment below a folder."""
+    runs: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file() and path.name == SUMMARY:
+            path = path.parent
+        if (path / SUMMARY).is_file():
+            runs.append(path)
+            continue
+        if not path.is_dir():
+            raise ValueError(f"{raw}: no such run folder")
+        newest: dict[Path, tuple[float, Path]] = {}
+        for summary in path.rglob(SUMMARY):
+            if Summary.read(summary).status != "finished":
+                continue
+            experiment = (
+                summary.parent.parent.parent if summary.parent.parent.name == "lightning_logs" else summary.parent
+            )
+            stamp = summary.stat().st_mtime
+            if experiment not in newest or stamp > newest[experiment][0]:
+                newest[experiment] = (stamp, summary.parent)
+        if not newest:
+            raise ValueError(f"{raw}: no finished run (summary.json) below it; run `attnlab fit` first")
+        runs += [run for _, run in sorted(newest.values(), key=lambda item: str(item[1]))]
+    return list(dict.fromkeys(runs))
+
+
+def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """metrics.csv -> key -> [(step, value)] sorted by step; a resumed run's repeated steps keep the later row."""
+    path = run / "metrics.csv"
+    if not path.is_file():
+        return {}
+    series: dict[str, dict[int, float]] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            step = int(float(row.get("step") or 0))
+            for key, value in row.items():
+                if key in ("step", "epoch") or value in ("", None):
+                    continue
+                series.setdefault(key, {})[step] = float(value)
+    return {key: sorted(values.items()) for key, values in series.items()}
+
+
+def _position_kind(hparams: dict[str, Any]) -> str | None:
+    return next((str(hparams[k]) for k in POSITION_KEYS if k in hparams), None)
+
+
+def _labels(experiments: list[Path]) -> list[str]:
+    """Each experiment folder relative to their common parent (runs/vision/digits, runs/text/toy -> vision/digits, text/toy)."""
+    paths = [p.resolve() for p in experiments]
+    if len(set(paths)) == len(paths) > 1:
+        common = Path(os.path.commonpath(paths))
+        return [str(p.relative_to(common)) for p in paths]
+    return ["/".join(p.parts[-2:]) for p in paths]
+
+
+def load_runs(run_dirs: list[Path]) -> list[dict[str, Any]]:
+    runs = [load_run(r) for r in run_dirs]
+    for run, label in zip(runs, _labels([Path(r["summary"].experiment or r["dir"]) for r in runs])):
+        run["label"] = label
+    return runs
+
+
+def load_run(run: Path) -> dict[str, Any]:
+    summary = Summary.read(run / SUMMARY)
+    hp = summary.hparams or {}
+    attention = summary.attention or {}
+    return {
+        "dir": run,
+        "label": str(run),
+        "summary": summary,
+        "metrics": read_metrics(run),
+        "similarity": hp.get("similarity"),
+        "positions": _position_kind(hp),
+        "final": summarize(attention["final"]) if attention.get("final") else {},
+        "init": summarize(attention["init"]) if attention.get("init") else {},
+    }
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        elif not any(f"{prefix}{key}" == k or f"{prefix}{key}".startswith(k + ".") for k in IGNORED):
+            out[f"{prefix}{key}"] = cli_value(value)
+    return out
+
+
+def _sweep_of(run_dir: Path) -> tuple[SweepStatus, SweepRun] | None:
+    """(sweep.json, this run's entry) when the run folder lies below an `attnlab sweep` root."""
+    here = run_dir.resolve()
+    for parent in here.parents:
+        status = SweepStatus.read(parent)
+        if status.runs:
+            # runs are found by name below the sweep's folder, wherever that folder was moved
+            entry = next(
+                (e for name, e in status.runs.items() if (parent / name).resolve() in (here, *here.parents)), None
+            )
+            return (status, entry) if entry else None
+    return None
+
+
+def identify(run: dict[str, Any]) -> None:
+    """Give a loaded run its seed, its cell's settings and label, its group and the group's reference values."""
+    found = _sweep_of(run["dir"])
+    if found:
+        status, entry = found
+        run.update(
+            order=list(status.runs.values()).index(entry),
+            seed=entry.seed,
+            sweep=status.name,
+            group=Path(entry.config).stem,
+            cell=entry.cell_name,
+            settings={k: cli_value(v) for k, v in entry.cell.items()},
+            reference={k: cli_value(values[0]) for k, values in status.grid(entry).items() if values},
+        )
+        return
+    config = (
+        yaml.safe_load((run["dir"] / "config.yaml").read_text()) if (run["dir"] / "config.yaml").is_file() else None
+    )
+    config = config if isinstance(config, dict) else {"run": str(run["dir"])}  # without a config: a cell of its own
+    run.update(
+        order=None,
+        seed=config.get("seed_everything"),
+        sweep=None,
+        group=run["summary"].modality or "-",
+        cell=_SEED.sub("", run["label"]).strip("/") or run["label"],
+        settings=_flatten(config),
+        reference={},
+    )
+
+
+def values_of(run: dict[str, Any]) -> dict[str, float | None]:
+    """The best value of the checkpoint monitor and the attention statistics at the end (means over layers, heads)."""
+    return {"best": run["summary"].best_value, **{key: run["final"].get(key) for key, _ in STATS}}
+
+
+def by_seed(cell: dict[str, Any], key: str) -> dict[Any, float]:
+    """seed -> the value of ``key`` of the cell's run with that seed (seeds that ran twice, or gave no value, left
+    out)."""
+    seeds = [r["seed"] for r in cell["runs"]]
+    return {
+        r["seed"]: values_of(r)[key]
+        for r in cell["runs"]
+        if values_of(r)[key] is not None and seeds.count(r["seed"]) == 1
+    }
+
+
+def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs that differ only in the seed -> cells, in the order of their first run."""
+    for run in runs:
+        identify(run)
+    several = len({r["sweep"] for r in runs if r["sweep"]}) > 1
+    cells: dict[tuple, dict[str, Any]] = {}
+    # a sweep's runs in its grid order
+    for run in sorted(runs, key=lambda r: (r["sweep"] or "", -1 if r["order"] is None else r["order"])):
+        key = (run["sweep"], run["group"], json.dumps(run["settings"], sort_keys=True))
+        label = f"{run['sweep']}: {run['cell']}" if several and run["sweep"] else run["cell"]
+        cell = cells.setdefault(
+            key,
+            {
+                "label": label,
+                "group": run["group"],
+                "settings": run["settings"],
+                "reference": run["reference"],
+                "modality": run["summary"].modality or "-",
+                "runs": [],
+            },
+        )
+        cell["runs"].append(run)
+        cell.setdefault("monitor", run["summary"].best_monitor)
+    out = list(cells.values())
+    labels = [c["label"] for c in out]
+    for cell in out:  # outside a sweep two cells may share a folder name: then each keeps its first run's full label
+        if labels.count(cell["label"]) > 1:
+            cell["label"] = cell["runs"][0]["label"]
+    return out

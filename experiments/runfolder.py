@@ -1,0 +1,206 @@
+"""The run folder's schema: ``summary.json`` (one run) and ``sweep.json`` (one sweep) as dataclasses with read and
+write, the newest checkpoint below a folder, and a setting as it goes on the `attnlab fit` command line.
+
+A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.yaml``, ``metrics.csv``,
+``checkpoints/{best,last}*.ckpt`` and ``summary.json`` (written by `experiments.callbacks.RunSummary`, read by
+`attnlab compare` and `attnlab sweep`). A sweep's root holds ``sweep.json``: the sweep and the state of each run.
+Both files are written whole (a temporary file renamed into place) and read as empty when missing or unreadable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUMMARY = "summary.json"
+SWEEP = "sweep.json"
+
+
+def read_json(path: Path | None) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when there is no path, no file, or no readable JSON object in it."""
+    try:
+        data = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` whole: a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def newest(paths) -> Path | None:
+    """The most recently modified of ``paths`` that exist as files."""
+    found = [Path(p) for p in paths if p and Path(p).is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def newest_checkpoint(root: str | Path, alias: str = "last") -> Path | None:
+    """The newest ``<alias>*.ckpt`` in a ``checkpoints/`` folder anywhere below ``root`` (``last`` or ``best``)."""
+    return newest(Path(root).glob(f"**/checkpoints/{alias}*.ckpt"))
+
+
+def cli_value(value: Any) -> str:
+    """A setting as `attnlab fit` takes it on the command line: strings as they are, the rest as JSON (JSON is YAML:
+    true, null, [1, 2], {a: 1})."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def cli_flags(settings: dict[str, Any]) -> list[str]:
+    """{"trainer.max_epochs": 3} -> ["--trainer.max_epochs=3"]."""
+    return [f"--{key}={cli_value(value)}" for key, value in settings.items()]
+
+
+def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[own arguments] -- [extra attnlab fit arguments]`` -> (own, extra)."""
+    if "--" not in argv:
+        return list(argv), []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+class _Record:
+    """A JSON object as a dataclass: known keys as fields, the others kept in ``extra`` and written back."""
+
+    extra: dict[str, Any]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(
+            **{k: v for k, v in data.items() if k in names}, extra={k: v for k, v in data.items() if k not in names}
+        )
+
+    def update(self, **values: Any) -> None:
+        """Set fields by name; other names go to ``extra``."""
+        names = {f.name for f in dataclasses.fields(self)} - {"extra"}
+        for key, value in values.items():
+            if key in names:
+                setattr(self, key, value)
+            else:
+                self.extra[key] = value
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are set (not None), then ``extra``."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {**{k: v for k, v in out.items() if v is not None}, **self.extra}
+
+
+@dataclass
+class Summary(_Record):
+    """``summary.json``: what a run was (model, data, size, hardware) and what it gave (best metric, attention
+    statistics, throughput). ``status``: running, finished, failed or interrupted."""
+
+    status: str | None = None
+    started: str | None = None
+    experiment: str | None = None  # trainer.default_root_dir
+    run_dir: str | None = None
+    modality: str | None = None
+    model: str | None = None
+    hparams: dict[str, Any] | None = None
+    dataset: str | None = None
+    data: dict[str, Any] | None = None
+    params: dict[str, int] | None = None  # {"total", "trainable"}
+    trainer: dict[str, Any] | None = None
+    hardware: dict[str, Any] | None = None
+    versions: dict[str, str] | None = None
+    wandb: list[dict[str, Any]] | None = None  # the run's W&B runs: {"id", "mode", "dir", ...}
+    resumed_from: str | None = None
+    finished: str | None = None
+    train_time_s: float | None = None
+    global_step: int | None = None
+    epochs: int | None = None
+    flops_per_sample: float | None = None
+    throughput: dict[str, float | None] | None = None  # {"samples_per_s", "tokens_per_s"}
+    grad_norm: dict[str, float | None] | None = None  # {"first", "mean"}
+    best: dict[str, Any] | None = None  # {"monitor", "mode", "value", "checkpoint"}
+    metrics: dict[str, float] | None = None
+    attention: dict[str, Any] | None = None  # {"init", "final"}: experiments.stats.attention_statistics
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path) -> Summary:
+        """A run folder's summary (``path``: the file or its folder); an empty one when there is none."""
+        path = Path(path)
+        return cls.from_dict(read_json(path / SUMMARY if path.is_dir() else path))
+
+    def write(self, path: Path) -> None:
+        write_json(Path(path), self.to_dict())
+
+    @property
+    def best_value(self) -> float | None:
+        return (self.best or {}).get("value")
+
+    @property
+    def best_monitor(self) -> str | None:
+        return (self.best or {}).get("monitor")
+
+
+@dataclass
+class SweepRun(_Record):
+    """One run's entry in ``sweep.json``. ``status``: pending, running, done, failed or interrupted."""
+
+    config: str | None = None  # the experiment YAML
+    cell: dict[str, Any] = field(default_factory=dict)  # fit key -> value
+    cell_name: str | None = None  # <config stem>/<key=value,...>
+    seed: int | None = None
+    folder: str | None = None  # trainer.default_root_dir of the run
+    command: str | None = None
+    status: str | None = None
+    started: str | None = None
+    finished: str | None = None
+    returncode: int | None = None
+    error: str | None = None  # the line that says why it failed
+    gpu: str | None = None
+    job_id: str | None = None  # submitit's
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SweepStatus(_Record):
+    """``<root>/sweep.json``: the sweep (its file, name, seeds and each config's grid) and every run by name."""
+
+    file: str | None = None
+    name: str | None = None
+    launcher: str | None = None
+    seeds: list[int] | None = None
+    configs: dict[str, dict[str, Any]] | None = None  # config stem -> {"config": file, "grid": {key: values}}
+    wandb_sweep: str | None = None  # entity/project/id of the W&B sweep
+    runs: dict[str, SweepRun] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepStatus:
+        status = super().from_dict(data)
+        status.runs = {name: SweepRun.from_dict(entry) for name, entry in (status.runs or {}).items()}
+        return status
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["runs"] = {name: run.to_dict() for name, run in self.runs.items()}
+        return out
+
+    @classmethod
+    def read(cls, root: Path) -> SweepStatus:
+        """The status of the sweep whose folder is ``root``; an empty one when it has none."""
+        return cls.from_dict(read_json(Path(root) / SWEEP))
+
+    def write(self, root: Path) -> None:
+        write_json(Path(root) / SWEEP, self.to_dict())
+
+    def grid(self, run: SweepRun) -> dict[str, list]:
+        """The grid of the run's experiment: its first values are the reference of a paired comparison."""
+        return ((self.configs or {}).get(Path(run.config or "").stem) or {}).get("grid") or {}
+
+
+def is_finished(folder: Path) -> bool:
+    """A finished summary.json in a run folder below ``folder`` (a run's trainer.default_root_dir)."""
+    return any(Summary.read(p).status == "finished" for p in Path(folder).glob(f"lightning_logs/*/{SUMMARY}"))

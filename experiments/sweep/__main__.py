@@ -1,0 +1,5 @@
+import sys
+
+from experiments.sweep.main import main
+
+sys.exit(main())

@@ -1,0 +1,210 @@
+"""The sweep: its runs (config x grid cell x seed) and their `attnlab fit` commands, read from the sweep file, and
+the check of every key and value with the real fit parser before any run starts."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from experiments.runfolder import cli_flags, cli_value
+from experiments.sweep.file import ConfigEntry, SweepError, WandbSettings, parse
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str  # <config stem>/<key=value,...>/seed=<s>
+    config: str
+    cell: dict[str, Any]  # fit key -> value, in grid order
+    seed: int
+    folder: Path  # trainer.default_root_dir of the run
+
+    @property
+    def cell_name(self) -> str:
+        return self.name.rpartition("/")[0]
+
+
+@dataclass
+class Sweep:
+    file: Path
+    name: str
+    configs: list[tuple[str, dict[str, list]]]  # (config, its grid: the sweep's keys, then its own)
+    seeds: list[int]
+    overrides: dict[str, Any]
+    root: Path
+    launcher: str = "local"
+    max_parallel: int = 1
+    slurm: dict[str, Any] = field(default_factory=dict)
+    wandb: WandbSettings | None = None
+    extra: list[str] = field(default_factory=list)  # fit arguments given after `--`
+
+    def runs(self) -> list[Run]:
+        runs = []
+        for config, grid in self.configs:
+            short = _short_keys(list(grid))
+            for cell in _product(grid):
+                label = ",".join(f"{short[k]}={_folder_value(v)}" for k, v in cell.items()) or "base"
+                for seed in self.seeds:
+                    name = f"{Path(config).stem}/{label}/seed={seed}"
+                    runs.append(Run(name, config, cell, seed, self.root / name))
+        return runs
+
+    def command(self, run: Run) -> list[str]:
+        return [sys.executable, "-m", "experiments.cli", *self.fit_args(run)]
+
+    def fit_args(self, run: Run) -> list[str]:
+        args = [
+            "fit",
+            "--config",
+            run.config,
+            "--seed_everything",
+            str(run.seed),
+            "--trainer.default_root_dir",
+            str(run.folder),
+            "--ckpt_path",
+            "last",
+            *cli_flags(self.overrides),
+            *cli_flags(run.cell),
+        ]  # the cell's values win over overrides
+        if self.wandb is not None:
+            args.append("--trainer.logger=" + json.dumps(self._loggers(run)))
+        return args + self.extra
+
+    def _loggers(self, run: Run) -> list[dict[str, Any]]:
+        settings = {**run.cell, **self.overrides}
+        short = _short_keys(list(settings))
+        tags = [f"{short[k]}={_folder_value(v)}"[:64] for k, v in settings.items()] + [f"seed={run.seed}"]
+        wandb_args = {
+            "project": self.wandb.project,
+            "entity": self.wandb.entity,
+            "name": run.name,
+            "group": self.name,
+            "tags": tags,
+        }
+        return [
+            {"class_path": "experiments.tracking.CSVLogger"},  # the run folder stays lightning_logs/version_0
+            {"class_path": "experiments.tracking.WandbLogger", "init_args": wandb_args},
+        ]
+
+    def env(self, run: Run) -> dict[str, str]:
+        """The W&B job type: experiments.tracking.WandbLogger takes none, so it goes by the environment every process
+        of the run inherits."""
+        return {"WANDB_JOB_TYPE": run.cell_name[:64]} if self.wandb is not None else {}
+
+
+def _product(grid: dict[str, list]) -> list[dict[str, Any]]:
+    cells: list[dict[str, Any]] = [{}]
+    for key, values in grid.items():
+        cells = [{**cell, key: value} for cell in cells for value in values]
+    return cells
+
+
+def _short_keys(keys: list[str]) -> dict[str, str]:
+    """model.init_args.similarity -> similarity, unless two keys end alike (then both keep their full name)."""
+    last = [k.rpartition(".")[2] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def _folder_value(value: Any) -> str:
+    return re.sub(r"[/\s]+", "_", cli_value(value))
+
+
+def load(path: str | Path, root: str | None = None, extra: list[str] | None = None) -> Sweep:
+    """Read and check the sweep file (its fit keys and values are checked by `check`)."""
+    path = Path(path)
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise SweepError(f"{path}: cannot be read ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise SweepError(f"{path}: not a YAML file{where}: {getattr(err, 'problem', None) or err}") from None
+    spec = parse(path, spec)
+    configs = []
+    for entry in spec.configs:
+        config, own = (entry.config, entry.grid) if isinstance(entry, ConfigEntry) else (entry, {})
+        if not Path(config).is_file():
+            raise SweepError(f"{path}: configs: {config!r} is not a file (paths are relative to the current folder)")
+        configs.append((config, {**{str(k): v for k, v in spec.grid.items()}, **own}))
+    stems = [Path(c).stem for c, _ in configs]
+    if len(set(stems)) != len(stems):
+        raise SweepError(
+            f"{path}: configs: two experiments share the name {max(stems, key=stems.count)!r}; "
+            "runs are named by the file's stem"
+        )
+    root_dir = Path(root or spec.root or Path("runs/sweeps") / spec.name)
+    return Sweep(
+        path,
+        spec.name,
+        configs,
+        spec.seeds,
+        spec.overrides,
+        root_dir,
+        spec.launcher,
+        spec.max_parallel,
+        spec.slurm,
+        spec.wandb,
+        list(extra or []),
+    )
+
+
+def slurm_executor(sweep: Sweep, folder: Path):
+    """submitit's executor with the sweep's ``slurm`` parameters (``cluster: local`` runs the jobs here)."""
+    import submitit
+
+    params = dict(sweep.slurm)
+    cluster = params.pop("cluster", None)
+    try:
+        executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+        executor.update_parameters(name=sweep.name, **params)
+    except (AssertionError, NameError, ValueError, TypeError, RuntimeError) as err:
+        raise SweepError(f"{sweep.file}: slurm: {str(err).strip().splitlines()[0]}") from None
+    return executor
+
+
+def _parse_error(args: list[str]) -> str | None:
+    """The real `attnlab fit` parser on ``args`` (--print_config: nothing is instantiated); its error line or None."""
+    from experiments.cli import main as attnlab
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            attnlab([*args, "--print_config"])
+    except SystemExit as exit_:
+        if exit_.code:
+            lines = [line for line in err.getvalue().splitlines() if line.strip()]
+            return (lines[-1] if lines else f"exit status {exit_.code}").removeprefix("attnlab: error: ")
+    return None
+
+
+def check(sweep: Sweep) -> None:
+    """Every config with the overrides, then every grid value, through the real parser; the first error as one line."""
+    if sweep.launcher == "slurm":
+        with tempfile.TemporaryDirectory() as folder:  # submitit makes its folder: none in the sweep's before a run
+            slurm_executor(sweep, Path(folder))
+    if sweep.launcher == "wandb":
+        from experiments.tracking import wandb_mode
+
+        if (mode := wandb_mode()) != "online":
+            raise SweepError(
+                f"{sweep.file}: launcher: wandb needs W&B online (wandb login or WANDB_API_KEY); W&B mode is {mode}"
+            )
+    for config, grid in sweep.configs:
+        if error := _parse_error(["fit", "--config", config]):
+            raise SweepError(f"{sweep.file}: configs: {config}: {error}")
+        base = sweep.fit_args(Run("check", config, {}, sweep.seeds[0], sweep.root / "check"))
+        if error := _parse_error(base):
+            raise SweepError(f"{sweep.file}: overrides ({config}): {error}")
+        for key, values in grid.items():
+            for value in values:
+                if error := _parse_error([*base, f"--{key}={cli_value(value)}"]):
+                    raise SweepError(f"{sweep.file}: grid.{key}={cli_value(value)} ({config}): {error}")

@@ -1,0 +1,72 @@
+"""The sweep's status file, ``ROOT/sweep.json`` (`experiments.runfolder.SweepStatus`), updated under a lock by
+whichever process runs a run, and the plan it gives: which runs are done, which resume, which are new."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import shlex
+from pathlib import Path
+from typing import Any
+
+from experiments.runfolder import SWEEP, SweepRun, SweepStatus, is_finished, newest_checkpoint
+from experiments.sweep.file import SweepError
+from experiments.sweep.runs import Run, Sweep
+
+
+@contextlib.contextmanager
+def lock(path: Path, wait: bool = True):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise SweepError(f"{path.parent}: another `attnlab sweep` is running this sweep") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def update(root: Path, run: str | None = None, /, **fields: Any) -> None:
+    """Merge ``fields`` into run ``run`` of the status file (into the sweep's own entries when run is None)."""
+    with lock(root / f"{SWEEP}.lock"):
+        status = SweepStatus.read(root)
+        (status.runs.setdefault(run, SweepRun()) if run else status).update(**fields)
+        status.write(root)
+
+
+def record(sweep: Sweep) -> None:
+    """Write the sweep and every run (new ones as pending) into the status file."""
+    update(
+        sweep.root,
+        file=str(sweep.file),
+        name=sweep.name,
+        launcher=sweep.launcher,
+        seeds=sweep.seeds,
+        configs={Path(c).stem: {"config": c, "grid": g} for c, g in sweep.configs},
+    )
+    known = SweepStatus.read(sweep.root).runs
+    for run in sweep.runs():
+        entry = {
+            "config": run.config,
+            "cell": run.cell,
+            "cell_name": run.cell_name,
+            "seed": run.seed,
+            "folder": str(run.folder),
+            "command": shlex.join(sweep.command(run)),
+        }
+        update(sweep.root, run.name, **entry, **({} if run.name in known else {"status": "pending"}))
+
+
+def plan(sweep: Sweep) -> list[tuple[Run, str]]:
+    """(run, what happens): "done" (skipped), "resume from <last.ckpt>" or "new"."""
+    known = SweepStatus.read(sweep.root).runs
+    out = []
+    for run in sweep.runs():
+        if (run.name in known and known[run.name].status == "done") or is_finished(run.folder):
+            out.append((run, "done"))
+            continue
+        last = newest_checkpoint(run.folder, "last")
+        out.append((run, f"resume from {last}" if last else "new"))
+    return out
