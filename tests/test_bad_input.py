@@ -26,7 +26,8 @@ from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection
 from datamodules.detection_transforms import make_transforms
 from datamodules.synthetic import ShapesDataModule, generate_shapes
 from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
-from datamodules.vision import LAYOUTS, DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule, split_lengths
+from datamodules.vision import DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule, split_lengths
+from datamodules.vision_files import LAYOUTS
 from datamodules.voc import VocDataModule, read_voc_split
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
