@@ -181,30 +181,24 @@ class ShapesDataModule(DetectionDataModule):
         seed: int = 0,
         batch_size: int = 16,
         num_workers: int = 0,
-        pin_memory: bool | None = None,
-        persistent_workers: bool = True,
         train_scales: Sequence[int] = (64,),
         max_size: int = 64,
         crop: bool = False,
         crop_resize_scales: Sequence[int] = (64,),
         crop_size: tuple[int, int] = (48, 64),
         val_size: int = 64,
-        hflip: bool = True,
-        predict_images: str | None = None,
+        **kwargs,
     ):
         super().__init__(
-            batch_size,
-            num_workers,
-            train_scales,
-            max_size,
-            crop,
-            crop_resize_scales,
-            crop_size,
-            val_size,
-            hflip,
-            predict_images,
-            pin_memory,
-            persistent_workers,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            train_scales=train_scales,
+            max_size=max_size,
+            crop=crop,
+            crop_resize_scales=crop_resize_scales,
+            crop_size=crop_size,
+            val_size=val_size,
+            **kwargs,
         )
         if min(num_train, num_val, num_test) < 1:
             raise ValueError(f"data: num_train={num_train}, num_val={num_val}, num_test={num_test} must all be >= 1")
@@ -214,7 +208,6 @@ class ShapesDataModule(DetectionDataModule):
             )
         if palette not in ("random", "by_class"):
             raise ValueError(f"data.palette={palette!r} is not known; choose 'random' or 'by_class'")
-        self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.sizes = {"train": num_train, "val": num_val, "test": num_test}
 

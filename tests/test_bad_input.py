@@ -23,7 +23,7 @@ from PIL import Image
 
 from datamodules.checks import check_train_batches, open_image, read_lines
 from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection, load_coco
-from datamodules.detection_transforms import make_transforms
+from datamodules.detection_transforms import eval_transforms
 from datamodules.synthetic import ShapesDataModule, generate_shapes
 from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
 from datamodules.vision import DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule, split_lengths
@@ -177,7 +177,7 @@ def predict_reader(root: Path) -> tuple[object, Path]:
     root.mkdir()
     for name in ("a.png", "b.jpg"):
         NOISE.save(root / name)
-    return ImageFolderDetection(root, [1], ["cat"], make_transforms(False, val_size=16, max_size=32)), root / "b.jpg"
+    return ImageFolderDetection(root, [1], ["cat"], eval_transforms(val_size=16, max_size=32)), root / "b.jpg"
 
 
 @pytest.mark.parametrize("fault", BAD_IMAGES)

@@ -81,3 +81,35 @@ def test_keys_handed_to_the_base_keep_their_order_and_defaults():
     assert list(keys) == ["name", "root", "img_size", "batch_size", *shared]
     keys = config_keys(ImageFolderDataModule)
     assert keys == dict(root=None, img_size=224, in_chans=3, batch_size=64, **shared)
+    detr = dict(
+        batch_size=2,
+        num_workers=2,
+        pin_memory=None,
+        persistent_workers=True,
+        train_scales=tuple(range(480, 801, 32)),
+        max_size=1333,
+        crop=True,
+        crop_resize_scales=(400, 500, 600),
+        crop_size=(384, 600),
+        val_size=800,
+        hflip=True,
+        predict_images=None,
+    )
+    keys = config_keys(CocoDataModule)
+    assert list(keys)[:8] == ["images", "annotations", "val_images", "val_annotations"] + [
+        "test_images",
+        "test_annotations",
+        "val_fraction",
+        "seed",
+    ]
+    assert {k: keys[k] for k in detr} == detr
+    assert {k: config_keys(VocDataModule)[k] for k in detr} == detr
+    shapes = config_keys(ShapesDataModule)
+    assert (shapes["batch_size"], shapes["train_scales"], shapes["crop"], shapes["hflip"]) == (16, (64,), False, True)
+
+
+def test_hparams_hold_the_keys_handed_to_the_base(tmp_path):
+    """Lightning saves the DataModule's arguments in checkpoints; those handed on with ``**kwargs`` count too."""
+    shapes = ShapesDataModule(str(tmp_path), num_train=1, num_val=1, num_test=1, hflip=False)
+    assert set(config_keys(ShapesDataModule)) == set(shapes.hparams)
+    assert (shapes.hparams.hflip, shapes.hparams.batch_size, shapes.hparams.pin_memory) == (False, 16, None)
