@@ -348,8 +348,6 @@ class DetectionDataModule(pl.LightningDataModule):
         self,
         batch_size: int = 2,
         num_workers: int = 2,
-        pin_memory: bool | None = None,
-        persistent_workers: bool = True,
         train_scales: Sequence[int] = tuple(range(480, 801, 32)),
         max_size: int = 1333,
         crop: bool = True,
@@ -358,6 +356,8 @@ class DetectionDataModule(pl.LightningDataModule):
         val_size: int = 800,
         hflip: bool = True,
         predict_images: str | None = None,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
     ):
         super().__init__()
         self.save_hyperparameters()  # Lightning collects the arguments of the subclass's __init__ too

@@ -75,14 +75,16 @@ def generate_shapes(
     root: str | Path,
     split: str,
     num_images: int,
-    image_size: int = 64,
-    max_objects: int = 4,
-    min_side: int = 10,
-    max_side: int = 22,
-    seed: int = 0,
-    palette: Palette = "by_class",
+    *,
+    image_size: int,
+    max_objects: int,
+    min_side: int,
+    max_side: int,
+    seed: int,
+    palette: Palette,
 ) -> Path:
-    """Write ``root/<split>/images/*.png`` and ``root/annotations/instances_<split>.json`` (COCO).
+    """Write ``root/<split>/images/*.png`` and ``root/annotations/instances_<split>.json`` (COCO);
+    the parameters are `ShapesDataModule`'s, whose defaults are the usual ones.
 
     Nothing is rewritten when the JSON already records the same parameters. The JSON is written
     last and atomically, so a present JSON means a complete split. Returns the JSON path.
@@ -190,15 +192,7 @@ class ShapesDataModule(DetectionDataModule):
         **kwargs,
     ):
         super().__init__(
-            batch_size=batch_size,
-            num_workers=num_workers,
-            train_scales=train_scales,
-            max_size=max_size,
-            crop=crop,
-            crop_resize_scales=crop_resize_scales,
-            crop_size=crop_size,
-            val_size=val_size,
-            **kwargs,
+            batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, **kwargs
         )
         if min(num_train, num_val, num_test) < 1:
             raise ValueError(f"data: num_train={num_train}, num_val={num_val}, num_test={num_test} must all be >= 1")
@@ -213,17 +207,8 @@ class ShapesDataModule(DetectionDataModule):
 
     def _generate(self, split: str) -> Path:
         hp = self.hparams
-        return generate_shapes(
-            self.data_dir,
-            split,
-            self.sizes[split],
-            hp.image_size,
-            hp.max_objects,
-            hp.min_side,
-            hp.max_side,
-            hp.seed,
-            hp.palette,
-        )
+        params = {k: hp[k] for k in ("image_size", "max_objects", "min_side", "max_side", "seed", "palette")}
+        return generate_shapes(self.data_dir, split, self.sizes[split], **params)
 
     def prepare_data(self) -> None:
         for split in self.sizes:

@@ -49,63 +49,53 @@ class Layout:
     class_names: tuple[str, ...] = ()
 
 
-_MNIST_FILES = dict(
-    train=("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    test=("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-)
+def _idx_layout(name: str, mean: float, std: float, class_names: tuple[str, ...]) -> Layout:
+    """MNIST and its drop-in replacements: 28x28 grayscale idx files, 10 classes, in ``<name>/raw``."""
+    images, labels = "images-idx3-ubyte", "labels-idx1-ubyte"
+    train, test = (f"train-{images}", f"train-{labels}"), (f"t10k-{images}", f"t10k-{labels}")
+    return Layout(f"{name}/raw", train, test, 10, 1, 28, (mean,), (std,), class_names)
+
+
+def _cifar_layout(
+    folder: str,
+    train: tuple[str, ...],
+    test: tuple[str, ...],
+    num_classes: int,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    class_names: tuple[str, ...] = (),
+) -> Layout:
+    """CIFAR's python pickles: 32x32 RGB images."""
+    return Layout(folder, train, test, num_classes, 3, 32, mean, std, class_names)
+
+
 _CIFAR10_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+_FASHION_NAMES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 LAYOUTS = {
-    "MNIST": Layout(
-        "MNIST/raw",
-        **_MNIST_FILES,
-        num_classes=10,
-        in_chans=1,
-        img_size=28,
-        mean=(0.1307,),
-        std=(0.3081,),
-        class_names=tuple(str(i) for i in range(10)),
-    ),
-    "FashionMNIST": Layout(
-        "FashionMNIST/raw",
-        **_MNIST_FILES,
-        num_classes=10,
-        in_chans=1,
-        img_size=28,
-        mean=(0.2860,),
-        std=(0.3530,),
-        class_names=(
-            "T-shirt/top",
-            "Trouser",
-            "Pullover",
-            "Dress",
-            "Coat",
-            "Sandal",
-            "Shirt",
-            "Sneaker",
-            "Bag",
-            "Ankle boot",
-        ),
-    ),
-    "CIFAR10": Layout(
+    "MNIST": _idx_layout("MNIST", 0.1307, 0.3081, tuple(str(i) for i in range(10))),
+    "FashionMNIST": _idx_layout("FashionMNIST", 0.2860, 0.3530, _FASHION_NAMES),
+    "CIFAR10": _cifar_layout(
         "cifar-10-batches-py",
         tuple(f"data_batch_{i}" for i in range(1, 6)),
         ("test_batch",),
-        num_classes=10,
-        in_chans=3,
-        img_size=32,
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
-        class_names=_CIFAR10_NAMES,
+        10,
+        (0.4914, 0.4822, 0.4465),
+        (0.2470, 0.2435, 0.2616),
+        _CIFAR10_NAMES,
     ),
-    "CIFAR100": Layout(
-        "cifar-100-python",
-        ("train",),
-        ("test",),
-        num_classes=100,
-        in_chans=3,
-        img_size=32,
-        mean=(0.5071, 0.4865, 0.4409),
-        std=(0.2673, 0.2564, 0.2762),
+    "CIFAR100": _cifar_layout(
+        "cifar-100-python", ("train",), ("test",), 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
     ),
 }
 

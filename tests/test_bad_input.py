@@ -625,10 +625,11 @@ def test_empty_detection_splits_are_refused(tmp_path):
 
 
 def test_a_damaged_shapes_cache_is_regenerated(tmp_path):
-    path = generate_shapes(tmp_path, "val", 2)
+    params = dict(image_size=32, max_objects=2, min_side=8, max_side=12, seed=0, palette="by_class")
+    path = generate_shapes(tmp_path, "val", 2, **params)
     for damage in (b"[1, 2]", b'{"info": 3}', b"\xff\xfe", b'{"images": ['):
         path.write_bytes(damage)
-        assert load_coco(generate_shapes(tmp_path, "val", 2)).imgs.keys() == {1, 2}
+        assert load_coco(generate_shapes(tmp_path, "val", 2, **params)).imgs.keys() == {1, 2}
 
 
 # --- a batch larger than the dataset -------------------------------------------------------------------
@@ -735,8 +736,7 @@ def test_cli_names_a_non_utf8_corpus_in_one_line(attnlab, tmp_path):
 
 
 def test_cli_names_a_corrupted_image_met_during_training_in_one_line(attnlab, tmp_path):
-    for split, n in (("train", 2), ("val", 1), ("test", 1)):
-        generate_shapes(tmp_path / "shapes", split, n)
+    ShapesDataModule(str(tmp_path / "shapes"), num_train=2, num_val=1, num_test=1).prepare_data()
     bad = tmp_path / "shapes" / "train" / "images" / "000002.png"
     bad.write_bytes(BAD_IMAGES["truncated PNG"])
     code, _, err = attnlab(

@@ -280,8 +280,9 @@ def test_collate_pads_and_masks():
 
 
 def test_shapes_are_deterministic_coco_and_score_ap_1_against_themselves(tmp_path):
-    a = generate_shapes(tmp_path / "a", "val", 12, image_size=64, max_side=24, seed=3)
-    b = generate_shapes(tmp_path / "b", "val", 12, image_size=64, max_side=24, seed=3)
+    params = dict(image_size=64, max_objects=4, min_side=10, max_side=24, seed=3, palette="by_class")
+    a = generate_shapes(tmp_path / "a", "val", 12, **params)
+    b = generate_shapes(tmp_path / "b", "val", 12, **params)
     assert json.loads(a.read_text()) == json.loads(b.read_text())
     assert (tmp_path / "a" / "val" / "images" / "000001.png").read_bytes() == (
         tmp_path / "b" / "val" / "images" / "000001.png"
