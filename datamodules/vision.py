@@ -4,7 +4,7 @@ is downloaded.
 `DigitsDataModule`: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes),
 the embedded default that needs no download.
 `TorchvisionDataModule`: MNIST, FashionMNIST, CIFAR10, CIFAR100 in the folder layouts that
-torchvision's datasets read with ``download=False`` (see `LAYOUTS`).
+torchvision's datasets read with ``download=False``, read by `datamodules.vision_files`.
 `ImageFolderDataModule`: any ``<root>/train/<class>/<image>`` tree (``val/`` and ``test/`` optional).
 
 Where a dataset has no validation split, one is split off the training data with a fixed seed.
@@ -14,9 +14,9 @@ normalisation uses each dataset's channel statistics. Every DataModule knows ``n
 ``in_chans`` and ``img_size`` (linked to the model) right after ``__init__``.
 
 Bad input is an error naming the file and the record: idx and CIFAR files are checked when read
-(setup: header, size, truncation, one label per image, labels in range); an image file that
-cannot be decoded is found when it is loaded and named then. Files of an ImageFolder that are not
-images by name are skipped and counted, as torchvision skips them (silently).
+at setup (`datamodules.vision_files`: header, size, truncation, one label per image, labels in
+range); an image file that cannot be decoded is found when it is loaded and named then. Files of an
+ImageFolder that are not images by name are skipped and counted, as torchvision skips them (silently).
 """
 
 from __future__ import annotations
