@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.checks import check_train_batches, open_image
-from datamodules.detection_transforms import make_transforms
+from datamodules.detection_transforms import eval_transforms, train_transforms
 from datamodules.loading import loader_settings
 
 REQUIRED_KEYS = ("images", "annotations", "categories")
@@ -168,7 +168,7 @@ class CocoDetection(Dataset):
         images_dir: folder the ``file_name`` of each image record is relative to.
         coco: the checked annotations (`load_coco`); it is also the ground truth for COCOeval.
         image_ids: the images of this split (default: all).
-        transforms: a `make_transforms` pipeline.
+        transforms: a `train_transforms` or `eval_transforms` pipeline.
         source: the annotation file, for messages.
     Items: image (3, H, W) normalised, target dict with ``boxes`` (N, 4) normalised cxcywh,
     ``labels`` (N,), ``area`` (N,), ``image_id`` (), ``orig_size`` and ``size`` (2,) as (h, w).
@@ -360,6 +360,7 @@ class DetectionDataModule(pl.LightningDataModule):
         persistent_workers: bool = True,
     ):
         super().__init__()
+        self.save_hyperparameters()  # Lightning collects the arguments of the subclass's __init__ too
         if batch_size < 1:
             raise ValueError(f"data.batch_size={batch_size} must be >= 1")
         if not train_scales or min(train_scales) < 1 or val_size < 1:
@@ -370,10 +371,10 @@ class DetectionDataModule(pl.LightningDataModule):
             raise ValueError(f"data.crop_size={list(crop_size)} must be (min, max)")
         self.batch_size, self.predict_images = batch_size, predict_images
         self.loader_kwargs = loader_settings(num_workers, pin_memory, persistent_workers)
-        self.train_transforms = make_transforms(
-            True, train_scales, max_size, crop, crop_resize_scales, tuple(crop_size), val_size, hflip
+        self.train_transforms = train_transforms(
+            train_scales, max_size, crop, crop_resize_scales, tuple(crop_size), hflip
         )
-        self.eval_transforms = make_transforms(False, val_size=val_size, max_size=max_size)
+        self.eval_transforms = eval_transforms(val_size, max_size)
         self.datasets: dict[str, Dataset] = {}
 
     @property
@@ -444,40 +445,15 @@ class CocoDataModule(DetectionDataModule):
         test_annotations: str | None = None,
         val_fraction: float = 0.1,
         seed: int = 0,
-        batch_size: int = 2,
-        num_workers: int = 2,
-        pin_memory: bool | None = None,
-        persistent_workers: bool = True,
-        train_scales: Sequence[int] = tuple(range(480, 801, 32)),
-        max_size: int = 1333,
-        crop: bool = True,
-        crop_resize_scales: Sequence[int] = (400, 500, 600),
-        crop_size: tuple[int, int] = (384, 600),
-        val_size: int = 800,
-        hflip: bool = True,
-        predict_images: str | None = None,
+        **kwargs,
     ):
-        super().__init__(
-            batch_size,
-            num_workers,
-            train_scales,
-            max_size,
-            crop,
-            crop_resize_scales,
-            crop_size,
-            val_size,
-            hflip,
-            predict_images,
-            pin_memory,
-            persistent_workers,
-        )
+        super().__init__(**kwargs)
         for key, folder in (("images", images), ("val_images", val_images), ("test_images", test_images)):
             if folder is not None and not Path(folder).is_dir():
                 raise FileNotFoundError(f"data.{key}: {folder} is not a folder")
         for key, pair in (("val", (val_images, val_annotations)), ("test", (test_images, test_annotations))):
             if (pair[0] is None) != (pair[1] is None):
                 raise ValueError(f"data.{key}_images and data.{key}_annotations must be given together")
-        self.save_hyperparameters()
         self.coco = {"train": load_coco(annotations)}
         self.category_ids = sorted(self.coco["train"].cats)
         self.class_names = [self.coco["train"].cats[c]["name"] for c in self.category_ids]

@@ -134,23 +134,24 @@ class Normalize:
         return tensor, dict(target, boxes=boxes)
 
 
-def make_transforms(
-    train: bool,
-    scales: Sequence[int] = tuple(range(480, 801, 32)),
-    max_size: int = 1333,
-    crop: bool = True,
-    crop_resize_scales: Sequence[int] = (400, 500, 600),
-    crop_size: tuple[int, int] = (384, 600),
-    val_size: int = 800,
-    hflip: bool = True,
+def eval_transforms(val_size: int, max_size: int) -> Compose:
+    """DETR's evaluation pipeline: shorter side ``val_size``, longer side <= ``max_size``."""
+    return Compose([RandomResize([val_size], max_size), Normalize()])
+
+
+def train_transforms(
+    scales: Sequence[int],
+    max_size: int,
+    crop: bool,
+    crop_resize_scales: Sequence[int],
+    crop_size: tuple[int, int],
+    hflip: bool,
 ) -> Compose:
-    """DETR's COCO pipeline. Training: horizontal flip, then with probability 0.5 either a
+    """DETR's COCO training pipeline: horizontal flip, then with probability 0.5 either a
     multi-scale resize (shorter side in ``scales``, longer side <= ``max_size``) or a resize to
     ``crop_resize_scales``, a random crop of side ``crop_size`` and the multi-scale resize.
-    Evaluation: shorter side ``val_size``. Defaults are the reference's; small images need smaller ones.
+    The reference's values are the defaults of `datamodules.coco.DetectionDataModule`.
     """
-    if not train:
-        return Compose([RandomResize([val_size], max_size), Normalize()])
     multi_scale = RandomResize(scales, max_size)
     steps = [RandomHorizontalFlip()] if hflip else []
     if crop:

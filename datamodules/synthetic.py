@@ -75,14 +75,16 @@ def generate_shapes(
     root: str | Path,
     split: str,
     num_images: int,
-    image_size: int = 64,
-    max_objects: int = 4,
-    min_side: int = 10,
-    max_side: int = 22,
-    seed: int = 0,
-    palette: Palette = "by_class",
+    *,
+    image_size: int,
+    max_objects: int,
+    min_side: int,
+    max_side: int,
+    seed: int,
+    palette: Palette,
 ) -> Path:
-    """Write ``root/<split>/images/*.png`` and ``root/annotations/instances_<split>.json`` (COCO).
+    """Write ``root/<split>/images/*.png`` and ``root/annotations/instances_<split>.json`` (COCO);
+    the parameters are `ShapesDataModule`'s, whose defaults are the usual ones.
 
     Nothing is rewritten when the JSON already records the same parameters. The JSON is written
     last and atomically, so a present JSON means a complete split. Returns the JSON path.
@@ -181,30 +183,16 @@ class ShapesDataModule(DetectionDataModule):
         seed: int = 0,
         batch_size: int = 16,
         num_workers: int = 0,
-        pin_memory: bool | None = None,
-        persistent_workers: bool = True,
         train_scales: Sequence[int] = (64,),
         max_size: int = 64,
         crop: bool = False,
         crop_resize_scales: Sequence[int] = (64,),
         crop_size: tuple[int, int] = (48, 64),
         val_size: int = 64,
-        hflip: bool = True,
-        predict_images: str | None = None,
+        **kwargs,
     ):
         super().__init__(
-            batch_size,
-            num_workers,
-            train_scales,
-            max_size,
-            crop,
-            crop_resize_scales,
-            crop_size,
-            val_size,
-            hflip,
-            predict_images,
-            pin_memory,
-            persistent_workers,
+            batch_size, num_workers, train_scales, max_size, crop, crop_resize_scales, crop_size, val_size, **kwargs
         )
         if min(num_train, num_val, num_test) < 1:
             raise ValueError(f"data: num_train={num_train}, num_val={num_val}, num_test={num_test} must all be >= 1")
@@ -214,23 +202,13 @@ class ShapesDataModule(DetectionDataModule):
             )
         if palette not in ("random", "by_class"):
             raise ValueError(f"data.palette={palette!r} is not known; choose 'random' or 'by_class'")
-        self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.sizes = {"train": num_train, "val": num_val, "test": num_test}
 
     def _generate(self, split: str) -> Path:
         hp = self.hparams
-        return generate_shapes(
-            self.data_dir,
-            split,
-            self.sizes[split],
-            hp.image_size,
-            hp.max_objects,
-            hp.min_side,
-            hp.max_side,
-            hp.seed,
-            hp.palette,
-        )
+        params = {k: hp[k] for k in ("image_size", "max_objects", "min_side", "max_side", "seed", "palette")}
+        return generate_shapes(self.data_dir, split, self.sizes[split], **params)
 
     def prepare_data(self) -> None:
         for split in self.sizes:

@@ -1,13 +1,12 @@
 """Text DataModules: parallel sentences for translation and a plain corpus for language modelling.
 
-Words become indices through a tokenizer from the ``tokenizers`` library, trained on the training
+Words become indices through a tokenizer (`datamodules.text_tokenizers`), trained on the training
 split only: ``word`` (one index per word or punctuation mark, as in the seeds), ``bpe`` (subwords,
-Sennrich et al. 2016) or ``char`` (one index per character, for the LM). The special tokens come
-first, so their ids are fixed: PAD=0, BOS=1, EOS=2, UNK=3. Word and BPE tokenizers mark spaces
-with ``▁`` (SentencePiece style), so decoding gives back the original text (detokenized).
+Sennrich et al. 2016) or ``char`` (one index per character, for the LM). Batches are made by
+`datamodules.text_batching`.
 
 `ParallelTextDataModule` reads aligned files ``{split}.{lang}`` (the Multi30k layout); without a
-``data_dir`` it uses the embedded toy English-German corpus (`toy_translation_pairs`), generated
+``data_dir`` it uses the embedded toy English-German corpus (`datamodules.toy_text`), generated
 into ``cache_dir`` on first use. `TextCorpusDataModule` cuts one text file into contiguous blocks
 and splits it by position (train first, validation last).
 
@@ -24,31 +23,42 @@ which need the ``sentencepiece`` package: ``pip install 'attnlab[pretrained-text
 
 from __future__ import annotations
 
-import json
-import os
-import random
-from collections import namedtuple
-from collections.abc import Iterator
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from pytorch_lightning.utilities import rank_zero_info
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader, Dataset
 
 from datamodules.checks import check_train_batches, read_lines
 from datamodules.loading import loader_settings
-
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
-TokenizerKind = Literal["word", "bpe", "char"]
-
-
-# ----------------------------------------------------------------------------- reading files
+from datamodules.text_batching import (
+    BlockDataset,
+    LengthBucketSampler,
+    ParallelDataset,
+    PromptDataset,
+    collate_pairs,
+    collate_prompts,
+)
+from datamodules.text_tokenizers import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    PretrainedTokenizerSide,
+    build_tokenizer,
+    encode,
+    load_pretrained_seq2seq_tokenizer,
+    load_pretrained_tokenizer,
+    load_tokenizer,
+)
+from datamodules.toy_text import (
+    toy_translation_pairs as toy_translation_pairs,  # re-exported: tests/test_hf_text.py imports it from here
+)
+from datamodules.toy_text import write_toy_corpus
 
 
 def read_parallel(src_path: Path, tgt_path: Path, key: str) -> tuple[list[str], list[str]]:
@@ -81,398 +91,53 @@ def read_inputs(path: str, key: str, blank_lines: bool) -> list[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------- tokenizers
+class _TokenizedDataModule(pl.LightningDataModule):
+    """What both DataModules share: the checks of their common arguments, the stages of ``setup``, tokenizer
+    bookkeeping (saving beside the run, checkpoint round trip) and the loaders.
 
-
-def build_tokenizer(kind: TokenizerKind, texts: list[str], vocab_size: int = 8000, min_frequency: int = 2) -> Tokenizer:
-    """Train a tokenizer on ``texts``. ``vocab_size`` caps word/BPE vocabularies (specials included);
-    words seen fewer than ``min_frequency`` times become UNK (word) or stay split (BPE)."""
-    if kind == "char":
-        tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
-        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), "isolated")  # every character, newlines too
-        tokenizer.decoder = decoders.Fuse()
-        trainer = trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS))
-    elif kind in ("word", "bpe"):
-        tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>") if kind == "word" else models.BPE(unk_token="<unk>"))
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
-        tokenizer.decoder = decoders.Metaspace()
-        trainer_class = trainers.WordLevelTrainer if kind == "word" else trainers.BpeTrainer
-        trainer = trainer_class(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS))
-    else:
-        raise ValueError(f"data.tokenizer={kind!r} is not known; choose word, bpe or char")
-    tokenizer.train_from_iterator(texts, trainer)
-    return tokenizer
-
-
-def load_tokenizer(path: Path, key: str) -> Tokenizer:
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{key}: tokenizer file {path} does not exist; it is written beside the checkpoints by `attnlab fit`"
-        )
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as err:  # the Rust library raises a bare Exception for a damaged file
-        raise ValueError(
-            f"{key}: tokenizer {path} cannot be read ({err}); copy it again from the run that wrote it"
-        ) from err
-    for i, token in enumerate(SPECIAL_TOKENS):
-        if tokenizer.token_to_id(token) != i:
-            raise ValueError(f"{key}: tokenizer {path} does not map {token} to id {i}; it was not made by attnlab")
-    return tokenizer
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-
-
-def load_pretrained_tokenizer(name: str, key: str) -> Tokenizer:
-    """The ``tokenizer.json`` of a pretrained model: a local folder, or a hub name (huggingface_hub's cache)."""
-    folder = Path(name).expanduser()
-    if folder.is_dir():
-        path = folder / "tokenizer.json"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{key}: {folder} has no tokenizer.json; a pretrained model needs the tokenizer it was trained with: "
-                "save it into the folder (tokenizer.save_pretrained(folder))"
-            )
-    else:
-        from huggingface_hub import hf_hub_download
-
-        try:
-            path = Path(hf_hub_download(name, "tokenizer.json", local_files_only=_offline()))
-        except Exception as err:  # noqa: BLE001  not a hub name, not cached while offline, no network: all one answer
-            raise ValueError(
-                f"{key}={name} is neither a local folder nor a hub model whose tokenizer.json could be fetched "
-                f"({str(err).splitlines()[0]}); give a folder written by save_pretrained"
-            ) from None
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as err:  # noqa: BLE001  the Rust library raises a bare Exception for a type it does not know
-        raise ValueError(
-            f"{key}: {path} cannot be read by the tokenizers library ({str(err).splitlines()[0]})"
-        ) from None
-
-
-Encoding = namedtuple("Encoding", "ids")
-
-
-class PretrainedTokenizerSide:
-    """The source or the target side of a Hugging Face tokenizer, answering the calls of a
-    `tokenizers.Tokenizer` this module makes. Marian keeps one SentencePiece model per language over one
-    vocabulary: the target side encodes with ``text_target`` and decodes with the target model."""
-
-    def __init__(self, tokenizer, target: bool):
-        self.tokenizer, self.target = tokenizer, target
-
-    def encode_batch(self, lines: list[str], add_special_tokens: bool = False) -> list[Encoding]:
-        key = "text_target" if self.target else "text"
-        return [
-            Encoding(ids) for ids in self.tokenizer(**{key: lines}, add_special_tokens=add_special_tokens)["input_ids"]
-        ]
-
-    def decode_batch(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
-        return self.tokenizer.batch_decode(ids, skip_special_tokens=skip_special_tokens)
-
-    def get_vocab_size(self) -> int:
-        return len(self.tokenizer)
-
-
-def load_pretrained_seq2seq_tokenizer(
-    name: str, key: str
-) -> tuple[PretrainedTokenizerSide, PretrainedTokenizerSide, tuple[int, int, int]]:
-    """(source side, target side, (PAD, BOS, EOS) ids) of a pretrained translation model's tokenizer, read
-    by ``transformers``; BOS is the model's ``decoder_start_token_id`` (Marian: PAD), from its config.json."""
-    try:
-        from transformers import AutoConfig, AutoTokenizer
-    except ImportError:
-        raise ValueError(
-            f"{key}: a pretrained translation tokenizer is read with transformers; pip install 'attnlab[pretrained-text]'"
-        ) from None
-    try:
-        config = AutoConfig.from_pretrained(name, local_files_only=_offline())
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=_offline())
-    except (
-        OSError,
-        ValueError,
-        ImportError,
-        json.JSONDecodeError,
-    ) as err:  # a missing file or package, an unknown type, offline
-        reason = str(err).strip().splitlines()[0]
-        raise ValueError(
-            f"{key}={name}: its tokenizer cannot be read ({reason}); give a folder written by save_pretrained with the "
-            "tokenizer files (Marian: source.spm, target.spm, vocab.json; needs sentencepiece: pip install 'attnlab[pretrained-text]')"
-        ) from None
-    ids = (tokenizer.pad_token_id, getattr(config, "decoder_start_token_id", None), tokenizer.eos_token_id)
-    if None in ids:
-        raise ValueError(
-            f"{key}={name}: the tokenizer or config.json lacks a PAD, EOS or decoder start token (got {ids})"
-        )
-    return PretrainedTokenizerSide(tokenizer, False), PretrainedTokenizerSide(tokenizer, True), ids
-
-
-def encode(
-    tokenizer: Tokenizer,
-    lines: list[str],
-    max_len: int,
-    bos: bool,
-    what: str,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
-) -> list[list[int]]:
-    """Token ids + EOS (and BOS first when ``bos``), truncated to ``max_len`` with a warning that counts them."""
-    room = max_len - 1 - int(bos)
-    ids, truncated = [], 0
-    for e in tokenizer.encode_batch(lines, add_special_tokens=False):
-        truncated += len(e.ids) > room
-        ids.append(([bos_id] if bos else []) + e.ids[:room] + [eos_id])
-    if truncated:
-        rank_zero_warn(f"{truncated} of {len(lines)} {what} longer than data.max_len={max_len} tokens were truncated")
-    return ids
-
-
-# ----------------------------------------------------------------------------- the embedded corpus
-
-# A toy English -> German translation task from a small grammar: gender, case and number agreement
-# (der/den/dem, ein/einen/einem, adjective endings), plural verbs, and verb-second word order when a
-# place comes first ("In the park, a dog sleeps." -> "Im Park schläft ein Hund."). Deterministic,
-# about 100 words per language, learnable to BLEU ~100 by a tiny model in seconds.
-_ANIMATE = [  # English singular, plural; German singular, plural, gender
-    ("man", "men", "Mann", "Männer", "m"),
-    ("woman", "women", "Frau", "Frauen", "f"),
-    ("child", "children", "Kind", "Kinder", "n"),
-    ("dog", "dogs", "Hund", "Hunde", "m"),
-    ("cat", "cats", "Katze", "Katzen", "f"),
-    ("girl", "girls", "Mädchen", "Mädchen", "n"),
-    ("boy", "boys", "Junge", "Jungen", "m"),
-    ("bird", "birds", "Vogel", "Vögel", "m"),
-]
-_THINGS = [
-    ("ball", "balls", "Ball", "Bälle", "m"),
-    ("bike", "bikes", "Fahrrad", "Fahrräder", "n"),
-    ("car", "cars", "Auto", "Autos", "n"),
-    ("book", "books", "Buch", "Bücher", "n"),
-    ("apple", "apples", "Apfel", "Äpfel", "m"),
-    ("flower", "flowers", "Blume", "Blumen", "f"),
-    ("hat", "hats", "Hut", "Hüte", "m"),
-    ("cup", "cups", "Tasse", "Tassen", "f"),
-]
-_PLACES = [
-    ("park", "Park", "m"),
-    ("street", "Straße", "f"),
-    ("house", "Haus", "n"),
-    ("garden", "Garten", "m"),
-    ("beach", "Strand", "m"),
-    ("city", "Stadt", "f"),
-    ("field", "Feld", "n"),
-    ("lake", "See", "m"),
-]
-_PREPOSITIONS = [("in", "in"), ("on", "auf"), ("behind", "hinter"), ("in front of", "vor"), ("next to", "neben")]
-_ADJECTIVES = [
-    ("red", "rot"),
-    ("big", "groß"),
-    ("small", "klein"),
-    ("old", "alt"),
-    ("young", "jung"),
-    ("black", "schwarz"),
-    ("white", "weiß"),
-    ("happy", "glücklich"),
-    ("blue", "blau"),
-    ("green", "grün"),
-]
-_TRANSITIVE = [
-    ("sees", "see", "sieht", "sehen"),
-    ("holds", "hold", "hält", "halten"),
-    ("carries", "carry", "trägt", "tragen"),
-    ("throws", "throw", "wirft", "werfen"),
-    ("finds", "find", "findet", "finden"),
-    ("buys", "buy", "kauft", "kaufen"),
-    ("watches", "watch", "beobachtet", "beobachten"),
-    ("paints", "paint", "malt", "malen"),
-]
-_INTRANSITIVE = [
-    ("sits", "sit", "sitzt", "sitzen"),
-    ("stands", "stand", "steht", "stehen"),
-    ("plays", "play", "spielt", "spielen"),
-    ("sleeps", "sleep", "schläft", "schlafen"),
-    ("waits", "wait", "wartet", "warten"),
-    ("runs", "run", "läuft", "laufen"),
-]
-_DEFINITE = {
-    "nom": {"m": "der", "f": "die", "n": "das", "pl": "die"},
-    "acc": {"m": "den", "f": "die", "n": "das", "pl": "die"},
-    "dat": {"m": "dem", "f": "der", "n": "dem", "pl": "den"},
-}
-_INDEFINITE = {
-    "nom": {"m": "ein", "f": "eine", "n": "ein"},
-    "acc": {"m": "einen", "f": "eine", "n": "ein"},
-    "dat": {"m": "einem", "f": "einer", "n": "einem"},
-}
-_ENDING_AFTER_DEFINITE = {"nom": {"m": "e", "f": "e", "n": "e"}, "acc": {"m": "en", "f": "e", "n": "e"}}
-_ENDING_AFTER_INDEFINITE = {"nom": {"m": "er", "f": "e", "n": "es"}, "acc": {"m": "en", "f": "e", "n": "es"}}
-
-
-def _noun_phrase(rng: random.Random, noun: tuple, case: str) -> tuple[str, str, bool]:
-    """(English, German, plural) for a determiner, an optional adjective and ``noun`` in ``case``."""
-    en_sg, en_pl, de_sg, de_pl, gender = noun
-    det = rng.choice(["a", "the", "the", "two", "three"])
-    plural = det in ("two", "three") or (det == "the" and rng.random() < 0.3)
-    adj = rng.choice(_ADJECTIVES) if rng.random() < 0.4 else None
-    g = "pl" if plural else gender
-    if det in ("two", "three"):  # no article: strong adjective ending
-        de_det, ending = {"two": "zwei", "three": "drei"}[det], "en" if case == "dat" else "e"
-    elif det == "the":
-        de_det = _DEFINITE[case][g]
-        ending = "en" if plural or case == "dat" else _ENDING_AFTER_DEFINITE[case][g]
-    else:
-        de_det = _INDEFINITE[case][g]
-        ending = "en" if case == "dat" else _ENDING_AFTER_INDEFINITE[case][g]
-    de_noun = de_pl if plural else de_sg
-    if plural and case == "dat" and not de_noun.endswith(("n", "s")):
-        de_noun += "n"  # dative plural: den Hunden, zwei Bällen
-    words = ([adj[0]] if adj else []) + [en_pl if plural else en_sg]
-    en = " ".join(["an" if det == "a" and words[0][0] in "aeiou" else det] + words)
-    de = " ".join([de_det] + ([adj[1] + ending] if adj else []) + [de_noun])
-    return en, de, plural
-
-
-def _place(rng: random.Random) -> tuple[str, str]:
-    en_prep, de_prep = rng.choice(_PREPOSITIONS)
-    en_noun, de_noun, gender = rng.choice(_PLACES)
-    article = _DEFINITE["dat"][gender]
-    de = f"im {de_noun}" if de_prep == "in" and article == "dem" else f"{de_prep} {article} {de_noun}"
-    return f"{en_prep} the {en_noun}", de
-
-
-def toy_translation_pair(rng: random.Random) -> tuple[str, str]:
-    """One English sentence and its German translation from the toy grammar."""
-    subj_en, subj_de, plural = _noun_phrase(rng, rng.choice(_ANIMATE), "nom")
-    if rng.random() < 0.5:
-        verb = rng.choice(_TRANSITIVE)
-        obj_en, obj_de, _ = _noun_phrase(rng, rng.choice(_THINGS + _ANIMATE), "acc")
-    else:
-        verb, obj_en, obj_de = rng.choice(_INTRANSITIVE), "", ""
-    verb_en, verb_de = (verb[1], verb[3]) if plural else (verb[0], verb[2])
-    place = _place(rng) if not obj_en or rng.random() < 0.5 else None
-    if place and rng.random() < 0.4:  # place first: German puts the verb second, before the subject
-        en = f"{place[0]}, {subj_en} {verb_en} {obj_en}".strip()
-        de = f"{place[1]} {verb_de} {subj_de} {obj_de}".strip()
-    else:
-        en = " ".join(x for x in (subj_en, verb_en, obj_en, place[0] if place else "") if x)
-        de = " ".join(x for x in (subj_de, verb_de, obj_de, place[1] if place else "") if x)
-    return en[0].upper() + en[1:] + ".", de[0].upper() + de[1:] + "."
-
-
-def toy_translation_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    """``n`` distinct sentence pairs from the toy grammar, deterministic given ``seed``."""
-    rng, pairs = random.Random(seed), {}
-    while len(pairs) < n:
-        en, de = toy_translation_pair(rng)
-        pairs.setdefault(en, de)
-    return list(pairs.items())
-
-
-TOY_SPLITS = {"train": 3000, "val": 300, "test": 300}
-
-
-def write_toy_corpus(folder: str | Path) -> Path:
-    """Write the toy corpus as ``{train,val,test}.{en,de}`` into ``folder`` once; return the folder."""
-    folder = Path(folder)
-    if all((folder / f"{s}.{l}").is_file() for s in TOY_SPLITS for l in ("en", "de")):
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    pairs = toy_translation_pairs(sum(TOY_SPLITS.values()))
-    start = 0
-    for split, size in TOY_SPLITS.items():  # distinct sentences, so no val/test sentence is in train
-        for lang, side in (("en", 0), ("de", 1)):
-            tmp = folder / f".{split}.{lang}.tmp"
-            tmp.write_text("".join(p[side] + "\n" for p in pairs[start : start + size]), encoding="utf-8")
-            tmp.replace(folder / f"{split}.{lang}")  # atomic: concurrent runs never read half a file
-        start += size
-    return folder
-
-
-# ----------------------------------------------------------------------------- batching
-
-
-class LengthBucketSampler(Sampler[int]):
-    """Shuffled indices in which neighbours have similar lengths, so padded batches waste little.
-
-    Indices are shuffled, cut into pools of ``pool`` batches, each pool sorted by length and cut
-    into batches, and the batches shuffled (fairseq / torchtext bucketing).
+    Subclasses implement `_tokenizers`, `_predict_set` (the inputs of `attnlab predict`) and
+    `_setup_splits` (the datasets another stage needs).
     """
 
-    def __init__(self, lengths: list[int], batch_size: int, pool: int = 50):
-        self.lengths, self.batch_size, self.pool = lengths, batch_size, pool
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self) -> Iterator[int]:
-        order = torch.randperm(len(self.lengths)).tolist()
-        size = self.batch_size * self.pool
-        batches = []
-        for start in range(0, len(order), size):
-            pool = sorted(order[start : start + size], key=self.lengths.__getitem__)
-            batches += [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
-        for b in torch.randperm(len(batches)).tolist():
-            yield from batches[b]
-
-
-def pad(sequences: list[list[int]], pad_id: int = PAD_ID) -> Tensor:
-    """(B, L_max) long tensor, right-padded with ``pad_id`` to the longest sequence."""
-    out = torch.full((len(sequences), max(map(len, sequences))), pad_id, dtype=torch.long)
-    for i, s in enumerate(sequences):
-        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out
-
-
-class ParallelDataset(Dataset):
-    """Encoded pairs with their raw text (the references for BLEU). Targets may be absent (predict)."""
-
-    def __init__(
-        self,
-        src_ids: list[list[int]],
-        src_text: list[str],
-        tgt_ids: list[list[int]] | None = None,
-        tgt_text: list[str] | None = None,
-    ):
-        self.src_ids, self.src_text, self.tgt_ids, self.tgt_text = src_ids, src_text, tgt_ids, tgt_text
-
-    def __len__(self) -> int:
-        return len(self.src_ids)
-
-    def __getitem__(self, i: int) -> dict:
-        item = {"index": i, "src": self.src_ids[i], "src_text": self.src_text[i]}
-        if self.tgt_ids is not None:
-            item.update(tgt=self.tgt_ids[i], tgt_text=self.tgt_text[i])
-        return item
-
-
-def collate_pairs(items: list[dict], pad_id: int = PAD_ID) -> dict:
-    """Batch: ``src`` (B, S) and ``tgt`` (B, T) padded with PAD (``tgt`` = BOS ... EOS), ``index`` (B,),
-    the raw ``src_text`` / ``tgt_text`` lists, and ``tgt_tokens``, the number of target tokens to predict
-    (an int counted here, so the training step reads no count back from the device)."""
-    batch = {
-        "index": torch.tensor([it["index"] for it in items]),
-        "src": pad([it["src"] for it in items], pad_id),
-        "src_text": [it["src_text"] for it in items],
-    }
-    if "tgt" in items[0]:
-        batch.update(
-            tgt=pad([it["tgt"] for it in items], pad_id),
-            tgt_text=[it["tgt_text"] for it in items],
-            tgt_tokens=sum(len(it["tgt"]) - 1 for it in items),
-        )
-    return batch
-
-
-# ----------------------------------------------------------------------------- DataModules
-
-
-class _TokenizedDataModule(pl.LightningDataModule):
-    """Tokenizer bookkeeping shared by both DataModules: saving beside the run, checkpoint round trip."""
-
     pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
+
+    task: str  # for messages: "translation", "language modelling"
+    tokenizer_kinds: tuple[str, ...]  # the values of data.tokenizer
+    pretrained_hint: str = ""  # what the folder of data.tokenizer=pretrained holds, for messages
+
+    def __init__(self):
+        """Saves the subclass's arguments as ``hparams`` and refuses bad values of those both take."""
+        super().__init__()
+        self.save_hyperparameters()  # Lightning collects the arguments of the subclass's __init__ too
+        hp = self.hparams
+        # refuses a bad num_workers now, not at the first batch
+        loader_settings(hp.num_workers, hp.pin_memory, hp.persistent_workers)
+        if hp.tokenizer not in self.tokenizer_kinds:
+            raise ValueError(
+                f"data.tokenizer={hp.tokenizer!r} is not known for {self.task}; choose {', '.join(self.tokenizer_kinds[:-1])} or {self.tokenizer_kinds[-1]}"
+            )
+        if hp.tokenizer == "pretrained" and hp.tokenizer_dir is None:
+            raise ValueError(
+                f"data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name){self.pretrained_hint}"
+            )
+        if hp.batch_size < 1:
+            raise ValueError(f"data.batch_size={hp.batch_size} must be >= 1")
+        if hp.predict_file not in (None, "-") and not Path(hp.predict_file).is_file():
+            raise FileNotFoundError(f"data.predict_file: file {hp.predict_file} does not exist")
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage == "fit":
+            self._save_tokenizers()
+        if stage == "predict":
+            self.predict_set = self._predict_set()
+        else:
+            self._setup_splits(stage)
+
+    def _predict_set(self) -> Dataset:
+        raise NotImplementedError
+
+    def _setup_splits(self, stage: str | None) -> None:
+        raise NotImplementedError
 
     def _tokenizers(self) -> dict[str, Tokenizer]:
         """File stem -> tokenizer, e.g. {"tokenizer": ...} or {"tokenizer.en": ..., "tokenizer.de": ...}."""
@@ -534,9 +199,12 @@ class ParallelTextDataModule(_TokenizedDataModule):
     Batches: see `collate_pairs`.
     """
 
+    task, tokenizer_kinds = "translation", ("word", "bpe", "pretrained")
+
     def __init__(
         self,
         data_dir: str | None = None,
+        cache_dir: str = "runs/data",
         src_lang: str = "en",
         tgt_lang: str = "de",
         train_split: str | None = "train",
@@ -551,31 +219,14 @@ class ParallelTextDataModule(_TokenizedDataModule):
         batch_size: int = 64,
         bucket: bool = True,
         predict_file: str | None = None,
-        cache_dir: str = "runs/data",
         num_workers: int = 0,
         pin_memory: bool | None = None,
         persistent_workers: bool = True,
     ):
         super().__init__()
-        self.save_hyperparameters()
-        loader_settings(
-            num_workers, pin_memory, persistent_workers
-        )  # refuses a bad num_workers now, not at the first batch
-        for key, value, low in (
-            ("batch_size", batch_size, 1),
-            ("max_len", max_len, 3),
-            ("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 1),
-        ):
+        for key, value, low in (("max_len", max_len, 3), ("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 1)):
             if value < low:
                 raise ValueError(f"data.{key}={value} must be >= {low}")
-        if tokenizer not in ("word", "bpe", "pretrained"):
-            raise ValueError(
-                f"data.tokenizer={tokenizer!r} is not known for translation; choose word, bpe or pretrained"
-            )
-        if tokenizer == "pretrained" and tokenizer_dir is None:
-            raise ValueError(
-                "data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name)"
-            )
         if src_lang == tgt_lang:
             raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; name two languages")
         if train_split is None and tokenizer_dir is None:
@@ -596,8 +247,6 @@ class ParallelTextDataModule(_TokenizedDataModule):
                     raise FileNotFoundError(
                         f"data.{split}_split: file {path} does not exist (expected {name}.{src_lang} and {name}.{tgt_lang} in {self.data_dir})"
                     )
-        if predict_file not in (None, "-") and not Path(predict_file).is_file():
-            raise FileNotFoundError(f"data.predict_file: file {predict_file} does not exist")
 
     @cached_property
     def corpus(self) -> dict[str, tuple[list[str], list[str]]]:
@@ -679,19 +328,17 @@ class ParallelTextDataModule(_TokenizedDataModule):
             tgt,
         )
 
-    def setup(self, stage: str | None = None) -> None:
-        if stage == "fit":
-            self._save_tokenizers()
-        if stage == "predict":
-            if self.hparams.predict_file is None:
-                raise ValueError(
-                    "attnlab predict needs data.predict_file: a file with one sentence per line, or - for standard input"
-                )
-            lines = read_inputs(self.hparams.predict_file, "data.predict_file", blank_lines=True)
-            self.predict_set = ParallelDataset(
-                encode(self.tokenizers[0], lines, self.max_len, False, "input sentences", eos_id=self.eos_id), lines
+    def _predict_set(self) -> ParallelDataset:
+        if self.hparams.predict_file is None:
+            raise ValueError(
+                "attnlab predict needs data.predict_file: a file with one sentence per line, or - for standard input"
             )
-            return
+        lines = read_inputs(self.hparams.predict_file, "data.predict_file", blank_lines=True)
+        return ParallelDataset(
+            encode(self.tokenizers[0], lines, self.max_len, False, "input sentences", eos_id=self.eos_id), lines
+        )
+
+    def _setup_splits(self, stage: str | None) -> None:
         needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, tuple(self.splits))
         for split in needed:
             if split not in self.splits:
@@ -727,41 +374,6 @@ class ParallelTextDataModule(_TokenizedDataModule):
         return self._loader(self.predict_set, partial(collate_pairs, pad_id=self.pad_id))  # input order is output order
 
 
-class BlockDataset(Dataset):
-    """Contiguous windows of a token stream: item i is (x, y) = (w[:-1], w[1:]) for a window w of
-    ``block_size + 1`` tokens starting near ``i * block_size``; with ``random_offset`` the start moves
-    by a random amount each time (nanoGPT samples random windows), so every epoch sees new cuts."""
-
-    def __init__(self, data: Tensor, block_size: int, random_offset: bool):
-        self.data, self.block_size, self.random_offset = data, block_size, random_offset
-
-    def __len__(self) -> int:
-        return (len(self.data) - 1) // self.block_size
-
-    def __getitem__(self, i: int) -> dict[str, Tensor]:
-        start = i * self.block_size
-        if self.random_offset:
-            start = min(start + int(torch.randint(self.block_size, ())), len(self.data) - self.block_size - 1)
-        window = self.data[start : start + self.block_size + 1]
-        return {"input": window[:-1], "target": window[1:]}  # (T,), (T,)
-
-
-def collate_prompts(items: list[dict]) -> dict:
-    """Prompts of different lengths are generated one by one, so a batch holds one prompt."""
-    return {"prompt": torch.tensor(items[0]["ids"]).unsqueeze(0), "prompt_text": [items[0]["text"]]}  # (1, T0)
-
-
-class _Prompts(Dataset):
-    def __init__(self, texts: list[str], tokenizer: Tokenizer):
-        self.texts, self.tokenizer = texts, tokenizer
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"ids": self.tokenizer.encode(self.texts[i], add_special_tokens=False).ids, "text": self.texts[i]}
-
-
 class TextCorpusDataModule(_TokenizedDataModule):
     """One text file for language modelling, cut into contiguous blocks, split by position.
 
@@ -780,9 +392,13 @@ class TextCorpusDataModule(_TokenizedDataModule):
     Batches: ``input`` (B, block_size) and ``target`` (B, block_size), the input shifted by one.
     """
 
+    task, tokenizer_kinds = "language modelling", ("char", "bpe", "pretrained")
+    pretrained_hint = " with its tokenizer.json"
+
     def __init__(
         self,
         path: str | None = None,
+        cache_dir: str = "runs/data",
         tokenizer: Literal["char", "bpe", "pretrained"] = "char",
         bpe_vocab_size: int = 1000,
         min_frequency: int = 2,
@@ -792,35 +408,19 @@ class TextCorpusDataModule(_TokenizedDataModule):
         batch_size: int = 64,
         prompt: str | None = None,
         predict_file: str | None = None,
-        cache_dir: str = "runs/data",
         num_workers: int = 0,
         pin_memory: bool | None = None,
         persistent_workers: bool = True,
     ):
         super().__init__()
-        self.save_hyperparameters()
-        loader_settings(
-            num_workers, pin_memory, persistent_workers
-        )  # refuses a bad num_workers now, not at the first batch
-        if tokenizer not in ("char", "bpe", "pretrained"):
-            raise ValueError(
-                f"data.tokenizer={tokenizer!r} is not known for language modelling; choose char, bpe or pretrained"
-            )
-        if tokenizer == "pretrained" and tokenizer_dir is None:
-            raise ValueError(
-                "data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name) with its tokenizer.json"
-            )
-        for key, value, low in (("batch_size", batch_size, 1), ("block_size", block_size, 1)):
-            if value < low:
-                raise ValueError(f"data.{key}={value} must be >= {low}")
+        if block_size < 1:
+            raise ValueError(f"data.block_size={block_size} must be >= 1")
         if not 0 < val_fraction < 1:
             raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 1)")
         if prompt is not None and not prompt:
             raise ValueError("data.prompt is empty; give at least one character to continue, or leave it unset")
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"data.path: file {path} does not exist")
-        if predict_file not in (None, "-") and not Path(predict_file).is_file():
-            raise FileNotFoundError(f"data.predict_file: file {predict_file} does not exist")
         self.path = Path(path) if path is not None else write_toy_corpus(Path(cache_dir) / "toy_en_de") / "train.en"
 
     @cached_property
@@ -850,22 +450,21 @@ class TextCorpusDataModule(_TokenizedDataModule):
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.tokenizer.decode_batch(ids, skip_special_tokens=True)
 
-    def setup(self, stage: str | None = None) -> None:
+    def _predict_set(self) -> PromptDataset:
         hp = self.hparams
-        if stage == "fit":
-            self._save_tokenizers()
-        if stage == "predict":
-            if hp.prompt is None and hp.predict_file is None:
-                raise ValueError(
-                    "attnlab predict needs data.prompt (a string to complete) or data.predict_file (one prompt per line, - for standard input)"
-                )
-            prompts = (
-                [hp.prompt]
-                if hp.prompt is not None
-                else read_inputs(hp.predict_file, "data.predict_file", blank_lines=False)
+        if hp.prompt is None and hp.predict_file is None:
+            raise ValueError(
+                "attnlab predict needs data.prompt (a string to complete) or data.predict_file (one prompt per line, - for standard input)"
             )
-            self.predict_set = _Prompts(prompts, self.tokenizer)
-            return
+        prompts = (
+            [hp.prompt]
+            if hp.prompt is not None
+            else read_inputs(hp.predict_file, "data.predict_file", blank_lines=False)
+        )
+        return PromptDataset(prompts, self.tokenizer)
+
+    def _setup_splits(self, stage: str | None) -> None:
+        hp = self.hparams
         if hasattr(self, "val_set"):
             return
         ids = torch.tensor(self.tokenizer.encode(self.text, add_special_tokens=False).ids, dtype=torch.long)  # (N,)

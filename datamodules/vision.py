@@ -4,7 +4,7 @@ is downloaded.
 `DigitsDataModule`: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes),
 the embedded default that needs no download.
 `TorchvisionDataModule`: MNIST, FashionMNIST, CIFAR10, CIFAR100 in the folder layouts that
-torchvision's datasets read with ``download=False`` (see `LAYOUTS`).
+torchvision's datasets read with ``download=False``, read by `datamodules.vision_files`.
 `ImageFolderDataModule`: any ``<root>/train/<class>/<image>`` tree (``val/`` and ``test/`` optional).
 
 Where a dataset has no validation split, one is split off the training data with a fixed seed.
@@ -14,27 +14,22 @@ normalisation uses each dataset's channel statistics. Every DataModule knows ``n
 ``in_chans`` and ``img_size`` (linked to the model) right after ``__init__``.
 
 Bad input is an error naming the file and the record: idx and CIFAR files are checked when read
-(setup: header, size, truncation, one label per image, labels in range); an image file that
-cannot be decoded is found when it is loaded and named then. Files of an ImageFolder that are not
-images by name are skipped and counted, as torchvision skips them (silently).
+at setup (`datamodules.vision_files`: header, size, truncation, one label per image, labels in
+range); an image file that cannot be decoded is found when it is loaded and named then. Files of an
+ImageFolder that are not images by name are skipped and counted, as torchvision skips them (silently).
 """
 
 from __future__ import annotations
 
 import inspect
-import pickle
-import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from pytorch_lightning.utilities import rank_zero_warn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, Mixup, create_transform
 from torch import Tensor
@@ -45,6 +40,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from datamodules.checks import check_train_batches, open_image
 from datamodules.loading import loader_settings
+from datamodules.vision_files import LAYOUTS, ArraySource, read_cifar, read_idx
 
 
 def split_lengths(n: int, val_fraction: float, test_fraction: float = 0.0) -> list[int]:
@@ -142,19 +138,6 @@ class DigitsDataModule(pl.LightningDataModule):
         return self._loader(self.test_set, shuffle=False)
 
 
-class ArraySource(Dataset):
-    """uint8 images (N, H, W) or (N, H, W, C) and labels (N,) -> (PIL image, label)."""
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray):
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
-        return Image.fromarray(self.images[i]), int(self.labels[i])
-
-
 class Transformed(Dataset):
     """The samples ``indices`` of a (PIL image, label) source, through ``transform``."""
 
@@ -207,8 +190,9 @@ def _check_options(key: str, options: dict[str, Any], fn: Callable, fixed: dict[
 class ImageDataModule(pl.LightningDataModule):
     """Split, transforms, Mixup and loaders shared by the folder-reading DataModules.
 
-    Subclasses fix ``num_classes``, ``in_chans``, ``img_size`` and the channel statistics in
-    ``__init__`` (before calling this one) and implement `_sources`.
+    Subclasses fix ``num_classes``, ``in_chans`` and ``img_size`` in ``__init__`` (before calling this one),
+    pass their ``batch_size``, the dataset's channel statistics ``stats`` = (mean, std) and the images'
+    ``native_size`` (None: various), hand on the other arguments (``**kwargs``), and implement `_sources`.
 
     Args:
         batch_size, num_workers, pin_memory, persistent_workers: loader settings (see `datamodules.loading`).
@@ -233,19 +217,21 @@ class ImageDataModule(pl.LightningDataModule):
     def __init__(
         self,
         batch_size: int,
-        num_workers: int,
-        val_fraction: float,
-        seed: int,
-        train_subset: int | None,
-        augment: dict[str, Any] | None,
-        mixup: dict[str, Any] | None,
-        mean: Sequence[float],
-        std: Sequence[float],
-        native_size: int | None = None,
+        stats: tuple[Sequence[float], Sequence[float]],
+        native_size: int | None,
+        num_workers: int = 0,
         pin_memory: bool | None = None,
         persistent_workers: bool = True,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        train_subset: int | None = None,
+        augment: dict[str, Any] | None = None,
+        mixup: dict[str, Any] | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
     ):
         super().__init__()
+        mean, std = mean or stats[0], std or stats[1]
         if batch_size < 1:
             raise ValueError(f"data.batch_size={batch_size} must be >= 1")
         if not 0 <= val_fraction < 1:
@@ -343,158 +329,6 @@ class ImageDataModule(pl.LightningDataModule):
         raise NotImplementedError
 
 
-# torchvision's folder layouts (download=False); statistics are the usual per-channel ones.
-@dataclass(frozen=True)
-class Layout:
-    folder: str
-    train: tuple[str, ...]
-    test: tuple[str, ...]
-    num_classes: int
-    in_chans: int
-    img_size: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    class_names: tuple[str, ...] = ()
-
-
-_MNIST_FILES = dict(
-    train=("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    test=("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-)
-_CIFAR10_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-LAYOUTS = {
-    "MNIST": Layout(
-        "MNIST/raw",
-        **_MNIST_FILES,
-        num_classes=10,
-        in_chans=1,
-        img_size=28,
-        mean=(0.1307,),
-        std=(0.3081,),
-        class_names=tuple(str(i) for i in range(10)),
-    ),
-    "FashionMNIST": Layout(
-        "FashionMNIST/raw",
-        **_MNIST_FILES,
-        num_classes=10,
-        in_chans=1,
-        img_size=28,
-        mean=(0.2860,),
-        std=(0.3530,),
-        class_names=(
-            "T-shirt/top",
-            "Trouser",
-            "Pullover",
-            "Dress",
-            "Coat",
-            "Sandal",
-            "Shirt",
-            "Sneaker",
-            "Bag",
-            "Ankle boot",
-        ),
-    ),
-    "CIFAR10": Layout(
-        "cifar-10-batches-py",
-        tuple(f"data_batch_{i}" for i in range(1, 6)),
-        ("test_batch",),
-        num_classes=10,
-        in_chans=3,
-        img_size=32,
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
-        class_names=_CIFAR10_NAMES,
-    ),
-    "CIFAR100": Layout(
-        "cifar-100-python",
-        ("train",),
-        ("test",),
-        num_classes=100,
-        in_chans=3,
-        img_size=32,
-        mean=(0.5071, 0.4865, 0.4409),
-        std=(0.2673, 0.2564, 0.2762),
-    ),
-}
-
-
-def read_idx_file(path: Path, shape: tuple[int | None, ...]) -> np.ndarray:
-    """An uncompressed idx file of unsigned bytes (MNIST's format) whose shape matches ``shape``
-    (None: any size). A truncated, compressed or foreign file is an error naming it."""
-    raw = path.read_bytes()
-    ndim, header = len(shape), 4 + 4 * len(shape)
-    if raw[:2] == b"\x1f\x8b":
-        raise ValueError(f"{path} is gzip-compressed; decompress it (gunzip -k) to the name without .gz")
-    if raw[:4] != bytes((0, 0, 8, ndim)):
-        raise ValueError(
-            f"{path}: not an idx file of {ndim}-d unsigned bytes (starts with {raw[:4].hex(' ') or 'nothing'}, expected 00 00 08 {ndim:02x})"
-        )
-    if len(raw) < header:
-        raise ValueError(f"{path}: {len(raw)} bytes, fewer than its header's {header}; the file is truncated")
-    sizes = struct.unpack(f">{ndim}I", raw[4:header])
-    if any(want is not None and got != want for got, want in zip(sizes, shape)):
-        raise ValueError(
-            f"{path}: holds {'x'.join(map(str, sizes))} values; expected {'x'.join('N' if w is None else str(w) for w in shape)}"
-        )
-    if len(raw) != header + int(np.prod(sizes)):
-        raise ValueError(
-            f"{path}: {len(raw)} bytes, but its header ({'x'.join(map(str, sizes))}) needs {header + int(np.prod(sizes))}; the file is truncated or corrupted"
-        )
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(sizes)
-
-
-def _checked_labels(path: Path, labels: np.ndarray, num_images: int, num_classes: int) -> np.ndarray:
-    """``labels`` (N,) as int64 after checking there is one per image and each is a class index."""
-    if labels.ndim != 1 or len(labels) != num_images or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(
-            f"{path}: {labels.shape} labels of type {labels.dtype} for {num_images} images; expected one integer label per image"
-        )
-    bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
-    if len(bad):
-        raise ValueError(
-            f"{path}: record {bad[0]} has label {labels[bad[0]]}, outside 0..{num_classes - 1} ({len(bad)} such records)"
-        )
-    return labels.astype(np.int64)
-
-
-def read_idx(folder: Path, images_file: str, labels_file: str, img_size: int, num_classes: int) -> ArraySource:
-    """MNIST-style idx files (uncompressed) -> images (N, img_size, img_size) uint8, labels (N,)."""
-    images = read_idx_file(folder / images_file, (None, img_size, img_size))
-    if len(images) == 0:
-        raise ValueError(f"{folder / images_file}: holds no images")
-    labels = read_idx_file(folder / labels_file, (None,))
-    return ArraySource(images, _checked_labels(folder / labels_file, labels, len(images), num_classes))
-
-
-def read_cifar(folder: Path, files: Sequence[str], num_classes: int) -> ArraySource:
-    """CIFAR python pickles (``data`` (N, 3072) uint8, ``labels`` or ``fine_labels``) -> (N, 32, 32, 3)."""
-    images, labels = [], []
-    for name in files:
-        path = folder / name
-        try:
-            with open(path, "rb") as f:
-                batch = pickle.load(f, encoding="latin1")
-        except Exception as err:  # unpickling bad bytes raises anything from EOFError to ImportError
-            raise ValueError(f"{path}: not a CIFAR python batch ({type(err).__name__}: {err})") from err
-        if not isinstance(batch, dict) or "data" not in batch or not {"labels", "fine_labels"} & set(batch):
-            found = sorted(map(str, batch)) if isinstance(batch, dict) else type(batch).__name__
-            raise ValueError(
-                f"{path}: not a CIFAR python batch; expected a dict with 'data' and 'labels' (or 'fine_labels'), found {found}"
-            )
-        data = np.asarray(batch["data"])
-        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) == 0:
-            raise ValueError(
-                f"{path}: 'data' is {data.dtype} of shape {data.shape}; expected uint8 (N, 3072) with N >= 1 (32x32 RGB images)"
-            )
-        images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-        labels.append(
-            _checked_labels(
-                path, np.asarray(batch["labels"] if "labels" in batch else batch["fine_labels"]), len(data), num_classes
-            )
-        )
-    return ArraySource(np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels))
-
-
 class TorchvisionDataModule(ImageDataModule):
     """MNIST, FashionMNIST, CIFAR10 or CIFAR100 in torchvision's folder layout, read in place.
 
@@ -512,16 +346,7 @@ class TorchvisionDataModule(ImageDataModule):
         root: str = "../shared/data",
         img_size: int | None = None,
         batch_size: int = 128,
-        num_workers: int = 0,
-        pin_memory: bool | None = None,
-        persistent_workers: bool = True,
-        val_fraction: float = 0.1,
-        seed: int = 0,
-        train_subset: int | None = None,
-        augment: dict[str, Any] | None = None,
-        mixup: dict[str, Any] | None = None,
-        mean: list[float] | None = None,
-        std: list[float] | None = None,
+        **kwargs,
     ):
         if name not in LAYOUTS:
             raise ValueError(f"data.name={name!r} is not known; choose one of {', '.join(LAYOUTS)}")
@@ -536,20 +361,7 @@ class TorchvisionDataModule(ImageDataModule):
         self.num_classes, self.in_chans = self.layout.num_classes, self.layout.in_chans
         self.img_size = img_size or self.layout.img_size
         self.class_names = list(self.layout.class_names) or [str(i) for i in range(self.num_classes)]
-        super().__init__(
-            batch_size,
-            num_workers,
-            val_fraction,
-            seed,
-            train_subset,
-            augment,
-            mixup,
-            mean or self.layout.mean,
-            std or self.layout.std,
-            native_size=self.layout.img_size,
-            pin_memory=pin_memory,
-            persistent_workers=persistent_workers,
-        )
+        super().__init__(batch_size, (self.layout.mean, self.layout.std), self.layout.img_size, **kwargs)
 
     def _read(self, files: Sequence[str]) -> ArraySource:
         if self.name.startswith("CIFAR"):
@@ -582,16 +394,7 @@ class ImageFolderDataModule(ImageDataModule):
         img_size: int = 224,
         in_chans: Literal[1, 3] = 3,
         batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool | None = None,
-        persistent_workers: bool = True,
-        val_fraction: float = 0.1,
-        seed: int = 0,
-        train_subset: int | None = None,
-        augment: dict[str, Any] | None = None,
-        mixup: dict[str, Any] | None = None,
-        mean: list[float] | None = None,
-        std: list[float] | None = None,
+        **kwargs,
     ):
         if in_chans not in (1, 3):
             raise ValueError(f"data.in_chans={in_chans} must be 1 (grayscale) or 3 (RGB)")
@@ -604,19 +407,7 @@ class ImageFolderDataModule(ImageDataModule):
         rgb = in_chans == 3
         default_mean = IMAGENET_DEFAULT_MEAN if rgb else (sum(IMAGENET_DEFAULT_MEAN) / 3,)
         default_std = IMAGENET_DEFAULT_STD if rgb else (sum(IMAGENET_DEFAULT_STD) / 3,)
-        super().__init__(
-            batch_size,
-            num_workers,
-            val_fraction,
-            seed,
-            train_subset,
-            augment,
-            mixup,
-            mean or default_mean,
-            std or default_std,
-            pin_memory=pin_memory,
-            persistent_workers=persistent_workers,
-        )
+        super().__init__(batch_size, (default_mean, default_std), None, **kwargs)
 
     @staticmethod
     def _classes(folder: Path) -> list[str]:

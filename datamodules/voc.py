@@ -123,34 +123,9 @@ class VocDataModule(DetectionDataModule):
         val_split: str = "val",
         test_split: str | None = None,
         class_names: list[str] | None = None,
-        batch_size: int = 2,
-        num_workers: int = 2,
-        pin_memory: bool | None = None,
-        persistent_workers: bool = True,
-        train_scales: Sequence[int] = tuple(range(480, 801, 32)),
-        max_size: int = 1333,
-        crop: bool = True,
-        crop_resize_scales: Sequence[int] = (400, 500, 600),
-        crop_size: tuple[int, int] = (384, 600),
-        val_size: int = 800,
-        hflip: bool = True,
-        predict_images: str | None = None,
+        **kwargs,
     ):
-        super().__init__(
-            batch_size,
-            num_workers,
-            train_scales,
-            max_size,
-            crop,
-            crop_resize_scales,
-            crop_size,
-            val_size,
-            hflip,
-            predict_images,
-            pin_memory,
-            persistent_workers,
-        )
-        self.save_hyperparameters()
+        super().__init__(**kwargs)
         self.root = Path(root)
         if not (self.root / "JPEGImages").is_dir():
             raise FileNotFoundError(

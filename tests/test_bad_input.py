@@ -23,10 +23,11 @@ from PIL import Image
 
 from datamodules.checks import check_train_batches, open_image, read_lines
 from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection, load_coco
-from datamodules.detection_transforms import make_transforms
+from datamodules.detection_transforms import eval_transforms
 from datamodules.synthetic import ShapesDataModule, generate_shapes
 from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
-from datamodules.vision import LAYOUTS, DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule, split_lengths
+from datamodules.vision import DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule, split_lengths
+from datamodules.vision_files import LAYOUTS
 from datamodules.voc import VocDataModule, read_voc_split
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -176,7 +177,7 @@ def predict_reader(root: Path) -> tuple[object, Path]:
     root.mkdir()
     for name in ("a.png", "b.jpg"):
         NOISE.save(root / name)
-    return ImageFolderDetection(root, [1], ["cat"], make_transforms(False, val_size=16, max_size=32)), root / "b.jpg"
+    return ImageFolderDetection(root, [1], ["cat"], eval_transforms(val_size=16, max_size=32)), root / "b.jpg"
 
 
 @pytest.mark.parametrize("fault", BAD_IMAGES)
@@ -624,10 +625,11 @@ def test_empty_detection_splits_are_refused(tmp_path):
 
 
 def test_a_damaged_shapes_cache_is_regenerated(tmp_path):
-    path = generate_shapes(tmp_path, "val", 2)
+    params = dict(image_size=32, max_objects=2, min_side=8, max_side=12, seed=0, palette="by_class")
+    path = generate_shapes(tmp_path, "val", 2, **params)
     for damage in (b"[1, 2]", b'{"info": 3}', b"\xff\xfe", b'{"images": ['):
         path.write_bytes(damage)
-        assert load_coco(generate_shapes(tmp_path, "val", 2)).imgs.keys() == {1, 2}
+        assert load_coco(generate_shapes(tmp_path, "val", 2, **params)).imgs.keys() == {1, 2}
 
 
 # --- a batch larger than the dataset -------------------------------------------------------------------
@@ -734,8 +736,7 @@ def test_cli_names_a_non_utf8_corpus_in_one_line(attnlab, tmp_path):
 
 
 def test_cli_names_a_corrupted_image_met_during_training_in_one_line(attnlab, tmp_path):
-    for split, n in (("train", 2), ("val", 1), ("test", 1)):
-        generate_shapes(tmp_path / "shapes", split, n)
+    ShapesDataModule(str(tmp_path / "shapes"), num_train=2, num_val=1, num_test=1).prepare_data()
     bad = tmp_path / "shapes" / "train" / "images" / "000002.png"
     bad.write_bytes(BAD_IMAGES["truncated PNG"])
     code, _, err = attnlab(

@@ -16,7 +16,7 @@ from datamodules.coco import (
     collate_detection,
     load_coco,
 )
-from datamodules.detection_transforms import Normalize, crop, hflip, make_transforms, resize
+from datamodules.detection_transforms import Normalize, crop, eval_transforms, hflip, resize, train_transforms
 from datamodules.synthetic import ShapesDataModule, generate_shapes
 from datamodules.voc import VocDataModule, read_voc_split
 from models.coco_eval import coco_evaluate, to_coco_results
@@ -163,13 +163,13 @@ def test_image_folder_for_predict(tmp_path):
     for name, size in (("b.jpg", (30, 20)), ("a.png", (10, 40))):
         Image.new("L", size).save(tmp_path / name)
     (tmp_path / "notes.txt").write_text("not an image")
-    dataset = ImageFolderDetection(tmp_path, [1, 5], ["cat", "dog"], make_transforms(False, val_size=16, max_size=64))
+    dataset = ImageFolderDetection(tmp_path, [1, 5], ["cat", "dog"], eval_transforms(val_size=16, max_size=64))
     assert len(dataset) == 2 and dataset.image_path(0).name == "a.png"
     tensor, target = dataset[0]
     assert tensor.shape == (3, 64, 16) and target["orig_size"].tolist() == [40, 10] and target["image_id"] == 0
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no images"):
-        ImageFolderDetection(tmp_path / "empty", [1], ["cat"], make_transforms(False))
+        ImageFolderDetection(tmp_path / "empty", [1], ["cat"], eval_transforms(val_size=800, max_size=1333))
 
 
 # --- VOC reader ----------------------------------------------------------------------------------
@@ -251,7 +251,9 @@ def test_hflip_resize_crop_and_normalize_move_boxes_with_the_image():
 
 
 def test_training_transforms_keep_boxes_valid():
-    pipeline = make_transforms(True, scales=[40, 48], max_size=80, crop_resize_scales=[50], crop_size=(20, 40))
+    pipeline = train_transforms(
+        scales=[40, 48], max_size=80, crop=True, crop_resize_scales=[50], crop_size=(20, 40), hflip=True
+    )
     for seed in range(20):
         torch.manual_seed(seed)
         __import__("random").seed(seed)
@@ -278,8 +280,9 @@ def test_collate_pads_and_masks():
 
 
 def test_shapes_are_deterministic_coco_and_score_ap_1_against_themselves(tmp_path):
-    a = generate_shapes(tmp_path / "a", "val", 12, image_size=64, max_side=24, seed=3)
-    b = generate_shapes(tmp_path / "b", "val", 12, image_size=64, max_side=24, seed=3)
+    params = dict(image_size=64, max_objects=4, min_side=10, max_side=24, seed=3, palette="by_class")
+    a = generate_shapes(tmp_path / "a", "val", 12, **params)
+    b = generate_shapes(tmp_path / "b", "val", 12, **params)
     assert json.loads(a.read_text()) == json.loads(b.read_text())
     assert (tmp_path / "a" / "val" / "images" / "000001.png").read_bytes() == (
         tmp_path / "b" / "val" / "images" / "000001.png"

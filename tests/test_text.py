@@ -8,19 +8,11 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 
-from datamodules.text import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    SPECIAL_TOKENS,
-    LengthBucketSampler,
-    ParallelTextDataModule,
-    TextCorpusDataModule,
-    build_tokenizer,
-    collate_pairs,
-    read_lines,
-    toy_translation_pairs,
-)
+from datamodules.checks import read_lines
+from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
+from datamodules.text_batching import LengthBucketSampler, collate_pairs
+from datamodules.text_tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_tokenizer
+from datamodules.toy_text import toy_translation_pairs
 from models.attention import capture_attention
 from models.decoding import beam_search, greedy_decode
 from models.optim import param_groups

@@ -3,13 +3,15 @@ Mixup, and the errors for a missing dataset or a bad option."""
 
 import pickle
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from datamodules.vision import LAYOUTS, DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule
+from datamodules.vision import DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule
+from datamodules.vision_files import LAYOUTS
 
 
 def _pixels(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -217,3 +219,35 @@ def test_digits_upsample_and_subset_for_fine_tuning():
     dm.setup()
     assert dm.img_size == 28 and dm.train_set.tensors[0].shape == (100, 1, 28, 28)
     assert len(dm.val_set) == 270  # the evaluation splits do not shrink
+
+
+@pytest.mark.parametrize("name", ["MNIST", "FashionMNIST"])
+def test_idx_files_read_as_torchvision_reads_them(tmp_path, name):
+    """torchvision's dataset is the peer; it needs the test files too, which this DataModule does not."""
+    from torchvision import datasets
+
+    images, labels = make_mnist(tmp_path, name, n_train=30)
+    with pytest.raises(RuntimeError, match="Dataset not found"):  # why we keep our reader: train files alone
+        getattr(datasets, name)(str(tmp_path), train=True, download=False)
+    make_mnist(tmp_path / "full", name, n_train=30, n_test=5)
+    peer = getattr(datasets, name)(str(tmp_path / "full"), train=True, download=False)
+    dm = TorchvisionDataModule(name=name, root=str(tmp_path / "full"), val_fraction=0.2)
+    ours = dm._sources()[0]
+    assert len(ours) == len(peer) == 30
+    for i in (0, 7, 29):
+        assert np.array_equal(np.asarray(ours[i][0]), np.asarray(peer[i][0])) and ours[i][1] == peer[i][1]
+
+
+def test_the_real_fashion_mnist_is_read_in_place():
+    """The shared copy holds only the training files: 60,000 images, 6,000 a class (skipped where absent)."""
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
+    root = Path("../shared/data")
+    raw = root / "FashionMNIST" / "raw"
+    if not (raw / "train-images-idx3-ubyte").is_file():
+        pytest.skip(f"no FashionMNIST in {raw}")
+    train, _, test = TorchvisionDataModule(root=str(root))._sources()
+    assert test is None and len(train) == 60_000
+    assert np.bincount(train.labels).tolist() == [6000] * 10
+    assert np.array_equal(train.images, read_image_file(str(raw / "train-images-idx3-ubyte")).numpy())
+    assert np.array_equal(train.labels, read_label_file(str(raw / "train-labels-idx1-ubyte")).numpy())
