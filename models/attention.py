@@ -399,9 +399,8 @@ class MultiHeadAttention(nn.Module):
                 if cache.k is not None:
                     k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
                 cache.k, cache.v = k, v
-        if (
-            self.num_kv_heads != self.num_heads
-        ):  # (B, H_kv, Lk, d) -> (B, H, Lk, d): kv head j serves a group of q heads
+        if self.num_kv_heads != self.num_heads:
+            # kv head j serves q heads j·g .. j·g + g - 1: (B, H_kv, Lk, d) -> (B, H, Lk, d)
             k, v = (x.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1) for x in (k, v))
         if self.similarity == "general":
             q = torch.einsum("bhld,hde->bhle", q, self.general_weight)  # qᵀW, then ·k below
