@@ -13,6 +13,7 @@ from models.position import (
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
+from models.text import DecoderOnlyLM
 from models.transformer import (
     DecoderLayerCache,
     TransformerDecoder,
@@ -221,3 +222,10 @@ def test_defaults_keep_layernorm_biases_and_the_plain_mlp():
 def test_an_unknown_norm_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="norm='batchnorm' is not known; choose one of layernorm, rmsnorm"):
         TransformerEncoderLayer(D, H, FF, norm="batchnorm")
+
+
+def test_a_language_model_refuses_kv_heads_that_do_not_divide_the_heads():
+    with pytest.raises(ValueError, match=r"model.num_kv_heads=4 does not divide model.nhead=6; choose a divisor of 6"):
+        DecoderOnlyLM(vocab_size=11, d_model=24, nhead=6, num_layers=1, num_kv_heads=4)
+    lm = DecoderOnlyLM(vocab_size=11, d_model=24, nhead=6, num_layers=1, num_kv_heads=3, positions="rope")
+    assert lm.blocks.layers[0].self_attn.in_proj_weight.shape == (24 + 2 * 3 * 4, 24)
