@@ -41,9 +41,15 @@ weights are not needed. Reference path: explicit softmax, used when weights are 
 
 Incremental decoding keeps each layer's projected keys and values in a `KVCache`.
 
+Grouped-query attention (``num_kv_heads`` < ``num_heads``, Ainslie et al. 2023; Llama 2/3, Mistral): keys
+and values have ``num_kv_heads`` heads, each shared by ``num_heads // num_kv_heads`` consecutive query heads.
+The KV cache holds the key/value heads; they are repeated to the query heads just before the kernel.
+
 Parameters use the layout of ``torch.nn.MultiheadAttention`` (packed ``in_proj_weight`` of shape
 (3D, D), ``in_proj_bias``, ``out_proj``), so its state dict loads unchanged and timm's ``attn.qkv``
-/ DETR's checkpoints load by renaming keys.
+/ DETR's checkpoints load by renaming keys. With grouped-query attention the packing stays, with
+narrower keys and values: ``in_proj_weight`` is (D + 2·D_kv, D), the q rows, then k, then v
+(D_kv = num_kv_heads·d), as Llama's ``q_proj``, ``k_proj``, ``v_proj`` concatenated.
 """
 
 from __future__ import annotations
@@ -248,6 +254,8 @@ class MultiHeadAttention(nn.Module):
         similarity: "scaled_dot", "dot" or "general" (see the module docstring).
         bias: biases on the input and output projections.
         qk_norm: None, "layernorm" or "rmsnorm": normalise each head's queries and keys (module docstring).
+        num_kv_heads: key/value heads; fewer than ``num_heads`` (a divisor): grouped-query attention (module
+            docstring). None: ``num_heads``.
 
     Shapes (batch first): query (B, Lq, D), key/value (B, Lk, D) -> output (B, Lq, D) and,
     when requested, weights (B, H, Lq, Lk).
@@ -261,6 +269,7 @@ class MultiHeadAttention(nn.Module):
         similarity: Similarity = "scaled_dot",
         bias: bool = True,
         qk_norm: QKNorm | None = None,
+        num_kv_heads: int | None = None,
     ):
         super().__init__()
         if similarity not in SIMILARITIES:
@@ -270,9 +279,13 @@ class MultiHeadAttention(nn.Module):
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.num_kv_heads = num_kv_heads or num_heads
+        if num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads={self.num_kv_heads} does not divide num_heads={num_heads}")
+        self.kv_dim = self.num_kv_heads * self.head_dim  # D_kv
         self.dropout, self.similarity = dropout, similarity
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
-        self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim)) if bias else None
+        self.in_proj_weight = nn.Parameter(torch.empty(embed_dim + 2 * self.kv_dim, embed_dim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(embed_dim + 2 * self.kv_dim)) if bias else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         if similarity == "general":
             self.general_weight = nn.Parameter(torch.eye(self.head_dim).repeat(num_heads, 1, 1))  # (H, d, d)
@@ -299,6 +312,8 @@ class MultiHeadAttention(nn.Module):
         split with one view, permute and unbind, as timm does: every view is an autograd node, and at
         small sizes (on a GPU, most steps) each node's host time counts."""
         w, b, d = self.in_proj_weight, self.in_proj_bias, self.embed_dim
+        if self.kv_dim != d:
+            return self._project_grouped(query, key, value)
         if query is key and key is value:  # self-attention: one packed matmul
             return self._heads(F.linear(query, w, b), 3)
         bq, bk, bv = (None, None, None) if b is None else b.split(d)
@@ -310,6 +325,18 @@ class MultiHeadAttention(nn.Module):
             k, v = self._heads(F.linear(key, w[d:], None if b is None else b[d:]), 2)
             return q, k, v
         return q, self._heads(F.linear(key, w[d : 2 * d], bk))[0], self._heads(F.linear(value, w[2 * d :], bv))[0]
+
+    def _project_grouped(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Grouped-query attention: q (B, H, Lq, d), k and v (B, H_kv, Lk, d), from ``in_proj``'s rows (D, D_kv, D_kv)."""
+        sizes = (self.embed_dim, self.kv_dim, self.kv_dim)
+        if query is key and key is value:  # self-attention: one packed matmul
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split(sizes, -1)
+        else:
+            biases = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.split(sizes)
+            q, k, v = (
+                F.linear(x, w, b) for x, w, b in zip((query, key, value), self.in_proj_weight.split(sizes), biases)
+            )
+        return tuple(x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2) for x in (q, k, v))
 
     def _heads(self, x: Tensor, n: int = 1) -> tuple[Tensor, ...]:
         """(B, L, n·D) -> n tensors (B, H, L, d)."""
@@ -372,6 +399,9 @@ class MultiHeadAttention(nn.Module):
                 if cache.k is not None:
                     k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
                 cache.k, cache.v = k, v
+        if self.num_kv_heads != self.num_heads:
+            # kv head j serves q heads j·g .. j·g + g - 1: (B, H_kv, Lk, d) -> (B, H, Lk, d)
+            k, v = (x.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1) for x in (k, v))
         if self.similarity == "general":
             q = torch.einsum("bhld,hde->bhle", q, self.general_weight)  # qᵀW, then ·k below
         bsz, _, lq, _ = q.shape

@@ -1,4 +1,5 @@
-"""Pretrained Hugging Face text models on our core: GPT-2 (Radford et al. 2019) as a `DecoderOnlyLM`,
+"""Pretrained Hugging Face text models on our core: GPT-2 (Radford et al. 2019) and Llama-architecture
+decoders (Llama, Touvron et al. 2023; SmolLM; Mistral without a sliding window) as a `DecoderOnlyLM`,
 Marian (the opus-mt translation models, Junczys-Dowmunt et al. 2018) as a `Seq2SeqTransformer`.
 
 A pretrained model is a folder written by ``save_pretrained`` (``config.json`` and
@@ -10,6 +11,12 @@ GPT-2 on our core: learned positions, pre-norm blocks, a final LayerNorm, GELU w
 approximation ("gelu_new" = our ``gelu_tanh``), tied embeddings, biased attention. Its ``Conv1D``
 layers store weights as (in, out), the transpose of ``nn.Linear``; ``c_attn`` packs q, k, v as our
 ``in_proj`` does.
+
+Llama on our core: RoPE in HF's rotate-half layout (``rope_theta``; no ``rope_scaling``), pre-norm blocks of
+RMSNorm and a final RMSNorm, a SwiGLU MLP (``gate_proj`` and ``up_proj`` packed into ``linear1``), no biases
+(or ``attention_bias`` = ``mlp_bias`` = true: biases everywhere), grouped-query attention (``num_key_value_heads``;
+``q_proj``, ``k_proj``, ``v_proj`` packed into ``in_proj``), tied or untied embeddings as ``tie_word_embeddings``
+says. Qwen2 (biases on q, k, v but not on o) and Mistral with a sliding window are refused.
 
 Marian on our core: post-norm layers without final norms, token embeddings scaled by √d_model,
 sinusoidal positions laid out as all sines then all cosines (``sinusoidal_concat``), one embedding
@@ -28,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from models.text import DecoderOnlyLM, Seq2SeqTransformer
+from models.text import IN_ATTENTION, DecoderOnlyLM, Seq2SeqTransformer
 from models.weights import load_checked, read_state, resolve
 
 KEY = "model.init_from"
@@ -167,6 +174,98 @@ def gpt2_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+# ----------------------------------------------------------------------------- Llama (and Mistral)
+
+
+def _rope(config: dict, source: str) -> float:
+    """RoPE's θ, from ``rope_parameters`` (transformers >= 5) or ``rope_theta`` and ``rope_scaling`` (before)."""
+    rope = config.get("rope_parameters")
+    if rope is None:
+        scaling = config.get("rope_scaling") or {}
+        rope = {
+            "rope_type": scaling.get("rope_type", scaling.get("type", "default")),
+            "rope_theta": config.get("rope_theta", 10000.0),
+        }
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(
+            f"{source}: config.json sets rope_type={rope['rope_type']!r} (RoPE scaling), which attnlab cannot express "
+            "(supported: 'default')"
+        )
+    return float(rope["rope_theta"])
+
+
+def llama_arguments(config: dict, source: str) -> dict:
+    """Llama's (or Mistral's) ``config.json`` -> `DecoderOnlyLM` arguments."""
+    width, heads = config["hidden_size"], config["num_attention_heads"]
+    bias = config.get("attention_bias", False)
+    for key, allowed, default in (
+        ("hidden_act", ("silu",), "silu"),
+        ("mlp_bias", (bias,), False),  # one option for both: attention_bias
+        ("head_dim", (None, width // heads), None),
+        ("sliding_window", (None,), None),  # Mistral's
+    ):
+        _expect(config, key, source, allowed, default)
+    return {
+        "d_model": width,
+        "nhead": heads,
+        "num_kv_heads": config.get("num_key_value_heads") or heads,
+        "num_layers": config["num_hidden_layers"],
+        "dim_feedforward": config["intermediate_size"],
+        "activation": "swiglu",
+        "norm": "rmsnorm",
+        "layer_norm_eps": config.get("rms_norm_eps", 1e-6),
+        "norm_first": True,
+        "bias": bias,
+        "positions": "rope",
+        "rope_theta": _rope(config, source),
+        "max_positions": config["max_position_embeddings"],
+        "tie_embeddings": config.get("tie_word_embeddings", False),
+    }
+
+
+_LLAMA_LAYER = {
+    "input_layernorm.": "norm1.",
+    "post_attention_layernorm.": "norm2.",
+    "self_attn.o_proj.": "self_attn.out_proj.",
+    "mlp.down_proj.": "linear2.",
+}
+_LLAMA_PACKED = {  # theirs -> (ours, the part's place in our packed matrix)
+    "self_attn.q_proj.": ("self_attn.in_proj_", 0),
+    "self_attn.k_proj.": ("self_attn.in_proj_", 1),
+    "self_attn.v_proj.": ("self_attn.in_proj_", 2),
+    "mlp.gate_proj.": ("linear1.", 0),
+    "mlp.up_proj.": ("linear1.", 1),
+}
+
+
+def llama_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Llama state dict (``LlamaForCausalLM``, ``MistralForCausalLM``) -> `DecoderOnlyLM` keys; q, k, v packed into
+    ``in_proj``, gate and up into ``linear1``."""
+    out, packed = {}, {}
+    for key, value in state.items():
+        key = key.removeprefix("model.")
+        if key.endswith("rotary_emb.inv_freq"):  # a buffer older transformers saved; ours is computed
+            continue
+        if key == "embed_tokens.weight":
+            out["tok_embed.embedding.weight"] = value
+        elif key == "norm.weight":
+            out["blocks.norm.weight"] = value
+        elif key.startswith("layers."):
+            _, i, rest = key.split(".", 2)
+            module, kind = rest.rsplit(".", 1)  # kind: weight | bias
+            if module + "." in _LLAMA_PACKED:
+                ours, place = _LLAMA_PACKED[module + "."]
+                packed.setdefault(f"blocks.layers.{i}.{ours}{kind}", {})[place] = value
+                continue
+            prefix = next((p for p in _LLAMA_LAYER if rest.startswith(p)), None)
+            out[f"blocks.layers.{i}.{_LLAMA_LAYER[prefix]}{rest[len(prefix) :]}" if prefix else key] = value
+        else:
+            out[key] = value  # lm_head.weight, or unknown: named by the load
+    for name, parts in packed.items():
+        out[name] = torch.cat([parts[place] for place in sorted(parts)])  # a part missing: the load names the shape
+    return out
+
+
 # ----------------------------------------------------------------------------- Marian
 
 _MARIAN_LAYER = {
@@ -257,9 +356,9 @@ def _marian_linked(config: dict) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Family:
-    """How a Hugging Face ``model_type`` becomes one of our networks. A new family (Llama, say) is its
-    ``*_arguments`` and ``*_to_attnlab`` functions, an entry in `FAMILIES`, and its ``model_type`` among those
-    that the entry point of its network (`gpt2_from_pretrained` for `DecoderOnlyLM`) accepts."""
+    """How a Hugging Face ``model_type`` becomes one of our networks. A new family is its ``*_arguments`` and
+    ``*_to_attnlab`` functions, an entry in `FAMILIES`, and its ``model_type`` among those that the entry point of
+    its network (`DECODER_ONLY` of `lm_from_pretrained` for `DecoderOnlyLM`) accepts."""
 
     title: str  # for messages: "GPT-2"
     network: type[nn.Module]
@@ -268,10 +367,17 @@ class Family:
     linked: Callable[[dict], dict[str, int]]  # config.json -> the data's facts it fixes (vocabulary, token ids)
 
 
+def _vocabulary(config: dict) -> dict[str, int]:
+    return {"vocab_size": config["vocab_size"]}
+
+
 FAMILIES = {
-    "gpt2": Family("GPT-2", DecoderOnlyLM, gpt2_arguments, gpt2_to_attnlab, lambda c: {"vocab_size": c["vocab_size"]}),
+    "gpt2": Family("GPT-2", DecoderOnlyLM, gpt2_arguments, gpt2_to_attnlab, _vocabulary),
+    "llama": Family("Llama", DecoderOnlyLM, llama_arguments, llama_to_attnlab, _vocabulary),
+    "mistral": Family("Mistral", DecoderOnlyLM, llama_arguments, llama_to_attnlab, _vocabulary),
     "marian": Family("Marian", Seq2SeqTransformer, marian_arguments, marian_to_attnlab, _marian_linked),
 }
+DECODER_ONLY = tuple(t for t, f in FAMILIES.items() if f.network is DecoderOnlyLM)
 
 
 def from_pretrained(
@@ -280,30 +386,40 @@ def from_pretrained(
     """The network holding the pretrained model of ``name`` (folder or hub name) of one of ``model_types``, and
     the architecture arguments it was built with. Of ``network`` (the run's arguments of the family's network,
     with the data's vocabulary facts) the folder's architecture replaces all but the vocabulary facts, the
-    dropout rates and ``similarity``; the vocabulary facts, and ``data_ids`` (token ids the network is not
-    built with), must be the folder's."""
+    dropout rates, ``similarity`` and ``qk_norm``, which must be the family's (and ``positions``, which may only
+    be left at its default, or be the folder's); the vocabulary facts, and ``data_ids`` (token ids the network is
+    not built with), must be the folder's."""
     source = f"{KEY}={name}"
     folder = pretrained_folder(name, KEY)
     config = read_config(folder, source, model_types)
     family = FAMILIES[config["model_type"]]
     bound = inspect.signature(family.network).bind(**network)
     bound.apply_defaults()
+    arguments = family.arguments(config, source)
     if bound.arguments["similarity"] != "scaled_dot":
         raise ValueError(
             f"{source}: {family.title} was trained with scaled dot-product attention; set model.similarity=scaled_dot"
         )
+    if bound.arguments["qk_norm"] is not None:
+        raise ValueError(f"{source}: {family.title} was trained without QK-norm; set model.qk_norm=null")
+    positions = bound.arguments["positions"]
+    if positions in IN_ATTENTION and positions != arguments["positions"]:
+        raise ValueError(
+            f"{source}: {family.title} was trained with positions={arguments['positions']!r}, not {positions!r}; "
+            f"set model.positions={arguments['positions']}"
+        )
     theirs = family.linked(config)
     ours = {**bound.arguments, **(data_ids or {})}
     _check_linked(source, {k: (ours[k], theirs[k]) for k in theirs})
-    arguments = family.arguments(config, source)
     model = family.network(**{**bound.arguments, **arguments})
     load_checked(model, family.rename(read_state(folder, source)), source, family.title)
     return model, arguments
 
 
-def gpt2_from_pretrained(name: str, network: dict) -> tuple[DecoderOnlyLM, dict]:
-    """A `DecoderOnlyLM` holding the GPT-2 of ``name`` (`from_pretrained`); ``vocab_size`` comes from the data."""
-    return from_pretrained(name, ("gpt2",), network)
+def lm_from_pretrained(name: str, network: dict) -> tuple[DecoderOnlyLM, dict]:
+    """A `DecoderOnlyLM` holding the GPT-2 or Llama-architecture model of ``name`` (`from_pretrained`);
+    ``vocab_size`` comes from the data."""
+    return from_pretrained(name, DECODER_ONLY, network)
 
 
 def marian_from_pretrained(name: str, network: dict, bos_id: int, eos_id: int) -> tuple[Seq2SeqTransformer, dict]:

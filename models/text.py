@@ -33,7 +33,7 @@ from models.position import (
     SinusoidalPositionalEncoding,
     T5RelativePositionBias,
 )
-from models.transformer import Activation, DecoderLayerCache, TransformerDecoder, TransformerEncoder
+from models.transformer import Activation, DecoderLayerCache, Norm, TransformerDecoder, TransformerEncoder
 
 Positions = Literal["sinusoidal", "sinusoidal_concat", "learned", "rope", "alibi", "t5"]
 POSITIONS = ("sinusoidal", "sinusoidal_concat", "learned", "rope", "alibi", "t5")
@@ -297,6 +297,9 @@ class Seq2SeqTransformer(nn.Module):
 class DecoderOnlyLM(nn.Module):
     """A GPT-style language model: causal self-attention blocks only, tied input/output embeddings.
 
+    Llama (Touvron et al. 2023) is ``positions="rope"``, ``norm="rmsnorm"``, ``activation="swiglu"``,
+    ``bias=False`` and, from Llama 2 on, ``num_kv_heads`` < ``nhead`` (grouped-query attention).
+
     Args:
         vocab_size: tokens.
         d_model: width; ``nhead`` must divide it.
@@ -307,14 +310,18 @@ class DecoderOnlyLM(nn.Module):
             the next two are given.
         attn_dropout: dropout on the attention weights (fairseq's ``attention_dropout``); None: ``dropout``.
         activation_dropout: dropout after the MLP's activation (fairseq's); None: ``dropout``.
-        activation: MLP activation (see `models.transformer`).
-        norm_first: pre-norm blocks with a final LayerNorm (GPT-2); post-norm when false.
+        activation: MLP activation (see `models.transformer`; "swiglu": Llama's gated MLP).
+        norm_first: pre-norm blocks with a final norm (GPT-2); post-norm when false.
         similarity: attention similarity (see `models.attention`).
         positions: "learned" (GPT), "sinusoidal", "sinusoidal_concat", "rope", "alibi" or "t5" (module docstring).
         max_positions: the longest context (block size).
         rope_theta: RoPE's frequency base θ (positions=rope).
         qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
         tie_embeddings: the output projection is the token embedding matrix.
+        norm: the blocks' and the final norm: "layernorm" (GPT) or "rmsnorm" (Llama).
+        layer_norm_eps: the norms' ε.
+        bias: biases on the attention's and the MLP's projections (GPT: true, Llama: false).
+        num_kv_heads: key/value heads, a divisor of ``nhead`` (grouped-query attention); None: ``nhead``.
     Shapes: tokens (B, T) -> logits (B, T, vocab_size).
     """
 
@@ -336,9 +343,17 @@ class DecoderOnlyLM(nn.Module):
         activation_dropout: float | None = None,
         rope_theta: float = 10000.0,
         qk_norm: QKNorm | None = None,
+        norm: Norm = "layernorm",
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+        num_kv_heads: int | None = None,
     ):
         super().__init__()
         check_heads(d_model, nhead)
+        if num_kv_heads is not None and (num_kv_heads < 1 or nhead % num_kv_heads):
+            raise ValueError(
+                f"model.num_kv_heads={num_kv_heads} does not divide model.nhead={nhead}; choose a divisor of {nhead}"
+            )
         self.max_positions = max_positions
         self.tok_embed = TokenEmbedding(vocab_size, d_model, scale=False)
         self.pos = positional_encoding(positions, d_model, max_positions)
@@ -357,6 +372,10 @@ class DecoderOnlyLM(nn.Module):
             norm_first=norm_first,
             similarity=similarity,
             qk_norm=qk_norm,
+            norm=norm,
+            layer_norm_eps=layer_norm_eps,
+            bias=bias,
+            num_kv_heads=num_kv_heads,
         )
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self._init_weights(num_layers)

@@ -7,6 +7,10 @@ DETR). Optional positional terms (DETR) are added to queries and keys only, neve
 Positions inside the self-attention (``rope``: a `Rotation`; ``position_bias``: (H, Lq, Lk) added to the
 logits) are handed to it unchanged; a stack takes one for all its layers or a sequence of one per layer
 (mixed 2D RoPE, a Swin table per layer). Cross-attention takes neither (as in T5).
+
+Llama's layer is a pre-norm layer with ``norm="rmsnorm"`` (Zhang & Sennrich 2019), ``activation="swiglu"``
+(Shazeer 2020: silu(x·W_gate) ⊙ (x·W_up), then W_down; ``linear1`` packs W_gate's rows, then W_up's, so it is
+(2·dim_feedforward, D)), ``bias=False`` and grouped-query attention (``num_kv_heads``, see models.attention).
 """
 
 from __future__ import annotations
@@ -24,9 +28,26 @@ from torch import Tensor, nn
 from models.attention import KVCache, MultiHeadAttention, QKNorm, Similarity
 from models.position import Rotation
 
-Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
-# gelu_tanh: GPT-2's tanh approximation of GELU ("gelu_new"); silu: x·sigmoid(x), Marian's "swish"
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "silu": F.silu}
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
+Norm = Literal["layernorm", "rmsnorm"]
+_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+
+
+def _swiglu(x: Tensor) -> Tensor:
+    """(..., 2F) holding the gate, then the up projection -> (..., F): silu(gate) ⊙ up."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# gelu_tanh: GPT-2's tanh approximation of GELU ("gelu_new"); silu: x·sigmoid(x), Marian's "swish";
+# swiglu: a gated MLP whose linear1 is twice as wide (module docstring)
+_ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "silu": F.silu,
+    "swiglu": _swiglu,
+}
 
 
 @dataclass
@@ -62,6 +83,17 @@ def _activation(name: str):
     return _ACTIVATIONS[name]
 
 
+def _norm(kind: str, d_model: int, eps: float) -> nn.Module:
+    if kind not in _NORMS:
+        raise ValueError(f"norm={kind!r} is not known; choose one of {', '.join(_NORMS)}")
+    return _NORMS[kind](d_model, eps=eps)
+
+
+def _mlp_in(d_model: int, dim_feedforward: int, activation: str, bias: bool) -> nn.Linear:
+    """The MLP's first projection: (D -> F), or (D -> 2F) holding the gate and the up projection of SwiGLU."""
+    return nn.Linear(d_model, dim_feedforward * (2 if activation == "swiglu" else 1), bias=bias)
+
+
 class TransformerEncoderLayer(nn.Module):
     """Self-attention + feed-forward, each with a residual connection and LayerNorm.
 
@@ -74,6 +106,8 @@ class TransformerEncoderLayer(nn.Module):
         qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see models.attention).
         attn_dropout: dropout on the attention weights. activation_dropout: dropout inside the MLP, after
             its activation (fairseq's ``attention_dropout`` and ``activation_dropout``). None: ``dropout``.
+        norm: "layernorm" or "rmsnorm" (Llama). bias: biases on the attention's and the MLP's projections.
+        num_kv_heads: key/value heads of grouped-query attention (see models.attention); None: ``nhead``.
     Shapes: src (B, L, D), pos (B, L, D) or None, src_key_padding_mask (B, L) -> (B, L, D).
     """
 
@@ -91,14 +125,19 @@ class TransformerEncoderLayer(nn.Module):
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
         qk_norm: QKNorm | None = None,
+        norm: Norm = "layernorm",
+        bias: bool = True,
+        num_kv_heads: int | None = None,
     ):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, nhead, _or(attn_dropout, dropout), similarity, qk_norm=qk_norm)
-        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.self_attn = MultiHeadAttention(
+            d_model, nhead, _or(attn_dropout, dropout), similarity, bias, qk_norm, num_kv_heads
+        )
+        self.linear1 = _mlp_in(d_model, dim_feedforward, activation, bias)
         self.dropout = nn.Dropout(_or(activation_dropout, dropout))
-        self.linear2 = nn.Linear(dim_feedforward, d_model)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
+        self.norm1 = _norm(norm, d_model, layer_norm_eps)
+        self.norm2 = _norm(norm, d_model, layer_norm_eps)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -162,7 +201,7 @@ class TransformerDecoderLayer(nn.Module):
     ``query_pos`` (DETR's object queries) is added to the queries and keys of the self-attention
     and to the queries of the cross-attention; ``pos`` is added to the memory keys.
     ``cache`` (a `DecoderLayerCache`) enables incremental decoding one token at a time.
-    Arguments as in `TransformerEncoderLayer`; ``attn_dropout`` applies to both attentions.
+    Arguments as in `TransformerEncoderLayer`; ``attn_dropout``, ``bias`` and ``num_kv_heads`` apply to both attentions.
     Shapes: tgt (B, T, D), memory (B, S, D) -> (B, T, D).
     """
 
@@ -179,17 +218,20 @@ class TransformerDecoderLayer(nn.Module):
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
         qk_norm: QKNorm | None = None,
+        norm: Norm = "layernorm",
+        bias: bool = True,
+        num_kv_heads: int | None = None,
     ):
         super().__init__()
         rate = _or(attn_dropout, dropout)
-        self.self_attn = MultiHeadAttention(d_model, nhead, rate, similarity, qk_norm=qk_norm)
-        self.multihead_attn = MultiHeadAttention(d_model, nhead, rate, similarity, qk_norm=qk_norm)
-        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.self_attn = MultiHeadAttention(d_model, nhead, rate, similarity, bias, qk_norm, num_kv_heads)
+        self.multihead_attn = MultiHeadAttention(d_model, nhead, rate, similarity, bias, qk_norm, num_kv_heads)
+        self.linear1 = _mlp_in(d_model, dim_feedforward, activation, bias)
         self.dropout = nn.Dropout(_or(activation_dropout, dropout))
-        self.linear2 = nn.Linear(dim_feedforward, d_model)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
+        self.norm1 = _norm(norm, d_model, layer_norm_eps)
+        self.norm2 = _norm(norm, d_model, layer_norm_eps)
+        self.norm3 = _norm(norm, d_model, layer_norm_eps)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
@@ -251,7 +293,7 @@ class TransformerDecoderLayer(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-    """A stack of `TransformerEncoderLayer` with an optional final LayerNorm (needed for pre-norm).
+    """A stack of `TransformerEncoderLayer` with an optional final norm (needed for pre-norm), of the layers' kind.
 
     ``drop_path`` rises linearly from 0 to the given rate over the layers (stochastic depth).
     """
@@ -268,7 +310,11 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         rates = torch.linspace(0, drop_path, num_layers).tolist() if num_layers > 1 else [drop_path] * num_layers
         self.layers = nn.ModuleList(TransformerEncoderLayer(d_model, nhead, drop_path=r, **layer_kwargs) for r in rates)
-        self.norm = nn.LayerNorm(d_model, eps=layer_kwargs.get("layer_norm_eps", 1e-5)) if final_norm else None
+        self.norm = (
+            _norm(layer_kwargs.get("norm", "layernorm"), d_model, layer_kwargs.get("layer_norm_eps", 1e-5))
+            if final_norm
+            else None
+        )
 
     def forward(
         self,
@@ -313,7 +359,11 @@ class TransformerDecoder(nn.Module):
     ):
         super().__init__()
         self.layers = nn.ModuleList(TransformerDecoderLayer(d_model, nhead, **layer_kwargs) for _ in range(num_layers))
-        self.norm = nn.LayerNorm(d_model, eps=layer_kwargs.get("layer_norm_eps", 1e-5)) if final_norm else None
+        self.norm = (
+            _norm(layer_kwargs.get("norm", "layernorm"), d_model, layer_kwargs.get("layer_norm_eps", 1e-5))
+            if final_norm
+            else None
+        )
         self.return_intermediate = return_intermediate
 
     def forward(

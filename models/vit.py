@@ -253,6 +253,7 @@ _TIMM_KEYS = (
     (r"^blocks\.(\d+)\.mlp\.fc1\.", r"encoder.layers.\1.linear1."),
     (r"^blocks\.(\d+)\.mlp\.fc2\.", r"encoder.layers.\1.linear2."),
     (r"^blocks\.(\d+)\.(norm[12])\.", r"encoder.layers.\1.\2."),
+    (r"^blocks\.(\d+)\.attn\.([qk]_norm)\.", r"encoder.layers.\1.self_attn.\2."),
     (r"^norm\.", "encoder.norm."),
 )
 
@@ -262,8 +263,9 @@ def timm_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
     timm's packed ``attn.qkv`` is our ``in_proj`` (both (3D, D), q, k, v stacked), ``attn.proj`` our
     ``out_proj``, ``mlp.fc1/fc2`` our ``linear1/linear2`` and the final ``norm`` our ``encoder.norm``;
-    ``cls_token``, ``pos_embed``, ``patch_embed.proj``, ``fc_norm`` and ``head`` keep their names.
-    Keys of timm features we lack (layer scale, register tokens, q/k norm) pass through unrenamed,
+    ``attn.q_norm/k_norm`` (QK-norm) our ``self_attn.q_norm/k_norm``;
+    ``cls_token``, ``pos_embed``, ``patch_embed.proj``, ``fc_norm``, ``head`` and a RoPE ViT's ``rope.freqs``
+    keep their names. Keys of timm features we lack (layer scale, register tokens) pass through unrenamed,
     so that loading names them.
     """
     renamed = {}
@@ -324,6 +326,11 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
     if "encoder.norm.weight" in state and "encoder.norm.weight" not in own:
         raise ValueError(f"{source} was trained with global_pool='token'; set model.global_pool=token")
     pos = state.get("pos_embed")
+    if pos is not None and "pos_embed" not in own:
+        raise ValueError(
+            f"{source} has learned positions (pos_embed) that this model's positions inside attention lack; "
+            "set model.positions=learned"
+        )
     if pos is not None and pos.shape != own["pos_embed"].shape and pos.shape[-1] == own["pos_embed"].shape[-1]:
         old_grid = math.isqrt(pos.shape[1] - model.num_prefix_tokens)
         if old_grid**2 + model.num_prefix_tokens != pos.shape[1]:

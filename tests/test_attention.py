@@ -413,3 +413,69 @@ def test_position_options_are_refused_with_their_names():
     mha(torch.randn(B, 1, D), torch.randn(B, LK, D), cache=cache)
     with pytest.raises(ValueError, match="static .*cache takes none"):
         mha(torch.randn(B, 1, D), torch.randn(B, LK, D), cache=cache, rope=RotaryEmbedding(D // H)(1))
+
+
+# grouped-query attention: fewer key/value heads, each shared by a group of query heads
+
+
+def _grouped_pair(kv_heads=2):
+    """A grouped-query layer (H query heads on ``kv_heads``) and a multi-head layer with the same queries whose key
+    and value heads are the grouped layer's, each repeated for its group of query heads."""
+    torch.manual_seed(2)
+    grouped = MultiHeadAttention(D, H, num_kv_heads=kv_heads)
+    nn.init.normal_(grouped.in_proj_bias)
+    nn.init.normal_(grouped.out_proj.bias)
+    full = MultiHeadAttention(D, H)
+    q, k, v = grouped.in_proj_weight.split([D, kv_heads * D // H, kv_heads * D // H])
+    qb, kb, vb = grouped.in_proj_bias.split([D, kv_heads * D // H, kv_heads * D // H])
+
+    def repeat(rows):  # (H_kv·d, ...) -> (H·d, ...): kv head j serves query heads j·g .. j·g + g - 1
+        return rows.unflatten(0, (kv_heads, D // H)).repeat_interleave(H // kv_heads, 0).flatten(0, 1)
+
+    with torch.no_grad():
+        full.in_proj_weight.copy_(torch.cat([q, repeat(k), repeat(v)]))
+        full.in_proj_bias.copy_(torch.cat([qb, repeat(kb), repeat(vb)]))
+        full.out_proj.load_state_dict(grouped.out_proj.state_dict())
+    return grouped, full
+
+
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_grouped_query_attention_equals_multi_head_with_each_kv_head_repeated(kind, need_weights):
+    grouped, full = _grouped_pair()
+    assert grouped.in_proj_weight.shape == (D + 2 * 2 * (D // H), D)  # q rows, then k, then v of 2 heads
+    x = torch.randn(B, LQ, D)
+    kw = _masks(kind, LQ, LQ)
+    ours, weights = grouped(x, need_weights=need_weights, **kw)
+    expected, expected_weights = full(x, need_weights=need_weights, **kw)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+    if need_weights:
+        torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-6)
+
+
+def test_grouped_query_cross_attention_and_a_shared_memory_equal_multi_head():
+    grouped, full = _grouped_pair(kv_heads=1)  # multi-query attention
+    x, memory, kpm = torch.randn(B, LQ, D), torch.randn(B, LK, D), _padding()
+    torch.testing.assert_close(
+        grouped(x, memory, key_padding_mask=kpm)[0], full(x, memory, key_padding_mask=kpm)[0], atol=1e-5, rtol=1e-5
+    )
+    one = memory[:1]  # one memory row for every query row (beams of one sentence)
+    torch.testing.assert_close(grouped(x, one)[0], full(x, one)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_query_cache_holds_the_kv_heads_and_decodes_like_the_full_pass():
+    grouped, _ = _grouped_pair()
+    rope = RotaryEmbedding(D // H, max_len=16)
+    x = torch.randn(B, 7, D)
+    full = grouped(x, is_causal=True, rope=rope(7))[0]
+    cache = KVCache()
+    prefix = grouped(x[:, :3], is_causal=True, cache=cache, rope=rope(3))[0]
+    steps = [grouped(x[:, t : t + 1], is_causal=True, cache=cache, rope=rope(1, start=t))[0] for t in range(3, 7)]
+    torch.testing.assert_close(torch.cat([prefix, *steps], 1), full, atol=1e-5, rtol=1e-5)
+    assert cache.k.shape == cache.v.shape == (B, 2, 7, D // H)
+
+
+def test_num_kv_heads_equal_to_the_heads_keeps_the_packed_layout_and_a_bad_one_is_refused():
+    assert MultiHeadAttention(D, H, num_kv_heads=H).in_proj_weight.shape == (3 * D, D)
+    with pytest.raises(ValueError, match="num_kv_heads=3 does not divide num_heads=4"):
+        MultiHeadAttention(D, H, num_kv_heads=3)

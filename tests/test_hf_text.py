@@ -1,4 +1,4 @@
-"""Pretrained Hugging Face text models through ``model.init_from``: tiny random GPT-2 and Marian models,
+"""Pretrained Hugging Face text models through ``model.init_from``: tiny random GPT-2, Llama, Mistral and Marian models,
 built offline with transformers and saved with save_pretrained, give the same logits and greedy tokens
 through our models as through transformers; the data side uses their tokenizers; bad folders, hub names
 offline and timm hub names offline are refused with one line. Nothing downloads."""
@@ -11,7 +11,18 @@ import huggingface_hub.constants
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MarianConfig,
+    MarianMTModel,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 from datamodules.text import ParallelTextDataModule, TextCorpusDataModule, toy_translation_pairs
 from models.text_module import LanguageModelModule, TranslationModule
@@ -57,6 +68,82 @@ def gpt2(tmp_path_factory) -> Path:
     _randomize(model)
     model.save_pretrained(folder)
     return folder
+
+
+LLAMA_VOCAB = 97
+# sizes no other test uses; grouped-query (6 query heads on 2 key/value heads) and plain multi-head attention,
+# RoPE θ at its default and not, untied and tied embeddings, no biases and biases everywhere
+LLAMAS = {
+    "llama-gqa": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    ),
+    "llama-mha-biased-tied": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(
+            num_key_value_heads=6,
+            rope_theta=500.0,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            attention_bias=True,
+            mlp_bias=True,
+        ),
+    ),
+    "mistral": (
+        MistralConfig,
+        MistralForCausalLM,
+        dict(num_key_value_heads=3, rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None),
+    ),
+}
+
+
+def _llama_tokenizer() -> Tokenizer:
+    """A Llama-style tokenizer.json: BPE over Metaspace ("▁" for spaces), <unk>, <s>, </s>, 97 tokens."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=LLAMA_VOCAB, special_tokens=["<unk>", "<s>", "</s>"])
+    tokenizer.train_from_iterator(ENGLISH.splitlines(keepends=True), trainer)
+    assert tokenizer.get_vocab_size() == LLAMA_VOCAB
+    return tokenizer
+
+
+def _save_llama(folder: Path, kind: str) -> Path:
+    """A 3-layer Llama-architecture model (width 48, 6 heads, MLP 80) of `LLAMAS` and its tokenizer.json, as
+    save_pretrained writes them."""
+    config_class, model_class, options = LLAMAS[kind]
+    _llama_tokenizer().save(str(folder / "tokenizer.json"))
+    config = config_class(
+        vocab_size=LLAMA_VOCAB,
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        intermediate_size=80,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        **options,
+    )
+    model = model_class(config)
+    torch.manual_seed(0)
+    with torch.no_grad():  # far from the init (norms included), yet greedy decoding does not repeat one token
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.2)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=list(LLAMAS))
+def llama(request, tmp_path_factory) -> Path:
+    return _save_llama(tmp_path_factory.mktemp(request.param), request.param)
+
+
+@pytest.fixture(scope="module")
+def llama_gqa(tmp_path_factory) -> Path:
+    """One of them, for the tests that need one."""
+    return _save_llama(tmp_path_factory.mktemp("llama"), "llama-gqa")
 
 
 MARIAN_VOCAB, MARIAN_PAD = 60, 59
@@ -133,6 +220,50 @@ def test_gpt2_gives_the_logits_and_greedy_tokens_of_transformers(gpt2, tmp_path)
     assert torch.equal(module.model.generate(prompt, 12, temperature=0), greedy)
 
 
+def test_llama_gives_the_logits_and_greedy_tokens_of_transformers(llama, tmp_path):
+    dm = _lm_data(llama, tmp_path)
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(llama / "tokenizer.json"))
+    text = PAIRS[0][0]
+    assert (
+        dm.tokenizer.encode(text, add_special_tokens=False).ids
+        == hf_tokenizer(text, add_special_tokens=False).input_ids
+    )
+    module = LanguageModelModule(vocab_size=dm.vocab_size, dropout=0.0, init_from=str(llama)).eval()
+    hf = AutoModelForCausalLM.from_pretrained(llama).eval()
+    config = hf.config
+    hp = module.hparams
+    assert (hp.d_model, hp.nhead, hp.num_kv_heads, hp.num_layers, hp.dim_feedforward) == (
+        48,
+        6,
+        config.num_key_value_heads,
+        3,
+        80,
+    )
+    assert (hp.positions, hp.rope_theta, hp.norm, hp.layer_norm_eps, hp.activation, hp.bias) == (
+        "rope",
+        config.rope_parameters["rope_theta"],
+        "rmsnorm",
+        config.rms_norm_eps,
+        "swiglu",
+        getattr(config, "attention_bias", False),  # Mistral has none
+    )
+    tied = module.model.lm_head.weight is module.model.tok_embed.weight
+    assert tied == config.tie_word_embeddings
+    dm.setup("fit")
+    tokens = next(iter(dm.train_dataloader()))["input"]  # (4, 16)
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        torch.testing.assert_close(module(tokens), expected, atol=1e-5, rtol=1e-5)
+    assert expected.std() > 0.1  # logits that would show a misplaced weight
+    prompt = tokens[:2, :5]
+    greedy = hf.generate(
+        prompt, max_new_tokens=10, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
+    )
+    ours = module.model.generate(prompt, 10, temperature=0)  # one cached step a token
+    assert torch.equal(ours, greedy)
+    assert len(set(ours[:, 5:].flatten().tolist())) > 3  # tokens that differ, so that each step is checked
+
+
 def test_marian_gives_the_logits_and_greedy_tokens_of_transformers(marian):
     ids = {"pad_id": MARIAN_PAD, "bos_id": MARIAN_PAD, "eos_id": 0}  # Marian's decoder starts with PAD
     module = TranslationModule(
@@ -184,6 +315,29 @@ def test_the_gpt2_finetune_config_runs_on_a_tiny_gpt2(attnlab, gpt2, tmp_path):
     assert (
         Tokenizer.from_file(str(tmp_path / "tokenizer.json")).to_str()
         == Tokenizer.from_file(str(gpt2 / "tokenizer.json")).to_str()
+    )
+
+
+def test_the_llama_finetune_config_runs_on_a_tiny_llama(attnlab, llama_gqa, tmp_path):
+    llama = llama_gqa
+    text = tmp_path / "corpus.txt"
+    text.write_text(ENGLISH)
+    code, _, err = attnlab(
+        "fit",
+        "--config",
+        "configs/text/shakespeare_llama_finetune.yaml",
+        f"--model.init_args.init_from={llama}",
+        f"--data.init_args.tokenizer_dir={llama}",
+        f"--data.init_args.path={text}",
+        "--data.init_args.block_size=16",
+        "--data.init_args.batch_size=4",
+        "--trainer.fast_dev_run=true",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
+    assert code == 0, err
+    assert (
+        Tokenizer.from_file(str(tmp_path / "tokenizer.json")).to_str()
+        == Tokenizer.from_file(str(llama / "tokenizer.json")).to_str()
     )
 
 
@@ -323,7 +477,7 @@ def test_a_tokenizer_of_an_unknown_type_is_refused(gpt2, tmp_path):
     assert "cannot be read by the tokenizers library" in _one_line(err)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "bloom"])  # rotary positions, ALiBi
+@pytest.mark.parametrize("model_type", ["bloom", "qwen2"])  # ALiBi; biases on q, k, v but not on o
 def test_an_architecture_we_cannot_express_is_refused(gpt2, tmp_path, model_type):
     folder = tmp_path / model_type
     shutil.copytree(gpt2, folder)
@@ -331,7 +485,10 @@ def test_an_architecture_we_cannot_express_is_refused(gpt2, tmp_path, model_type
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError) as err:
         LanguageModelModule(vocab_size=config["vocab_size"], init_from=str(folder))
-    assert f"describes a {model_type!r} model; this model imports 'gpt2' folders only" in _one_line(err)
+    assert (
+        f"describes a {model_type!r} model; this model imports 'gpt2' or 'llama' or 'mistral' folders only"
+        in _one_line(err)
+    )
 
 
 @pytest.mark.parametrize(
@@ -345,6 +502,73 @@ def test_a_gpt2_option_we_cannot_express_is_refused(gpt2, tmp_path, option, valu
     with pytest.raises(ValueError) as err:
         LanguageModelModule(vocab_size=config["vocab_size"], init_from=str(folder))
     assert f"{option}={value!r}, which attnlab cannot express" in _one_line(err)
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}, "rope_type='llama3' (RoPE scaling)"),
+        ("hidden_act", "gelu", "hidden_act='gelu', which attnlab cannot express"),
+        ("mlp_bias", True, "mlp_bias=True, which attnlab cannot express (supported: False)"),  # attention_bias: false
+        ("sliding_window", 16, "sliding_window=16, which attnlab cannot express (supported: None)"),
+    ],
+)
+def test_a_llama_option_we_cannot_express_is_refused(llama_gqa, tmp_path, option, value, message):
+    folder = tmp_path / "odd"
+    shutil.copytree(llama_gqa, folder)
+    config = json.loads((folder / "config.json").read_text()) | {option: value}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        LanguageModelModule(vocab_size=LLAMA_VOCAB, init_from=str(folder))
+    assert message in _one_line(err)
+
+
+def test_rope_scaling_of_an_older_config_is_refused(llama_gqa, tmp_path):
+    """transformers < 5 wrote rope_theta and rope_scaling at the top of config.json."""
+    folder = tmp_path / "old"
+    shutil.copytree(llama_gqa, folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["rope_parameters"]
+    (folder / "config.json").write_text(json.dumps(config | {"rope_theta": 123.0, "rope_scaling": None}))
+    assert LanguageModelModule(vocab_size=LLAMA_VOCAB, init_from=str(folder)).hparams.rope_theta == 123.0
+    (folder / "config.json").write_text(json.dumps(config | {"rope_scaling": {"type": "linear", "factor": 2.0}}))
+    with pytest.raises(ValueError) as err:
+        LanguageModelModule(vocab_size=LLAMA_VOCAB, init_from=str(folder))
+    assert "rope_type='linear' (RoPE scaling), which attnlab cannot express" in _one_line(err)
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ({"qk_norm": "rmsnorm"}, "GPT-2 was trained without QK-norm; set model.qk_norm=null"),
+        ({"positions": "rope"}, "GPT-2 was trained with positions='learned', not 'rope'; set model.positions=learned"),
+        (
+            {"positions": "alibi"},
+            "GPT-2 was trained with positions='learned', not 'alibi'; set model.positions=learned",
+        ),
+    ],
+)
+def test_gpt2_with_qk_norm_or_positions_in_attention_is_refused(gpt2, option, message):
+    vocab = json.loads((gpt2 / "config.json").read_text())["vocab_size"]
+    with pytest.raises(ValueError) as err:
+        LanguageModelModule(vocab_size=vocab, init_from=str(gpt2), **option)
+    assert message in _one_line(err)
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ({"qk_norm": "layernorm"}, "Marian was trained without QK-norm; set model.qk_norm=null"),
+        ({"positions": "t5"}, "Marian was trained with positions='sinusoidal_concat', not 't5'"),
+    ],
+)
+def test_marian_with_qk_norm_or_positions_in_attention_is_refused(marian, option, message):
+    ids = {"pad_id": MARIAN_PAD, "bos_id": MARIAN_PAD, "eos_id": 0}
+    with pytest.raises(ValueError) as err:
+        TranslationModule(
+            src_vocab_size=MARIAN_VOCAB, tgt_vocab_size=MARIAN_VOCAB, init_from=str(marian), **ids, **option
+        )
+    assert message in _one_line(err)
 
 
 def test_another_vocabulary_than_the_folders_is_refused(gpt2, marian):

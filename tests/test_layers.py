@@ -13,6 +13,7 @@ from models.position import (
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
+from models.text import DecoderOnlyLM
 from models.transformer import (
     DecoderLayerCache,
     TransformerDecoder,
@@ -177,3 +178,54 @@ def test_stacks_hand_one_rope_or_bias_to_every_layer_or_one_per_layer():
     )
     torch.testing.assert_close(dec(x, memory, rope=rope, tgt_is_causal=True), by_hand)
     assert not torch.allclose(dec(x, memory, rope=rope), dec(x, memory))
+
+
+# Llama's options: RMSNorm, SwiGLU, no biases, grouped-query attention
+
+
+def test_llama_layer_is_pre_rmsnorm_swiglu_without_biases():
+    torch.manual_seed(0)
+    options = dict(activation="swiglu", norm="rmsnorm", bias=False, num_kv_heads=2, norm_first=True, dropout=0.0)
+    layer = TransformerEncoderLayer(D, H, FF, **options).eval()
+    shapes = {name: tuple(p.shape) for name, p in layer.named_parameters()}
+    assert shapes == {
+        "self_attn.in_proj_weight": (D + 2 * 2 * (D // H), D),
+        "self_attn.out_proj.weight": (D, D),
+        "linear1.weight": (2 * FF, D),  # the gate's rows, then the up projection's
+        "linear2.weight": (D, FF),
+        "norm1.weight": (D,),
+        "norm2.weight": (D,),
+    }
+    for p in layer.parameters():
+        nn.init.normal_(p, mean=1.0 if p.dim() == 1 else 0.0, std=0.3)
+    x = torch.randn(2, 5, D)
+
+    def rms(v, w):  # Zhang & Sennrich 2019, with nn.RMSNorm's ε here
+        return v * (v.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt() * w
+
+    h = x + layer.self_attn(rms(x, layer.norm1.weight), is_causal=True)[0]
+    gate, up = layer.linear1.weight.chunk(2)
+    ff = layer.linear2(nn.functional.silu(rms(h, layer.norm2.weight) @ gate.T) * (rms(h, layer.norm2.weight) @ up.T))
+    torch.testing.assert_close(layer(x, is_causal=True), h + ff, atol=1e-5, rtol=1e-5)
+    stack = TransformerEncoder(2, D, H, final_norm=True, dim_feedforward=FF, **options)
+    assert isinstance(stack.norm, nn.RMSNorm) and isinstance(stack.layers[1].norm2, nn.RMSNorm)
+    decoder_layer = TransformerDecoderLayer(D, H, FF, **options)
+    assert decoder_layer.multihead_attn.in_proj_bias is None and isinstance(decoder_layer.norm3, nn.RMSNorm)
+
+
+def test_defaults_keep_layernorm_biases_and_the_plain_mlp():
+    layer = TransformerEncoderLayer(D, H, FF)
+    assert isinstance(layer.norm1, nn.LayerNorm) and layer.linear1.weight.shape == (FF, D)
+    assert layer.linear1.bias is not None and layer.self_attn.in_proj_weight.shape == (3 * D, D)
+
+
+def test_an_unknown_norm_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="norm='batchnorm' is not known; choose one of layernorm, rmsnorm"):
+        TransformerEncoderLayer(D, H, FF, norm="batchnorm")
+
+
+def test_a_language_model_refuses_kv_heads_that_do_not_divide_the_heads():
+    with pytest.raises(ValueError, match=r"model.num_kv_heads=4 does not divide model.nhead=6; choose a divisor of 6"):
+        DecoderOnlyLM(vocab_size=11, d_model=24, nhead=6, num_layers=1, num_kv_heads=4)
+    lm = DecoderOnlyLM(vocab_size=11, d_model=24, nhead=6, num_layers=1, num_kv_heads=3, positions="rope")
+    assert lm.blocks.layers[0].self_attn.in_proj_weight.shape == (24 + 2 * 3 * 4, 24)

@@ -1,7 +1,5 @@
 """ViT building blocks and the digits DataModule, without a Trainer."""
 
-import re
-
 import pytest
 import torch
 
@@ -9,6 +7,7 @@ from datamodules.vision import DigitsDataModule, split_lengths
 from models.attention import capture_attention
 from models.optim import param_groups
 from models.vit import PatchEmbed, VisionTransformer
+from models.vit_module import ImageClassifier
 
 
 def test_patch_embed_cuts_non_overlapping_patches():
@@ -100,10 +99,9 @@ def test_tiny_vit_overfits_32_digits():
 # positions inside attention: 2D RoPE (timm's RoPE ViTs, Eva), a Swin/BEiT table per layer, QK-norm
 
 
-def _rope_pair(positions, qk_norm):
+def _rope_pair(positions, qk_norm, folder):
+    """A timm Eva RoPE ViT, its state dict saved to a file, and our ViT loaded from that file by ``model.init_from``."""
     from timm.models.eva import Eva
-
-    from models.vit import timm_to_attnlab
 
     torch.manual_seed(0)
     size = dict(img_size=20, patch_size=4, in_chans=1, num_classes=3, embed_dim=24, depth=2, num_heads=2)
@@ -121,18 +119,16 @@ def _rope_pair(positions, qk_norm):
     ).eval()
     for p in theirs.parameters():  # away from the initialisation, so that every parameter counts
         p.data.add_(0.1 * torch.randn_like(p))
-    ours = VisionTransformer(**size, positions=positions, qk_norm=qk_norm).eval()
-    state = timm_to_attnlab(theirs.state_dict())
-    # QK-norm's names are not in the timm renaming yet: (blocks.i.attn.q_norm -> encoder.layers.i.self_attn.q_norm)
-    state = {re.sub(r"^blocks\.(\d+)\.attn\.", r"encoder.layers.\1.self_attn.", k): v for k, v in state.items()}
-    ours.load_state_dict(state)
+    path = folder / "eva.pth"
+    torch.save(theirs.state_dict(), path)
+    ours = ImageClassifier(**size, positions=positions, qk_norm=qk_norm, init_from=str(path)).model.eval()
     return theirs, ours
 
 
 @pytest.mark.parametrize("positions", ["rope_axial", "rope_mixed"])
 @pytest.mark.parametrize("qk_norm", [None, "layernorm"])
-def test_rope_vit_equals_timm_eva_with_its_weights(positions, qk_norm):
-    theirs, ours = _rope_pair(positions, qk_norm)
+def test_rope_vit_equals_timm_eva_with_its_weights(positions, qk_norm, tmp_path):
+    theirs, ours = _rope_pair(positions, qk_norm, tmp_path)
     assert ours.pos_embed is None and ("rope.freqs" in ours.no_weight_decay()) == (positions == "rope_mixed")
     images = torch.randn(2, 1, 20, 20)
     torch.testing.assert_close(ours(images), theirs(images), atol=1e-5, rtol=1e-5)

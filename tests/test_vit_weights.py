@@ -150,6 +150,16 @@ def test_checkpoints_that_do_not_fit_are_refused_with_the_reason(source, match):
         load_pretrained(_vit(img_size=8), _vit(img_size=8, **source).state_dict())
 
 
+def test_learned_positions_into_a_vit_with_positions_in_attention_are_refused_naming_positions():
+    with pytest.raises(ValueError) as err:
+        load_pretrained(
+            _vit(img_size=8, positions="rope_axial"), _vit(img_size=8).state_dict(), "model.init_from=x.pth"
+        )
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("model.init_from=x.pth has learned positions (pos_embed)")
+    assert message.endswith("set model.positions=learned")
+
+
 def test_timm_features_we_lack_are_named():
     state = _small_timm(init_values=1e-5).state_dict()  # LayerScale
     with pytest.raises(ValueError, match=r"the model lacks \['blocks.0.ls1.gamma'"):
