@@ -55,9 +55,6 @@ from datamodules.text_tokenizers import (
     load_pretrained_tokenizer,
     load_tokenizer,
 )
-from datamodules.toy_text import (
-    toy_translation_pairs as toy_translation_pairs,  # re-exported: tests/test_hf_text.py imports it from here
-)
 from datamodules.toy_text import write_toy_corpus
 
 

@@ -24,7 +24,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from datamodules.text import ParallelTextDataModule, TextCorpusDataModule, toy_translation_pairs
+from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
+from datamodules.toy_text import toy_translation_pairs
 from models.text_module import LanguageModelModule, TranslationModule
 from models.vit_module import ImageClassifier
 
