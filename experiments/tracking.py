@@ -23,6 +23,7 @@ import json
 import netrc
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -160,7 +161,9 @@ class CSVLogger(_CSVLogger):
             return super().experiment
         path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
         rows = path.read_text() if path.is_file() else ""
-        writer = super().experiment
+        with warnings.catch_warnings():  # "Previous log files ... will be deleted": they are put back below
+            warnings.filterwarnings("ignore", "Experiment logs directory .* exists and is not empty")
+            writer = super().experiment
         self.rows_restored = True
         if rows and isinstance(writer, ExperimentWriter):  # rank 0's writer; the others get a dummy
             path.write_text(rows)
