@@ -2,6 +2,7 @@
 output folder and a full disk. Each ends in one `attnlab: error:` line and leaves earlier checkpoints whole."""
 
 import collections
+import csv
 import errno
 import json
 import os
@@ -13,10 +14,12 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from experiments import guards
+from experiments import guards, tracking
 from experiments.guards import NonFiniteLoss, RunError, SafeCheckpointIO
+from models.attention import MultiHeadAttention
 from models.backbone import load_backbone_weights
 from models.vit import read_checkpoint
 from models.vit_module import ImageClassifier
@@ -293,6 +296,78 @@ def test_a_non_finite_loss_never_reaches_the_weights_and_stops_at_the_next_loggi
         assert all(torch.equal(weights[k], before.weights[k]) for k in weights)
     if optimizer == "fused adamw":
         assert all(int(s["step"]) == 3 for s in state.values())  # the skipped steps did not count
+
+
+_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+
+
+class _Reads(pl.Callback):
+    """Count the host's reads of tensor values (and CUDA synchronizations) between the ends of consecutive training batches."""
+
+    def __init__(self, monkeypatch):
+        self.reads, self.per_batch, self.logged = 0, [], []
+        for name in _READS:
+            monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name)))
+        monkeypatch.setattr(torch.cuda, "synchronize", self._counted(torch.cuda.synchronize))
+
+    def _counted(self, read):
+        def counted(*args, **kwargs):
+            self.reads += 1
+            return read(*args, **kwargs)
+
+        return counted
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.logged.append(trainer.global_step % trainer.log_every_n_steps == 0)  # Lightning logs this step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.per_batch.append(self.reads)  # reads since the previous batch started: that batch's
+        self.reads = 0
+
+
+class _Attending(pl.LightningModule):
+    """One attention layer on random tokens, so that every default callback acts (tokens counted, norms taken); logs
+    its loss with `self.log`, as our modules do."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn, self.head = MultiHeadAttention(8, 2), torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch  # (B, L, 8)
+        loss = self.head(self.attn(x, x, x)[0]).pow(2).mean()
+        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=len(x))
+        return loss
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(32, 5, 8)), batch_size=2)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3, fused=True)  # its step count stays on the device
+
+
+def test_the_default_callbacks_read_nothing_back_from_the_device_between_logging_steps(tmp_path, monkeypatch):
+    """Over 16 steps logged every 8, the default callbacks (and Lightning) read no tensor value on the host and never
+    synchronize, except at the logging steps and at the epoch's first batch (where Throughput starts timing)."""
+    reads = _Reads(monkeypatch)
+    trainer = pl.Trainer(
+        max_steps=16,
+        log_every_n_steps=8,
+        logger=CSVLogger(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*tracking.default_callbacks(), ModelCheckpoint(dirpath=tmp_path), reads],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(_Attending())
+    per_batch = reads.per_batch[1:] + [reads.reads]  # per_batch[k]: the reads of batch k
+    assert len(per_batch) == len(reads.logged) == 16 and reads.logged.count(True) == 2
+    assert [n for n, logged in zip(per_batch[1:], reads.logged[1:]) if not logged] == [0] * 13
+    assert max(per_batch) > 0  # the counting works: the logging steps read their values back
+    rows = list(csv.DictReader(next(tmp_path.glob("**/metrics.csv")).open()))
+    grad_norms = {int(r["step"]): float(r["train/grad_norm"]) for r in rows if r.get("train/grad_norm")}
+    assert len(grad_norms) == 2 and all(g > 0 for g in grad_norms.values())  # logged at the logging steps only
+    assert set(grad_norms) == {int(r["step"]) for r in rows if r.get("train/loss_step")}  # at Lightning's step numbers
 
 
 # --- output folders and disk space -----------------------------------------------------------------------
