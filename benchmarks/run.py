@@ -43,6 +43,7 @@ import torch
 
 from benchmarks import peers, scaling
 from benchmarks.harness import Ratio, Timing, interleaved, machine, markdown_table, measure_in_subprocess, step_peak_mib
+from experiments.cli import hub_offline_unless_asked
 
 SECTIONS = ("core", "attention", "vit", "text", "decoding", "detr", "scaling", "data", "gpu")
 DATA_CONFIGS = ("configs/vision/digits.yaml", "configs/text/toy_en_de.yaml", "configs/detection/shapes.yaml")
@@ -404,7 +405,7 @@ def method_text(args: argparse.Namespace, s: peers.Settings) -> str:
 
 def run(args: argparse.Namespace) -> str:
     torch.set_num_threads(args.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hub_offline_unless_asked()
     base = settings_of(args)
     only = args.only.split(",")
     started, wall_start = datetime.datetime.now(), time.perf_counter()
