@@ -4,6 +4,8 @@ shape and address (what a CUDA graph of a step needs), and the switch that selec
 import pytest
 import torch
 
+from benchmarks import peers
+from benchmarks.run import GPU_DECODING, static_cache_case
 from datamodules.text import BOS_ID, EOS_ID, PAD_ID
 from models.attention import KVCache, MultiHeadAttention, StaticKVCache
 from models.decoding import DecodingStep, beam_search, greedy_decode, seq2seq_step
@@ -199,3 +201,16 @@ def test_cache_is_a_config_key_of_both_text_modules_and_checked():
     static = module.eval().translate(src, beam_size=3)
     module.hparams.cache = "dynamic"
     assert torch.equal(module.translate(src, beam_size=3), static)
+
+
+def test_benchmark_rows_decode_the_same_translations_on_both_caches():
+    for search in ("beam", "greedy"):
+        bench = peers.static_cache_bench(search, 64, peers.Settings(quick=True))
+        assert list(bench.steps) == ["ours", "dynamic cache"] and bench.check.startswith(
+            "identical translations for 4/4"
+        )
+    assert {static_cache_case(*shape, "gpu").key for shape in GPU_DECODING} == {
+        "gpu/static_cache/beam/64",
+        "gpu/static_cache/beam/1014",
+        "gpu/static_cache/greedy/1014",
+    }
