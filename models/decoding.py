@@ -70,10 +70,10 @@ def _clone_positions(positions: dict) -> dict:
 class DecodingStep:
     """One decoding step on a cache: (tokens (N, T), position t) -> logits (N, T, V).
 
-    ``cache``: the caches ``body`` writes (one per layer); ``max_len``: their length when static (None: they grow,
-    and no graph is possible). ``inputs(tokens, t) -> (x, positions)`` holds what depends on the host's position (embeddings, RoPE
-    angles, a position bias), run eagerly; ``body(x, positions) -> logits`` the rest (the stacks on their
-    `StaticKVCache`, the output projection). With ``graph`` (CUDA), the second call runs ``body`` on a side
+    ``cache``: the caches ``body`` writes (one per layer); ``max_len``: their length when static (None: they
+    grow, and no graph is possible). ``inputs(tokens, t) -> (x, positions)`` holds what depends on the host's
+    position (embeddings, RoPE angles, a position bias), run eagerly; ``body(x, positions) -> logits`` the rest
+    (the stacks on their `StaticKVCache`, the output projection). With ``graph`` (CUDA), the second call runs ``body`` on a side
     stream (the warm-up torch.cuda.graphs asks for, and a real step) and captures it as a CUDA graph; later
     calls of the same shapes copy their inputs into the graph's buffers and replay it: one launch for the
     whole decoder. The first call (a prompt, the cross-attention's keys) always runs eagerly. Autocast's
@@ -122,7 +122,9 @@ class DecodingStep:
             logits = self.body(self.x, self.positions)  # this step, and the warm-up
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), autocast:  # recorded, not run: the cache does not advance
+        # recorded, not run: the cache does not advance; thread_local: other threads (a loader pinning memory)
+        # may use CUDA meanwhile
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), autocast:
             self.logits = self.body(self.x, self.positions)
         return logits
 

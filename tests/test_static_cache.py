@@ -177,15 +177,23 @@ def test_no_cuda_graph_without_cuda():
 @pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi"])
 def test_cuda_graph_steps_equal_the_dynamic_cache_on_the_gpu(positions):
     model = seq2seq(positions, eos_bias=1.0).cuda()
-    src = sources([7, 3, 5, 9, 2, 6]).cuda()
+    src = sources([7, 3, 5, 9, 2, 6]).cuda().flip(0)
     for search, kw in ((greedy_decode, {}), (beam_search, {"beam_size": 5})):
         dynamic, _ = search(model, src, max_len=12, **IDS, **kw)
         static, _ = search(model, src, max_len=12, cache="static", **IDS, **kw)
         assert torch.equal(static, dynamic), search.__name__
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # as validation runs with bf16-mixed
+            dynamic, _ = search(model, src, max_len=12, **IDS, **kw)
+            static, scores = search(model, src, max_len=12, cache="static", **IDS, **kw)
+        assert scores.isfinite().all() and (static == dynamic).all(1).sum() >= 5, search.__name__
     step = seq2seq_step(model, model.encode(src), src.eq(PAD_ID), max_len=4)
     for t in range(3):
         step(torch.full((6, 1), BOS_ID, device="cuda"), t)
     assert step.graph is not None
+    torch.manual_seed(2)
+    lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, dropout=0.0, max_positions=16, positions=positions)
+    lm, prompt = lm.cuda().eval(), sources([3, 3], seed=5).cuda()
+    assert torch.equal(lm.generate(prompt, 10, temperature=0, cache="static"), lm.generate(prompt, 10, temperature=0))
 
 
 def test_cache_is_a_config_key_of_both_text_modules_and_checked():
