@@ -73,11 +73,12 @@ class DecodingStep:
     ``cache``: the caches ``body`` writes (one per layer); ``max_len``: their length when static (None: they
     grow, and no graph is possible). ``inputs(tokens, t) -> (x, positions)`` holds what depends on the host's
     position (embeddings, RoPE angles, a position bias), run eagerly; ``body(x, positions) -> logits`` the rest
-    (the stacks on their `StaticKVCache`, the output projection). With ``graph`` (CUDA), the second call runs ``body`` on a side
-    stream (the warm-up torch.cuda.graphs asks for, and a real step) and captures it as a CUDA graph; later
-    calls of the same shapes copy their inputs into the graph's buffers and replay it: one launch for the
-    whole decoder. The first call (a prompt, the cross-attention's keys) always runs eagerly. Autocast's
-    cast cache is off inside the graph, so that the graph owns its casts of the weights.
+    (the stacks on their `StaticKVCache`, the output projection). With ``graph`` (CUDA), the second call runs
+    ``body`` on a side stream (the warm-up torch.cuda.graphs asks for, and a real step) and captures it as a
+    CUDA graph; later calls of the same shapes copy their inputs into the graph's buffers and replay it: one
+    launch for the whole decoder. The first call (a prompt, the cross-attention's keys) always runs eagerly. `reorder` (beam
+    search) takes effect at the next call, inside the graph when that call replays one. Autocast's cast cache
+    is off inside the graph, so that the graph owns its casts of the weights.
     """
 
     def __init__(
@@ -94,23 +95,46 @@ class DecodingStep:
         self.x: Tensor | None = None
         self.positions: dict = {}
         self.logits: Tensor | None = None
+        self.pending: Tensor | None = None  # rows to keep, in order, before the next step (dim 0 of the cache)
+        self.index: Tensor | None = None  # the graph's copy of it, when the graph reorders
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep cache rows ``index`` (every row, in a new order) from the next step on."""
+        self.pending = index
+
+    def _reorder(self, index: Tensor) -> None:
+        for layer in self.cache:
+            layer.reorder(index, static_index=None)
+
+    def _run(self, x: Tensor, positions: dict) -> Tensor:
+        if self.index is not None:
+            self._reorder(self.index)
+        return self.body(x, positions)
 
     def __call__(self, tokens: Tensor, t: int) -> Tensor:
         x, positions = self.inputs(tokens, t)
         if self.max_len is not None:
             positions = _static_positions(positions, self.max_len)
         self.calls += 1
+        pending, self.pending = self.pending, None
         if self.graph is not None and x.shape == self.x.shape:
+            if self.index is not None:  # a graph that reorders first: by the pending rows, or all in place
+                self.index.copy_(torch.arange(self.index.numel(), device=x.device) if pending is None else pending)
+            elif pending is not None:
+                self._reorder(pending)
             self.x.copy_(x)
             _copy_positions(self.positions, positions)
             self.graph.replay()
             return self.logits
         if not self.use_graph or self.calls == 1 or self.graph is not None:
+            if pending is not None:
+                self._reorder(pending)
             return self.body(x, positions)
-        return self._capture(x, positions)
+        return self._capture(x, positions, pending)
 
-    def _capture(self, x: Tensor, positions: dict) -> Tensor:
+    def _capture(self, x: Tensor, positions: dict, pending: Tensor | None) -> Tensor:
         self.x, self.positions = x.clone(), _clone_positions(positions)
+        self.index = None if pending is None else pending.clone()
         autocast = (
             torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
             if torch.is_autocast_enabled("cuda")
@@ -119,13 +143,13 @@ class DecodingStep:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), autocast:
-            logits = self.body(self.x, self.positions)  # this step, and the warm-up
+            logits = self._run(self.x, self.positions)  # this step, and the warm-up
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         # recorded, not run: the cache does not advance; thread_local: other threads (a loader pinning memory)
         # may use CUDA meanwhile
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), autocast:
-            self.logits = self.body(self.x, self.positions)
+            self.logits = self._run(self.x, self.positions)
         return logits
 
 
@@ -312,8 +336,7 @@ def beam_search(
                 if n == batch
                 else torch.arange(batch * k, device=device).index_copy_(0, live, live[next_rows])
             )
-            for layer in step.cache:
-                layer.reorder(index, static_index=None)
+            step.reorder(index)
         elif n_open == n:  # follow the chosen prefixes; cross-attention keys are one per sentence
             for layer in layers:
                 layer.reorder(next_rows, static_index=None)

@@ -7,9 +7,10 @@ import torch
 from benchmarks import peers
 from benchmarks.run import GPU_DECODING, static_cache_case
 from datamodules.text import BOS_ID, EOS_ID, PAD_ID
+from models import decoding, text
 from models.attention import KVCache, MultiHeadAttention, StaticKVCache
 from models.decoding import DecodingStep, beam_search, greedy_decode, seq2seq_step
-from models.position import ALiBi, RotaryEmbedding
+from models.position import ALiBi, RotaryEmbedding, Rotation
 from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.text_module import LanguageModelModule, TranslationModule
 
@@ -171,6 +172,58 @@ def test_no_cuda_graph_without_cuda():
     for t in range(3):
         step(torch.full((1, 1), BOS_ID), t)
     assert step.graph is None
+
+
+class ReplayOnCPU(DecodingStep):
+    """A `DecodingStep` whose "graph" re-runs the captured call on its buffers: the replay path (inputs copied
+    into buffers, the reorder staged into the graph's index, the output buffer) on a CPU. The body keeps no host
+    state, so re-running it on the buffers is what replaying a CUDA graph of it does."""
+
+    replays = 0
+
+    def __init__(self, inputs, body, cache, max_len, graph):
+        super().__init__(inputs, body, cache, max_len, graph=max_len is not None)
+
+    def _capture(self, x, positions, pending):
+        self.x, self.positions = (
+            x.clone(),
+            {
+                k: Rotation(v.cos.clone(), v.sin.clone()) if isinstance(v, Rotation) else v.clone()
+                for k, v in positions.items()
+            },
+        )
+        self.index = None if pending is None else pending.clone()
+        logits = self._run(self.x, self.positions)
+        self.logits = torch.empty_like(logits)
+        step = self
+
+        class Graph:
+            def replay(self) -> None:
+                ReplayOnCPU.replays += 1
+                step.logits.copy_(step._run(step.x, step.positions))
+
+        self.graph = Graph()
+        return logits
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi"])
+def test_the_replay_path_reads_every_input_from_its_buffers(positions, monkeypatch):
+    monkeypatch.setattr(decoding, "DecodingStep", ReplayOnCPU)
+    monkeypatch.setattr(text, "DecodingStep", ReplayOnCPU)
+    model = seq2seq(positions, eos_bias=1.0, seed=3)
+    src = sources([7, 3, 5, 9, 2, 6, 4, 8], seed=4).flip(0)  # sentences finish early (see above)
+    for search, kw in ((greedy_decode, {}), (beam_search, {"beam_size": 5})):
+        ReplayOnCPU.replays = 0
+        dynamic, dynamic_scores = search(model, src, max_len=14, **IDS, **kw)
+        static, static_scores = search(model, src, max_len=14, cache="static", **IDS, **kw)
+        assert torch.equal(static, dynamic) and ReplayOnCPU.replays > 5, search.__name__
+        torch.testing.assert_close(static_scores, dynamic_scores, atol=1e-5, rtol=1e-5)
+    torch.manual_seed(2)
+    lm = DecoderOnlyLM(V, d_model=20, nhead=2, num_layers=2, dropout=0.0, max_positions=16, positions=positions)
+    prompt = sources([3, 3], seed=5)
+    assert torch.equal(
+        lm.eval().generate(prompt, 9, temperature=0, cache="static"), lm.generate(prompt, 9, temperature=0)
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
