@@ -423,13 +423,13 @@ class DecoderOnlyLM(nn.Module):
 
     def _step(self, kind: CacheKind, window: int, cuda: bool) -> DecodingStep:
         """A new cache and the step that decodes on it: (tokens (B, T), start_pos) -> logits (B, T, V)."""
-        layers = self.init_cache(window if kind == "static" else None)
+        max_len = window if kind == "static" else None
+        layers = self.init_cache(max_len)
 
         def body(x: Tensor, positions: dict) -> Tensor:
             return self.forward_embedded(x, positions, layers)
 
-        static = kind == "static"
-        return DecodingStep(self.inputs, body, layers, window if static else None, graph=cuda and static)
+        return DecodingStep(self.inputs, body, layers, max_len, graph=cuda and max_len is not None)
 
     @torch.no_grad()
     def generate(
