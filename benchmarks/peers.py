@@ -463,6 +463,57 @@ def decoding_bench(search: str, s: Settings) -> Bench:
     )
 
 
+# configs/text/multi30k_en_de.yaml's model (shared 10k BPE, length_penalty 1.0); sources of 6-30 tokens, as its val
+MULTI30K_BEAM = dict(d_model=256, nhead=4, layers=4, ffn=1024, vocab=10000, src=(6, 30), max_positions=256, alpha=1.0)
+QUICK_MULTI30K_BEAM = dict(d_model=32, nhead=2, layers=1, ffn=64, vocab=50, src=(3, 6), max_positions=64, alpha=1.0)
+
+
+def static_cache_bench(search: str, sentences: int, s: Settings) -> Bench:
+    """Decoding as validation runs it (`TranslationModule.translate`: max_len = 1.5·|source| + 10) on
+    Multi30k-val-shaped input, beam 5 or greedy: the static cache ("ours"; on CUDA each step a CUDA graph) vs
+    the dynamic cache of today's path. Random weights: hypotheses run to ``max_len``."""
+    c = QUICK_MULTI30K_BEAM if s.quick else MULTI30K_BEAM
+    sentences = min(sentences, 4) if s.quick else sentences
+    torch.manual_seed(0)
+    layers = (c["layers"], c["layers"], c["ffn"], 0.0)
+    model = Seq2SeqTransformer(
+        c["vocab"],
+        c["vocab"],
+        c["d_model"],
+        c["nhead"],
+        *layers,
+        share_embeddings=True,
+        pad_id=0,
+        max_positions=c["max_positions"],
+    )
+    model = model.to(s.device).eval()
+    src = random_sentences(sentences, *c["src"], c["vocab"], torch.Generator().manual_seed(0)).to(s.device)
+    max_len = min(c["max_positions"], int(1.5 * int(src.ne(0).sum(1).max()) + 10))
+    ids = dict(bos_id=1, eos_id=2, pad_id=0, max_len=max_len)
+    if search == "beam":
+        ids.update(beam_size=5, alpha=c["alpha"])
+    decode = beam_search if search == "beam" else greedy_decode
+
+    def step_of(cache: str) -> Step:
+        def step() -> tuple[Tensor, Tensor]:
+            with s.autocast():
+                return decode(model, src, cache=cache, **ids)
+
+        return step
+
+    steps = {"ours": step_of("static"), "dynamic cache": step_of("dynamic")}
+    (a, _), (b, _) = steps["ours"](), steps["dynamic cache"]()
+    same = sum(bool(x.equal(y)) for x, y in zip(a, b)) if a.shape == b.shape else 0
+    return Bench(
+        steps,
+        items=sentences,
+        unit="sentences",
+        check=f"identical translations for {same}/{sentences} sentences, length {a.size(1)} (max_len {max_len})",
+        repeats=3,
+        inference=True,
+    )
+
+
 # ----------------------------------------------------------------------------- DETR
 
 DETR_SHAPES = {  # backbone, d_model, heads, layers each side, FFN, queries, classes, batch, image (H, W)

@@ -11,12 +11,14 @@ Sections (``--only``):
     attention  our MultiHeadAttention vs the minimal SDPA layer and nn.MultiheadAttention, L = 64, 256, 1024
     vit        ViT training step vs timm's VisionTransformer (vit_tiny, vit_small shapes)
     text       translation training step vs the same model on torch.nn.Transformer (tokens/s)
-    decoding   beam search (beam 5, 64 sentences) and greedy decoding with vs without the key/value cache
+    decoding   beam search (beam 5, 64 sentences) and greedy decoding with vs without the key/value cache; beam 5
+               on the static cache vs the dynamic one (the multi30k_en_de model, 64 sentences)
     detr       DETR training step vs Hugging Face's DetrForObjectDetection (R50-sized and small);
                share of the step spent in Hungarian matching
     scaling    our step time, memory and attention share as sequence length / image size / queries grow
     data       each experiment config's DataModule alone vs its training step vs the real fit
-    gpu        ViT-B/16 model FLOPs utilisation (bf16), SDPA kernel checks: only with CUDA
+    gpu        ViT-B/16 model FLOPs utilisation (bf16), SDPA kernel checks, decoding on the static cache with
+               CUDA graphs vs the dynamic cache (beam 5 and greedy, 64 and 1014 sentences): only with CUDA
 
 Every comparison uses the same shapes, precision, optimiser (AdamW) and loss on both sides, and the
 same weights where the layouts allow it; see `benchmarks.harness` for how time and memory
@@ -107,6 +109,7 @@ def cases(quick: bool) -> list[Case]:
     out.append(
         Case("decoding/greedy", "decoding", "greedy", partial(peers.decoding_bench, "greedy"), {"no cache": None})
     )
+    out.append(static_cache_case("beam", 64))
     for size in ("small", "r50"):
         out.append(Case(f"detr/{size}", "detr", f"DETR {size}", partial(peers.detr_bench, size), {"HF DETR": 1.0}))
     for shape in peers.MATCHING_SHAPES:
@@ -123,6 +126,23 @@ def cases(quick: bool) -> list[Case]:
     out.append(Case("scaling/vit", "scaling", "ViT tiny", scaling.vit_scaling_bench))
     out.append(Case("scaling/detr", "scaling", "DETR small", scaling.detr_scaling_bench))
     return out
+
+
+def static_cache_case(search: str, sentences: int, prefix: str = "decoding") -> Case:
+    """Decoding on the static cache (a CUDA graph per step on CUDA) vs the dynamic cache, Multi30k-shaped; a
+    decoding case (timed without profiling) also where the gpu section runs it."""
+    label = f"{'beam 5' if search == 'beam' else 'greedy'}, {sentences} sentences, static cache"
+    return Case(
+        f"{prefix}/static_cache/{search}/{sentences}",
+        "decoding",
+        label,
+        partial(peers.static_cache_bench, search, sentences),
+        {"dynamic cache": None},
+    )
+
+
+# `--only gpu`: the CUDA-graph rows, at the sizes of Multi30k's validation (64 sentences, the whole val set)
+GPU_DECODING = (("beam", 64), ("beam", 1014), ("greedy", 1014))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -377,7 +397,10 @@ SECTION_TITLES = {
     "attention": "Shared attention core: self-attention forward + backward (D=256, 8 heads, B·L = 4096 tokens)",
     "vit": "ViT training step (AdamW) vs timm: timm's shapes (batch 8, 224 px), and the same depth on tiny tensors",
     "text": "Seq2seq training step (random sentences of 16-40 tokens, label smoothing, AdamW) vs torch.nn.Transformer",
-    "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none",
+    "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none; "
+    "static cache vs dynamic (the multi30k_en_de model: d=256, 4+4 layers, vocabulary 10000, max_len 1.5·|source| + 10)",
+    "gpu/decoding": "Decoding on the static cache, each step one CUDA graph, vs the dynamic cache (the multi30k_en_de model, "
+    "random weights, sources of 6-30 tokens, max_len 1.5·|source| + 10; sentences/s)",
     "detr": "DETR training step (set loss with auxiliary losses, AdamW) vs Hugging Face DetrForObjectDetection, and the "
     "Hungarian matching of one step (every decoder layer) vs Hugging Face's matcher",
     "scaling": "Scaling of our training step",
@@ -430,7 +453,8 @@ def run(args: argparse.Namespace) -> str:
         if section == "gpu":
             if base.device.type != "cuda":
                 print(
-                    "benchmark: gpu section skipped: no CUDA device (torch.cuda.is_available() is False)",
+                    "benchmark: gpu section skipped (ViT-B/16 MFU, SDPA checks, CUDA-graph decoding): no CUDA device "
+                    "(torch.cuda.is_available() is False)",
                     file=sys.stderr,
                 )
                 continue
@@ -450,6 +474,12 @@ def run(args: argparse.Namespace) -> str:
                     ["backend", "dtype", "L", "output of the empty row", "gradients"],
                     scaling.empty_row_rows(base.device),
                 )
+            )
+            log("gpu: decoding on the static cache with CUDA graphs")
+            outcomes = [run_case(static_cache_case(*shape, "gpu"), base, args) for shape in GPU_DECODING]
+            parts.append(
+                f"### {SECTION_TITLES['gpu/decoding']}\n\n{comparison_table(outcomes)}\n\n"
+                f"Checks and notes:\n{notes_list(outcomes)}"
             )
             continue
         if section == "data":

@@ -39,7 +39,8 @@ Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels 
 weights are not needed. Reference path: explicit softmax, used when weights are requested
 (``need_weights=True`` or inside `capture_attention`) and as the test oracle.
 
-Incremental decoding keeps each layer's projected keys and values in a `KVCache`.
+Incremental decoding keeps each layer's projected keys and values in a `KVCache` (growing by each step), or
+in a `StaticKVCache` (buffers of a fixed length written in place: static shapes, for CUDA graphs).
 
 Grouped-query attention (``num_kv_heads`` < ``num_heads``, Ainslie et al. 2023; Llama 2/3, Mistral): keys
 and values have ``num_kv_heads`` heads, each shared by ``num_heads // num_kv_heads`` consecutive query heads.
@@ -230,6 +231,53 @@ class KVCache:
 
 
 @dataclass
+class StaticKVCache:
+    """One self-attention layer's keys and values in buffers of a fixed size, (B, H, max_len, d) each
+    (static shapes, as transformers' ``StaticCache`` and gpt-fast's cache; not `KVCache`'s ``static``, which
+    means a read-only cross-attention cache).
+
+    Each call writes its new rows in place at positions ``length``.. and attends over the whole buffer, the
+    positions not yet filled blocked; ``length`` is a device tensor that the call advances in place. So a
+    decoding step has the same shapes and addresses at every position and can be replayed as a CUDA graph.
+    The buffers are allocated at the first call, with the new keys' batch, heads, dtype and device.
+    """
+
+    max_len: int
+    k: Tensor | None = None
+    v: Tensor | None = None
+    length: Tensor | None = None  # () long: positions filled so far
+    static = False  # a class constant, not a field: never `KVCache`'s read-only cross-attention cache
+
+    def update(self, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """Write k/v (B, H, Lq, d) at the next positions -> the buffers (B, H, max_len, d) and the mask
+        (Lq, max_len), True at keys a query may not see: those not filled, and with ``is_causal`` those after it."""
+        if self.k is None:
+            b, h, _, d = k.shape
+            self.k = k.new_zeros(b, h, self.max_len, d)
+            self.v = v.new_zeros(b, h, self.max_len, d)
+            self.length = torch.zeros((), dtype=torch.long, device=k.device)
+        lq = k.size(2)
+        positions = self.length + torch.arange(lq, device=k.device)  # (Lq,) where the new rows go
+        self.k.index_copy_(2, positions, k.to(self.k.dtype))
+        self.v.index_copy_(2, positions, v.to(self.v.dtype))
+        keys = torch.arange(self.max_len, device=k.device)
+        last = positions[:, None] if is_causal else positions[-1:, None]  # the last key each query sees
+        self.length.add_(lq)
+        return self.k, self.v, keys[None, :] > last
+
+    def reorder(self, index: Tensor, static_index: Tensor | None) -> None:
+        """Keep rows ``index`` (dim 0) in this order, in place: the buffers keep their shape and address. A
+        static-shape search keeps every row, so ``index`` covers them all and ``static_index`` must be None."""
+        if static_index is not None or index.numel() != self.k.size(0):
+            raise ValueError(
+                f"a StaticKVCache keeps its {self.k.size(0)} rows: reorder takes an index of that many rows and no "
+                "static_index (decoding with cache='static' keeps finished sentences in the batch)"
+            )
+        self.k.copy_(self.k.index_select(0, index))
+        self.v.copy_(self.v.index_select(0, index))
+
+
+@dataclass
 class AttentionScores:
     """What one call of a layer computed, recorded by ``capture_attention(model, scores=True)``.
 
@@ -355,7 +403,7 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: KVCache | StaticKVCache | None = None,
         rope: Rotation | None = None,
         position_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
@@ -363,7 +411,8 @@ class MultiHeadAttention(nn.Module):
 
         ``cache`` enables incremental decoding: the module fills it with this layer's projected keys
         and values (B, H, Lk, d). New keys are appended each call, unless the cache is ``static``
-        (cross-attention): then they are computed once from the memory and read afterwards.
+        (cross-attention): then they are computed once from the memory and read afterwards. A `StaticKVCache`
+        (self-attention) takes the new keys in place and the attention covers its whole buffer, unfilled keys blocked.
 
         ``key``/``value`` may hold fewer rows than ``query`` (cross-attention only, ``key_padding_mask``
         (B_kv, Lk) the only mask): each of their rows then serves ``B // B_kv`` consecutive query rows, so
@@ -395,7 +444,14 @@ class MultiHeadAttention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 q, k = rope(q), rope(k)
-            if cache is not None:
+            if isinstance(cache, StaticKVCache):
+                if attn_mask is not None or key_padding_mask is not None:
+                    raise ValueError("a StaticKVCache masks the positions it has not filled itself; pass no other mask")
+                k, v, attn_mask = cache.update(k, v, is_causal)
+                is_causal = False
+                if position_bias is not None:  # given over the filled keys: the rest are blocked
+                    position_bias = F.pad(position_bias, (0, cache.max_len - position_bias.size(-1)))
+            elif cache is not None:
                 if cache.k is not None:
                     k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
                 cache.k, cache.v = k, v
