@@ -35,6 +35,12 @@ a boolean mask (padding, a cached causal step): memory-efficient; ``position_bia
 float mask (its gradient flows to a learned bias); math where those kernels do not apply (e.g. head sizes
 they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep whichever kernel the masks allow.
 
+Padding-free path (`models.padding_free`): a key-padding mask alone (with ``is_causal`` in self-attention; no
+other mask, no ``position_bias``, weights not requested, not under torch.compile) on a device that
+``PADDING_FREE`` names packs the valid rows and runs one variable-length flash kernel over them, so padded keys
+(and, in self-attention, padded query rows, which come back as zeros) cost nothing. By default on CUDA only:
+on the CPU it cannot be faster; the tests set ``PADDING_FREE["cpu"]`` to hold it to the reference path.
+
 Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU) whenever
 weights are not needed. Reference path: explicit softmax, used when weights are requested
 (``need_weights=True`` or inside `capture_attention`) and as the test oracle.
@@ -58,12 +64,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.padding_free import PaddingFree, attention_padding_free, packing, supported
 from models.position import Rotation
 
 Similarity = Literal["scaled_dot", "dot", "general"]
 SIMILARITIES = ("scaled_dot", "dot", "general")
 QKNorm = Literal["layernorm", "rmsnorm"]
 _QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+# device type -> the padding-free kernel it takes for a key-padding mask (module docstring), None: the masked SDPA
+PADDING_FREE: dict[str, PaddingFree | None] = {"cuda": "varlen", "cpu": None}
 
 
 def subsequent_mask(size: int, device: torch.device | None = None) -> Tensor:
@@ -196,6 +205,18 @@ def attention_fast(
     # where, not masked_fill: it keeps SDPA's memory layout (B, L, H, d), so that merging the heads stays a
     # view; masked_fill returns a contiguous (B, H, L, d) copy, which the merge then copies once more
     return torch.where(empty, 0.0, out)
+
+
+def _padding_free_kernel(
+    q: Tensor, lk: int, key_padding_mask: Tensor | None, is_causal: bool, self_attention: bool
+) -> PaddingFree | None:
+    """The padding-free kernel for q (B, H, Lq, d) and this key-padding mask alone, or None (module docstring)."""
+    kernel = PADDING_FREE.get(q.device.type)
+    if kernel is None or key_padding_mask is None or key_padding_mask.shape != (q.shape[0], lk):
+        return None  # (a mask of the wrong shape: merge_masks names it)
+    if (is_causal and not self_attention) or torch.compiler.is_compiling():
+        return None
+    return kernel if supported(q, kernel, is_causal) else None
 
 
 @dataclass
@@ -349,6 +370,7 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
+        self_attention = key is query
         if cache is not None and cache.static and cache.k is not None:
             if rope is not None:
                 raise ValueError("rope rotates self-attention; a static (cross-attention) cache takes none")
@@ -394,6 +416,16 @@ class MultiHeadAttention(nn.Module):
         plain_causal = (
             is_causal and lq == lk and attn_mask is None and key_padding_mask is None and position_bias is None
         )
+        self_attention = self_attention and lq == lk  # not a step that attends to cached keys too
+        kernel = (
+            None
+            if want_weights or attn_mask is not None or position_bias is not None or group > 1
+            else _padding_free_kernel(q, lk, key_padding_mask, is_causal, self_attention)
+        )
+        if kernel is not None:
+            pack = packing(key_padding_mask, lq, self_attention)
+            out = attention_padding_free(q, k, v, pack, self.scale, dropout_p, is_causal, kernel)
+            return self.out_proj(out.transpose(1, 2).reshape(bsz, lq, self.embed_dim)), None
         mask = (
             None
             if plain_causal and not want_weights
