@@ -244,3 +244,32 @@ def test_detr_on_padded_images_same_loss_and_grads(forced, monkeypatch):
     assert len(calls) == 4  # encoder self-attention x2, decoder cross-attention x2
     monkeypatch.setitem(attention.PADDING_FREE, "cpu", None)
     assert_same_loss_and_grads(ours, loss_and_grads(model, loss))
+
+
+def test_padded_benchmarks_check_every_path_and_name_those_that_fail(monkeypatch):
+    from benchmarks import peers
+
+    quick = peers.Settings(quick=True)
+    bench = peers.padded_attention_bench(16, quick)
+    assert list(bench.steps) == ["no mask", "masked SDPA", "nested"]  # the CPU has no varlen_attn
+    assert "varlen fails: Could not run 'aten::_flash_attention_forward'" in bench.check
+    diff = float(bench.check.split("nested max |Δ| at valid rows vs masked SDPA ")[1])
+    assert diff < 1e-5
+    calls, original = [], attention.attention_padding_free
+    monkeypatch.setattr(attention, "attention_padding_free", lambda *a, **k: calls.append(a[7]) or original(*a, **k))
+    for step in bench.steps.values():
+        step()
+    assert calls == ["nested"] and attention.PADDING_FREE["cpu"] is None  # each side on its path, then restored
+    bench = peers.padded_seq2seq_bench(0.3, quick)
+    assert list(bench.steps) == ["ours, masked SDPA", "ours, nested", "nn.Transformer"]
+    assert "varlen" not in bench.check  # no dropout in varlen_attn: not a side
+
+
+def test_padding_rows_skip_without_cuda_with_a_line(capsys):
+    from benchmarks.run import main
+
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the rows run")
+    main(["--only", "padding,gpu", "--quick", "--no-memory", "--output", "-"])
+    err = capsys.readouterr().err
+    assert "padding section skipped: no CUDA device" in err and "gpu section skipped: no CUDA device" in err
