@@ -216,7 +216,9 @@ def padding_path(device: torch.device, kernel: str | None) -> Iterator[None]:
 def padded_attention_bench(length: int, s: Settings) -> Bench:
     """Our self-attention layer forward + backward on a padded batch (`padding_mask`: lengths uniform in
     [L/2, L]) by each of `PADDING_PATHS`, vs the same layer without a mask at the padded length ("no mask":
-    the speed a padding path should reach or beat); shapes as in `attention_bench`, no dropout. Each path's
+    the speed a padding path should reach or beat); shapes as in `attention_bench`, no dropout. Every step gets
+    its mask as a new tensor, so the padding-free path packs it (and waits for the device) in every step, as a
+    one-layer model would with a new batch; a deeper model packs once for all its layers. Each path's
     output at the valid rows is compared with the masked SDPA's first; a path that fails is named in the
     check and left out."""
     dim, heads, tokens = (32, 4, 64) if s.quick else (256, 8, 4096)
@@ -237,7 +239,7 @@ def padded_attention_bench(length: int, s: Settings) -> Bench:
         def step() -> None:
             x.grad = None
             layer.zero_grad(set_to_none=True)
-            out = forward(mask, kernel)
+            out = forward(None if mask is None else mask.clone(), kernel)  # a new batch's mask: packed anew
             out.backward(grad.to(out.dtype))
 
         return step
