@@ -150,6 +150,17 @@ def test_the_path_is_taken_for_a_key_padding_mask_alone(forced):
     assert calls == []
 
 
+def test_under_torch_compile_the_masked_path_keeps_one_graph(forced):
+    kernel, calls = forced
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 2)
+    x, kpm = torch.randn(2, 4, 16), lengths_mask([4, 2], 4)
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)  # packing would break the graph: it waits
+    valid = ~kpm
+    torch.testing.assert_close(compiled(x, key_padding_mask=kpm)[0][valid], layer(x, key_padding_mask=kpm)[0][valid])
+    assert calls == [kernel]  # the eager call only
+
+
 def test_off_on_the_cpu_by_default():
     assert attention.PADDING_FREE["cpu"] is None and attention.PADDING_FREE["cuda"] in padding_free.KERNELS
     x = torch.randn(2, 4, 16)
