@@ -31,9 +31,9 @@ and keys are normalised over d after the projections (learned scale shared by th
 the rotation and the similarity; it bounds the logits, whose maximum `capture_attention(scores=True)` records.
 
 SDPA kernel that each option gets on a GPU: no mask, or ``is_causal`` alone (keys as long as queries): flash;
-a boolean mask (padding, a cached causal step): memory-efficient; ``position_bias``: memory-efficient with a
-float mask (its gradient flows to a learned bias); math where those kernels do not apply (e.g. head sizes
-they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep whichever kernel the masks allow.
+a boolean mask (a cached causal step, padding that the padding-free path below does not take): memory-efficient;
+``position_bias``: memory-efficient with a float mask (its gradient flows to a learned bias); math where those
+kernels do not apply (e.g. head sizes they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep whichever kernel the masks allow.
 
 Padding-free path (`models.padding_free`): a key-padding mask alone (with ``is_causal`` in self-attention; no
 other mask, no ``position_bias``, weights not requested, not under torch.compile) on a device that

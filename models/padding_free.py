@@ -49,9 +49,8 @@ class Packing:
     max_k: int
 
 
-_RECENT: list[
-    tuple[weakref.ref, int, tuple[int, bool], Packing]
-] = []  # newest first: the layers of a stack share a mask
+# the packings of the last few masks, newest first: (mask, its version, (Lq, self-attention), packing)
+_RECENT: list[tuple[weakref.ref, int, tuple[int, bool], Packing]] = []
 
 
 def packing(key_padding_mask: Tensor, lq: int, self_attention: bool) -> Packing:
@@ -87,9 +86,10 @@ def packing(key_padding_mask: Tensor, lq: int, self_attention: bool) -> Packing:
 
 
 def supported(q: Tensor, kernel: PaddingFree, is_causal: bool) -> bool:
-    """Whether ``kernel`` runs these queries (B, H, L, d) fast: on a GPU within flash's limits (fp16/bf16,
-    d a multiple of 8 up to 256), else NJT SDPA would take a slower kernel than the masked path's; on the CPU
-    only "nested" without ``is_causal`` exists (torch has no CPU varlen_attn; the tests substitute one)."""
+    """Whether ``kernel`` runs these queries (B, H, L, d). On a GPU: within flash's limits (fp16/bf16, d a
+    multiple of 8 up to 256), outside which NJT SDPA would fall to kernels slower than the masked path's. On
+    the CPU: "nested" without ``is_causal`` (NJT SDPA's math kernel has none); "varlen" passes for the tests'
+    stand-in (torch has no CPU varlen_attn)."""
     d = q.shape[-1]
     if q.device.type == "cuda":
         return q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
@@ -109,32 +109,29 @@ def attention_padding_free(
     """q (B, H, Lq, d), k/v (B, H, Lk, d) and their `Packing` -> out (B, H, Lq, d), laid out as (B, Lq, H, d)
     (the heads merge with a view); zero in the rows the packing leaves out. ``is_causal``: self-attention only."""
     b, h, lq, _ = q.shape
-    out = q.new_zeros(b * lq, h, v.shape[-1])
-    if pack.max_k:
-        qp, kp, vp = (
-            x.transpose(1, 2).reshape(-1, h, x.shape[-1]).index_select(0, rows)  # (T, H, d)
-            for x, rows in ((q, pack.q_rows), (k, pack.k_rows), (v, pack.k_rows))
+    if not pack.max_k:  # no sequence has a key: nothing to compute
+        return q.new_zeros(b, h, lq, v.shape[-1])
+    qp, kp, vp = (
+        x.transpose(1, 2).reshape(-1, h, x.shape[-1]).index_select(0, rows)  # (T, H, d)
+        for x, rows in ((q, pack.q_rows), (k, pack.k_rows), (v, pack.k_rows))
+    )
+    if kernel == "varlen" and dropout_p == 0.0 and varlen_attn is not None:
+        window = (-1, 0) if is_causal else (-1, -1)  # flash's causal window: within each sequence
+        packed = varlen_attn(qp, kp, vp, pack.cu_q, pack.cu_k, pack.max_q, pack.max_k, scale=scale, window_size=window)
+    else:
+        packed = F.scaled_dot_product_attention(
+            _nested(qp, pack.cu_q, pack.max_q),
+            _nested(kp, pack.cu_k, pack.max_k),
+            _nested(vp, pack.cu_k, pack.max_k),
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
         )
-        if kernel == "varlen" and dropout_p == 0.0 and varlen_attn is not None:
-            window = (-1, 0) if is_causal else (-1, -1)  # flash's causal: per sequence
-            packed = varlen_attn(
-                qp, kp, vp, pack.cu_q, pack.cu_k, pack.max_q, pack.max_k, scale=scale, window_size=window
-            )
-        else:
-
-            def nested(x: Tensor, starts: Tensor, longest: int) -> Tensor:  # (T, H, d) -> (N, H, j, d)
-                return torch.nested.nested_tensor_from_jagged(x, starts, max_seqlen=longest, min_seqlen=1).transpose(
-                    1, 2
-                )
-
-            packed = F.scaled_dot_product_attention(
-                nested(qp, pack.cu_q, pack.max_q),
-                nested(kp, pack.cu_k, pack.max_k),
-                nested(vp, pack.cu_k, pack.max_k),
-                dropout_p=dropout_p,
-                is_causal=is_causal,
-                scale=scale,
-            )
-            packed = packed.transpose(1, 2).values()  # (Tq, H, d)
-        out = out.index_copy(0, pack.q_rows, packed)
+        packed = packed.transpose(1, 2).values()  # (Tq, H, d)
+    out = packed.new_zeros(b * lq, h, packed.shape[-1]).index_copy_(0, pack.q_rows, packed)  # (B·Lq, H, d)
     return out.view(b, lq, h, -1).transpose(1, 2)
+
+
+def _nested(x: Tensor, starts: Tensor, longest: int) -> Tensor:
+    """Packed rows (T, H, d) and where each sequence starts -> a jagged nested tensor (N, H, j, d)."""
+    return torch.nested.nested_tensor_from_jagged(x, starts, max_seqlen=longest, min_seqlen=1).transpose(1, 2)
