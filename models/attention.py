@@ -35,8 +35,8 @@ a boolean mask (a cached causal step, padding that the padding-free path below d
 ``position_bias``: memory-efficient with a float mask (its gradient flows to a learned bias); math where those
 kernels do not apply (e.g. head sizes they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep whichever kernel the masks allow.
 
-Padding-free path (`models.padding_free`): a key-padding mask alone (with ``is_causal`` in self-attention; no
-other mask, no ``position_bias``, weights not requested, not under torch.compile) on a device that
+Padding-free path (`models.padding_free`): a boolean key-padding mask alone (with ``is_causal`` in self-attention;
+no other mask, no ``position_bias``, weights not requested, no KV cache, not under torch.compile) on a device that
 ``PADDING_FREE`` names packs the valid rows and runs one variable-length flash kernel over them, so padded keys
 (and, in self-attention, padded query rows, which come back as zeros) cost nothing. By default on CUDA only:
 on the CPU it cannot be faster; the tests set ``PADDING_FREE["cpu"]`` to hold it to the reference path.
@@ -212,8 +212,10 @@ def _padding_free_kernel(
 ) -> PaddingFree | None:
     """The padding-free kernel for q (B, H, Lq, d) and this key-padding mask alone, or None (module docstring)."""
     kernel = PADDING_FREE.get(q.device.type)
-    if kernel is None or key_padding_mask is None or key_padding_mask.shape != (q.shape[0], lk):
-        return None  # (a mask of the wrong shape: merge_masks names it)
+    if kernel is None or key_padding_mask is None or key_padding_mask.dtype != torch.bool:
+        return None
+    if key_padding_mask.shape != (q.shape[0], lk):
+        return None  # (merge_masks names the wrong shape)
     if (is_causal and not self_attention) or torch.compiler.is_compiling():
         return None
     return kernel if supported(q, kernel, is_causal) else None
@@ -419,11 +421,11 @@ class MultiHeadAttention(nn.Module):
         self_attention = self_attention and lq == lk  # not a step that attends to cached keys too
         kernel = (
             None
-            if want_weights or attn_mask is not None or position_bias is not None or group > 1
+            if want_weights or attn_mask is not None or position_bias is not None or group > 1 or cache is not None
             else _padding_free_kernel(q, lk, key_padding_mask, is_causal, self_attention)
         )
         if kernel is not None:
-            pack = packing(key_padding_mask, lq, self_attention)
+            pack = packing(key_padding_mask.to(q.device), lq, self_attention)
             out = attention_padding_free(q, k, v, pack, self.scale, dropout_p, is_causal, kernel)
             return self.out_proj(out.transpose(1, 2).reshape(bsz, lq, self.embed_dim)), None
         mask = (

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import TINY_TRUNK
 
 from models import attention, padding_free
-from models.attention import MultiHeadAttention
+from models.attention import KVCache, MultiHeadAttention
 from models.backbone import Backbone
 from models.criterion import SetCriterion
 from models.detr import DETR
@@ -146,6 +146,8 @@ def test_the_path_is_taken_for_a_key_padding_mask_alone(forced):
     layer(x)
     layer(x, is_causal=True)
     layer(x[:1].repeat(2, 1, 1), x[:1], key_padding_mask=kpm[:1])  # two queries sharing one memory (beams)
+    layer(x[:1].repeat(2, 1, 1), x[:1], key_padding_mask=kpm[:1], cache=KVCache(static=True))  # decoding
+    layer(x, key_padding_mask=torch.zeros(2, 4).masked_fill(kpm, float("-inf")))  # an additive padding mask
     layer(x[:, :2], x, key_padding_mask=kpm, is_causal=True)  # a causal step over longer keys
     assert calls == []
 
