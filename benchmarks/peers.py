@@ -198,15 +198,15 @@ def core_bench(length: int, masked: bool, s: Settings) -> Bench:
 
 # ----------------------------------------------------------------------------- padded batches (GPU section)
 
-# side -> our attention's path for a key-padding mask: a padding-free kernel, or None (the masked SDPA)
-PADDING_PATHS = {"masked SDPA": None, "varlen": "varlen", "nested": "nested"}
+# side -> our attention's padding-free kernels for a key-padding mask (none: the masked SDPA)
+PADDING_PATHS: dict[str, tuple[str, ...]] = {"masked SDPA": (), "varlen": ("varlen",), "nested": ("nested",)}
 
 
 @contextlib.contextmanager
-def padding_path(device: torch.device, kernel: str | None) -> Iterator[None]:
-    """Inside the block our attention takes ``kernel`` (`models.attention.PADDING_FREE`) on ``device``."""
-    before = attention.PADDING_FREE.get(device.type)
-    attention.PADDING_FREE[device.type] = kernel
+def padding_path(device: torch.device, kernels: tuple[str, ...]) -> Iterator[None]:
+    """Inside the block our attention's padding-free kernels on ``device`` are ``kernels`` (its PADDING_FREE)."""
+    before = attention.PADDING_FREE.get(device.type, ())
+    attention.PADDING_FREE[device.type] = kernels
     try:
         yield
     finally:
@@ -231,32 +231,32 @@ def padded_attention_bench(length: int, s: Settings) -> Bench:
     kpm = padding_mask(batch, length, g, s.device)
     valid = ~kpm
 
-    def forward(mask: Tensor | None, kernel: str | None) -> Tensor:
-        with padding_path(s.device, kernel), s.autocast():
+    def forward(mask: Tensor | None, kernels: tuple[str, ...]) -> Tensor:
+        with padding_path(s.device, kernels), s.autocast():
             return layer(x, key_padding_mask=mask)[0]
 
-    def step_of(mask: Tensor | None, kernel: str | None) -> Step:
+    def step_of(mask: Tensor | None, kernels: tuple[str, ...]) -> Step:
         def step() -> None:
             x.grad = None
             layer.zero_grad(set_to_none=True)
-            out = forward(None if mask is None else mask.clone(), kernel)  # a new batch's mask: packed anew
+            out = forward(None if mask is None else mask.clone(), kernels)  # a new batch's mask: packed anew
             out.backward(grad.to(out.dtype))
 
         return step
 
     with torch.no_grad():
-        reference = forward(kpm, None)[valid]
-    steps, notes = {"no mask": step_of(None, None)}, [f"{int(valid.sum())}/{kpm.numel()} tokens valid"]
-    for side, kernel in PADDING_PATHS.items():
+        reference = forward(kpm, ())[valid]
+    steps, notes = {"no mask": step_of(None, ())}, [f"{int(valid.sum())}/{kpm.numel()} tokens valid"]
+    for side, kernels in PADDING_PATHS.items():
         try:
             with torch.no_grad():
-                diff = _max_diff(forward(kpm, kernel)[valid], reference)
-            step_of(kpm, kernel)()
+                diff = _max_diff(forward(kpm, kernels)[valid], reference)
+            step_of(kpm, kernels)()
         except (RuntimeError, NotImplementedError) as err:
             notes.append(f"{side} fails: {str(err).splitlines()[0][:100]}")
             continue
-        steps[side] = step_of(kpm, kernel)
-        if kernel is not None:
+        steps[side] = step_of(kpm, kernels)
+        if kernels:
             notes.append(f"{side} max |Δ| at valid rows vs masked SDPA {diff:.1e}")
     return Bench(steps, items=int(valid.sum()), unit="tokens", check="; ".join(notes))
 
@@ -446,9 +446,9 @@ def padded_seq2seq_bench(dropout: float, s: Settings) -> Bench:
     def loss(m: nn.Module) -> Tensor:
         return label_smoothed_nll_loss(m(src, tgt_in), labels, 0.1, 0)[0]
 
-    def on_path(step: Step, kernel: str | None) -> Step:
+    def on_path(step: Step, kernels: tuple[str, ...]) -> Step:
         def run() -> None:
-            with padding_path(s.device, kernel):
+            with padding_path(s.device, kernels):
                 step()
 
         return run
@@ -456,20 +456,19 @@ def padded_seq2seq_bench(dropout: float, s: Settings) -> Bench:
     notes = [f"{int(src.ne(0).sum())}/{src.numel()} source and {int(keep.sum())}/{keep.numel()} target tokens valid"]
     with torch.no_grad(), s.autocast():
         peer = theirs.eval()(src, tgt_in)[keep]
-    paths = {side: k for side, k in PADDING_PATHS.items() if not (k == "varlen" and dropout > 0)}
-    for side, kernel in list(paths.items()):  # every check before any step changes the weights
-        with torch.no_grad(), s.autocast(), padding_path(s.device, kernel):
+    paths = {side: k for side, k in PADDING_PATHS.items() if not ("varlen" in k and dropout > 0)}
+    for side, kernels in list(paths.items()):  # every check before any step changes the weights
+        with torch.no_grad(), s.autocast(), padding_path(s.device, kernels):
             try:
-                notes.append(
-                    f"{side}: eval logits max |Δ| vs nn.Transformer {_max_diff(ours.eval()(src, tgt_in)[keep], peer):.1e}"
-                )
+                diff = _max_diff(ours.eval()(src, tgt_in)[keep], peer)
+                notes.append(f"{side}: eval logits max |Δ| vs nn.Transformer {diff:.1e}")
             except (RuntimeError, NotImplementedError) as err:
                 notes.append(f"{side} fails: {str(err).splitlines()[0][:100]}")
                 del paths[side]
     ours.train(), theirs.train()
     steps = {}
-    for side, kernel in paths.items():
-        step = on_path(train_step(ours, loss, s), kernel)
+    for side, kernels in paths.items():
+        step = on_path(train_step(ours, loss, s), kernels)
         try:
             step()
         except (RuntimeError, NotImplementedError) as err:

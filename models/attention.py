@@ -33,13 +33,15 @@ the rotation and the similarity; it bounds the logits, whose maximum `capture_at
 SDPA kernel that each option gets on a GPU: no mask, or ``is_causal`` alone (keys as long as queries): flash;
 a boolean mask (a cached causal step, padding that the padding-free path below does not take): memory-efficient;
 ``position_bias``: memory-efficient with a float mask (its gradient flows to a learned bias); math where those
-kernels do not apply (e.g. head sizes they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep whichever kernel the masks allow.
+kernels do not apply (e.g. head sizes they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep
+whichever kernel the masks allow.
 
 Padding-free path (`models.padding_free`): a boolean key-padding mask alone (with ``is_causal`` in self-attention;
-no other mask, no ``position_bias``, weights not requested, no KV cache, not under torch.compile) on a device that
-``PADDING_FREE`` names packs the valid rows and runs one variable-length flash kernel over them, so padded keys
-(and, in self-attention, padded query rows, which come back as zeros) cost nothing. By default on CUDA only:
-on the CPU it cannot be faster; the tests set ``PADDING_FREE["cpu"]`` to hold it to the reference path.
+no other mask, no ``position_bias``, weights not requested, no KV cache, not under torch.compile) packs the valid
+rows and runs one variable-length flash kernel over them, so padded keys (and, in self-attention, padded query
+rows, which come back as zeros) cost nothing. ``PADDING_FREE`` gives each device type its kernels, first choice
+first; the first that takes the call runs (varlen_attn has no dropout). By default on CUDA only: on the CPU it
+cannot be faster; the tests set ``PADDING_FREE["cpu"]`` to hold it to the reference path.
 
 Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU) whenever
 weights are not needed. Reference path: explicit softmax, used when weights are requested
@@ -71,8 +73,9 @@ Similarity = Literal["scaled_dot", "dot", "general"]
 SIMILARITIES = ("scaled_dot", "dot", "general")
 QKNorm = Literal["layernorm", "rmsnorm"]
 _QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
-# device type -> the padding-free kernel it takes for a key-padding mask (module docstring), None: the masked SDPA
-PADDING_FREE: dict[str, PaddingFree | None] = {"cuda": "varlen", "cpu": None}
+# device type -> the padding-free kernels for a key-padding mask, first choice first (module docstring); none: the
+# masked SDPA. `python -m benchmarks --only padding` measures them on a GPU.
+PADDING_FREE: dict[str, tuple[PaddingFree, ...]] = {"cuda": ("varlen", "nested"), "cpu": ()}
 
 
 def subsequent_mask(size: int, device: torch.device | None = None) -> Tensor:
@@ -208,17 +211,14 @@ def attention_fast(
 
 
 def _padding_free_kernel(
-    q: Tensor, lk: int, key_padding_mask: Tensor | None, is_causal: bool, self_attention: bool
+    q: Tensor, lk: int, key_padding_mask: Tensor | None, is_causal: bool, self_attention: bool, dropout_p: float
 ) -> PaddingFree | None:
     """The padding-free kernel for q (B, H, Lq, d) and this key-padding mask alone, or None (module docstring)."""
-    kernel = PADDING_FREE.get(q.device.type)
-    if kernel is None or key_padding_mask is None or key_padding_mask.dtype != torch.bool:
-        return None
-    if key_padding_mask.shape != (q.shape[0], lk):
-        return None  # (merge_masks names the wrong shape)
+    if key_padding_mask is None or key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (q.shape[0], lk):
+        return None  # (merge_masks names a wrong shape)
     if (is_causal and not self_attention) or torch.compiler.is_compiling():
         return None
-    return kernel if supported(q, kernel, is_causal) else None
+    return next((k for k in PADDING_FREE.get(q.device.type, ()) if supported(q, k, is_causal, dropout_p)), None)
 
 
 @dataclass
@@ -422,7 +422,7 @@ class MultiHeadAttention(nn.Module):
         kernel = (
             None
             if want_weights or attn_mask is not None or position_bias is not None or group > 1 or cache is not None
-            else _padding_free_kernel(q, lk, key_padding_mask, is_causal, self_attention)
+            else _padding_free_kernel(q, lk, key_padding_mask, is_causal, self_attention, dropout_p)
         )
         if kernel is not None:
             pack = packing(key_padding_mask.to(q.device), lq, self_attention)

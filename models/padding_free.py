@@ -1,6 +1,6 @@
 """Padding-free attention for padded batches: the valid rows of every sequence packed end to end, one
 variable-length kernel over them, the result scattered back. `models.attention` takes it for a key-padding
-mask (alone, or with ``is_causal`` in self-attention) on the devices its ``PADDING_FREE`` names.
+mask (alone, or with ``is_causal`` in self-attention) with the kernels its ``PADDING_FREE`` gives a device.
 
 SDPA's flash kernel refuses any ``attn_mask``, so a padded batch gets the memory-efficient kernel over every
 padded key and row. Here no work is done for a padded key, nor, in self-attention, for a padded query row;
@@ -9,11 +9,10 @@ query row is never read by a loss nor attended to, so the model's outputs at val
 gradients are those of the masked path (the tests hold it to the reference path).
 
 Kernels (``kernel=``), both torch's, both flash's variable-length kernel on a GPU:
-    "varlen"  ``torch.nn.attention.varlen.varlen_attn`` (CUDA only, fp16/bf16, no dropout: with dropout, or a
-              torch without it, "nested" runs instead)
+    "varlen"  ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10; CUDA only, fp16/bf16, no dropout)
     "nested"  ``F.scaled_dot_product_attention`` on nested jagged tensors (CUDA: flash, memory-efficient or
               cuDNN, dropout included; CPU: a math kernel, without ``is_causal``)
-`python -m benchmarks --only gpu` measures both against the masked path; see benchmarks/RESULTS.md.
+`python -m benchmarks --only padding` (also part of ``--only gpu``) measures both against the masked path.
 """
 
 from __future__ import annotations
@@ -85,11 +84,13 @@ def packing(key_padding_mask: Tensor, lq: int, self_attention: bool) -> Packing:
     return pack
 
 
-def supported(q: Tensor, kernel: PaddingFree, is_causal: bool) -> bool:
-    """Whether ``kernel`` runs these queries (B, H, L, d). On a GPU: within flash's limits (fp16/bf16, d a
-    multiple of 8 up to 256), outside which NJT SDPA would fall to kernels slower than the masked path's. On
-    the CPU: "nested" without ``is_causal`` (NJT SDPA's math kernel has none); "varlen" passes for the tests'
-    stand-in (torch has no CPU varlen_attn)."""
+def supported(q: Tensor, kernel: PaddingFree, is_causal: bool, dropout_p: float) -> bool:
+    """Whether ``kernel`` takes these queries (B, H, L, d). "varlen": no dropout, a torch that has it. On a GPU:
+    within flash's limits (fp16/bf16, d a multiple of 8 up to 256), outside which NJT SDPA would fall to kernels
+    slower than the masked path's. On the CPU: "nested" without ``is_causal`` (NJT SDPA's math kernel has none);
+    "varlen" for the tests' stand-in (torch has no CPU varlen_attn)."""
+    if kernel == "varlen" and (dropout_p > 0 or varlen_attn is None):
+        return False
     d = q.shape[-1]
     if q.device.type == "cuda":
         return q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
@@ -115,7 +116,7 @@ def attention_padding_free(
         x.transpose(1, 2).reshape(-1, h, x.shape[-1]).index_select(0, rows)  # (T, H, d)
         for x, rows in ((q, pack.q_rows), (k, pack.k_rows), (v, pack.k_rows))
     )
-    if kernel == "varlen" and dropout_p == 0.0 and varlen_attn is not None:
+    if kernel == "varlen":  # `supported`: no dropout
         window = (-1, 0) if is_causal else (-1, -1)  # flash's causal window: within each sequence
         packed = varlen_attn(qp, kp, vp, pack.cu_q, pack.cu_k, pack.max_q, pack.max_k, scale=scale, window_size=window)
     else:

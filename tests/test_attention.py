@@ -346,7 +346,7 @@ def test_options_padding_free_path_equals_reference_path_at_valid_rows(option, k
     varlen_attn): outputs at the valid rows and gradients of a loss over them; with a position bias (ALiBi,
     T5) the layer keeps the masked path, which must agree as well."""
     monkeypatch.setattr(padding_free, "varlen_attn", cpu_varlen_attn)
-    monkeypatch.setitem(attention.PADDING_FREE, "cpu", kernel)
+    monkeypatch.setitem(attention.PADDING_FREE, "cpu", (kernel,))
     mha, kw = _with_option(option)
     kw.update(_masks(kind, LQ, LQ))
     valid = ~kw["key_padding_mask"]

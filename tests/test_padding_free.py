@@ -48,7 +48,7 @@ def forced(request, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(attention, "attention_padding_free", counted)
-    monkeypatch.setitem(attention.PADDING_FREE, "cpu", request.param)
+    monkeypatch.setitem(attention.PADDING_FREE, "cpu", (request.param,))
     return request.param, calls
 
 
@@ -164,13 +164,26 @@ def test_under_torch_compile_the_masked_path_keeps_one_graph(forced):
 
 
 def test_off_on_the_cpu_by_default():
-    assert attention.PADDING_FREE["cpu"] is None and attention.PADDING_FREE["cuda"] in padding_free.KERNELS
-    x = torch.randn(2, 4, 16)
-    assert attention._padding_free_kernel(x.view(2, 1, 4, 16), 4, lengths_mask([4, 2], 4), False, True) is None
+    assert attention.PADDING_FREE["cpu"] == () and set(attention.PADDING_FREE["cuda"]) == set(padding_free.KERNELS)
+    q = torch.randn(2, 1, 4, 16)
+    assert attention._padding_free_kernel(q, 4, lengths_mask([4, 2], 4), False, True, 0.0) is None
+
+
+def test_dropout_takes_the_next_kernel_varlen_attn_has_none(monkeypatch):
+    monkeypatch.setattr(padding_free, "varlen_attn", cpu_varlen_attn)
+    q, kpm = torch.randn(2, 1, 4, 16), lengths_mask([4, 2], 4)
+    for kernels, dropout, chosen in (
+        (("varlen", "nested"), 0.0, "varlen"),
+        (("varlen", "nested"), 0.1, "nested"),
+        (("varlen",), 0.1, None),
+        (("nested",), 0.1, "nested"),
+    ):
+        monkeypatch.setitem(attention.PADDING_FREE, "cpu", kernels)
+        assert attention._padding_free_kernel(q, 4, kpm, False, True, dropout) == chosen
 
 
 def test_all_padding_costs_no_kernel_and_stays_finite(monkeypatch):
-    monkeypatch.setitem(attention.PADDING_FREE, "cpu", "nested")
+    monkeypatch.setitem(attention.PADDING_FREE, "cpu", ("nested",))
     monkeypatch.setattr(F, "scaled_dot_product_attention", None)  # any attention kernel would fail
     layer = MultiHeadAttention(16, 2)
     x = torch.randn(2, 4, 16, requires_grad=True)
@@ -232,7 +245,7 @@ def test_seq2seq_on_padded_batches_same_loss_and_grads(forced, monkeypatch):
     ours = loss_and_grads(model, loss)
     # encoder self-attention x2, decoder cross-attention x2, and decoder causal self-attention x2 with varlen
     assert len(calls) == (6 if kernel == "varlen" else 4)
-    monkeypatch.setitem(attention.PADDING_FREE, "cpu", None)
+    monkeypatch.setitem(attention.PADDING_FREE, "cpu", ())
     assert_same_loss_and_grads(ours, loss_and_grads(model, loss))
 
 
@@ -255,7 +268,7 @@ def test_detr_on_padded_images_same_loss_and_grads(forced, monkeypatch):
 
     ours = loss_and_grads(model, loss)
     assert len(calls) == 4  # encoder self-attention x2, decoder cross-attention x2
-    monkeypatch.setitem(attention.PADDING_FREE, "cpu", None)
+    monkeypatch.setitem(attention.PADDING_FREE, "cpu", ())
     assert_same_loss_and_grads(ours, loss_and_grads(model, loss))
 
 
@@ -272,7 +285,7 @@ def test_padded_benchmarks_check_every_path_and_name_those_that_fail(monkeypatch
     monkeypatch.setattr(attention, "attention_padding_free", lambda *a, **k: calls.append(a[7]) or original(*a, **k))
     for step in bench.steps.values():
         step()
-    assert calls == ["nested"] and attention.PADDING_FREE["cpu"] is None  # each side on its path, then restored
+    assert calls == ["nested"] and attention.PADDING_FREE["cpu"] == ()  # each side on its path, then restored
     bench = peers.padded_seq2seq_bench(0.3, quick)
     assert list(bench.steps) == ["ours, masked SDPA", "ours, nested", "nn.Transformer"]
     assert "varlen" not in bench.check  # no dropout in varlen_attn: not a side
