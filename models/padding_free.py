@@ -93,7 +93,7 @@ def supported(q: Tensor, kernel: PaddingFree, is_causal: bool, dropout_p: float)
         return False
     d = q.shape[-1]
     if q.device.type == "cuda":
-        return q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
+        return _kernel_dtype(q) in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
     return kernel == "varlen" or not is_causal
 
 
@@ -112,8 +112,9 @@ def attention_padding_free(
     b, h, lq, _ = q.shape
     if not pack.max_k:  # no sequence has a key: nothing to compute
         return q.new_zeros(b, h, lq, v.shape[-1])
+    dtype = _kernel_dtype(q)
     qp, kp, vp = (
-        x.transpose(1, 2).reshape(-1, h, x.shape[-1]).index_select(0, rows)  # (T, H, d)
+        x.transpose(1, 2).reshape(-1, h, x.shape[-1]).index_select(0, rows).to(dtype)  # (T, H, d)
         for x, rows in ((q, pack.q_rows), (k, pack.k_rows), (v, pack.k_rows))
     )
     if kernel == "varlen":  # `supported`: no dropout
@@ -131,6 +132,13 @@ def attention_padding_free(
         packed = packed.transpose(1, 2).values()  # (Tq, H, d)
     out = packed.new_zeros(b * lq, h, packed.shape[-1]).index_copy_(0, pack.q_rows, packed)  # (B·Lq, H, d)
     return out.view(b, lq, h, -1).transpose(1, 2)
+
+
+def _kernel_dtype(q: Tensor) -> torch.dtype:
+    """The dtype SDPA would attend in: autocast's where it is on (SDPA is on its lower-precision list; QK-norm's
+    LayerNorm gives float32 queries and keys under it), else the queries'."""
+    device = q.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
 
 
 def _nested(x: Tensor, starts: Tensor, longest: int) -> Tensor:

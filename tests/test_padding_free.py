@@ -25,6 +25,7 @@ def cpu_varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, window_
     """torch.nn.attention.varlen.varlen_attn's contract on the CPU, one sequence at a time: q (Tq, H, d),
     k/v (Tk, H, d) -> (Tq, H, d); window (-1, 0) is causal aligned to the end of each sequence's keys."""
     assert cu_seq_q.dtype == cu_seq_k.dtype == torch.int32 and window_size in ((-1, -1), (-1, 0))
+    assert q.dtype == k.dtype == v.dtype, "flash takes one dtype (and varlen_attn does not autocast)"
     assert max_q == int(cu_seq_q.diff().max()) and max_k == int(cu_seq_k.diff().max())
     out = []
     for (q0, q1), (k0, k1) in zip(zip(cu_seq_q[:-1], cu_seq_q[1:]), zip(cu_seq_k[:-1], cu_seq_k[1:])):
@@ -91,6 +92,22 @@ def test_self_attention_with_key_padding_equals_the_reference(forced, rope):
     assert_same(ours, reference, valid)
     padded = ours[0][kpm]  # zero before out_proj: out_proj's bias
     torch.testing.assert_close(padded, layer.out_proj.bias.detach().expand_as(padded))
+
+
+@pytest.mark.parametrize("kernel", padding_free.KERNELS)
+def test_under_autocast_the_kernel_attends_in_autocast_dtype_as_sdpa(kernel, monkeypatch):
+    """On a GPU, QK-norm's LayerNorm gives float32 queries and keys under autocast while the values stay
+    bfloat16: the packed kernel gets all three in bfloat16, as SDPA would cast them (NJT SDPA casts them
+    itself; varlen_attn does not)."""
+    monkeypatch.setattr(padding_free, "varlen_attn", cpu_varlen_attn)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=g) for _ in range(3))
+    pack = padding_free.packing(lengths_mask([6, 3], 6), 6, True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = padding_free.attention_padding_free(q, k, v.bfloat16(), pack, 0.35, kernel=kernel)
+    exact = padding_free.attention_padding_free(q, k, v, pack, 0.35, kernel=kernel)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), exact, atol=3e-2, rtol=3e-2)
 
 
 def test_causal_self_attention_with_padding_equals_the_reference(forced):
