@@ -316,3 +316,18 @@ def test_padding_rows_skip_without_cuda_with_a_line(capsys):
     main(["--only", "padding,gpu", "--quick", "--no-memory", "--output", "-"])
     err = capsys.readouterr().err
     assert "padding section skipped: no CUDA device" in err and "gpu section skipped: no CUDA device" in err
+
+
+def test_padding_report_runs_every_row_on_the_smallest_shapes():
+    """The report a GPU session reads (`python -m benchmarks --only padding`), here on the CPU's kernels."""
+    from benchmarks import peers
+    from benchmarks.run import padding_report, parse_args
+
+    report = padding_report(peers.Settings(quick=True), parse_args(["--quick"]))
+    rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [(r[0].lstrip("| "), r[1]) for r in rows] == [
+        *((f"self-attention, L={n}", side) for n in (16, 32) for side in ("no mask", "masked SDPA", "nested")),
+        *(("Multi30k step, dropout 0.3", side) for side in ("ours, masked SDPA", "ours, nested", "nn.Transformer")),
+        *(("Multi30k step, dropout 0.0", side) for side in ("ours, masked SDPA", "ours, nested", "nn.Transformer")),
+    ]
+    assert "varlen fails" in report and "PADDING_FREE['cuda'] = ('varlen', 'nested')" in report
