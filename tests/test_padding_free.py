@@ -1,8 +1,9 @@
 """The padding-free path (models/padding_free.py) against the reference path, on the CPU: forced on with
 ``PADDING_FREE["cpu"]``. "nested" is torch's NJT SDPA (its CPU math kernel); "varlen" is torch's varlen_attn,
 which has no CPU kernel, so `cpu_varlen_attn` below stands in for it with the same contract (packed rows,
-cumulative lengths, flash's per-sequence causal window) to check the packing around it; the GPU benchmark
-(`python -m benchmarks --only gpu`) checks the real kernels against the masked path before timing them."""
+cumulative lengths, flash's per-sequence causal window) to check the packing around it. With CUDA, the real
+kernels run against the reference too (bf16), and the benchmark (`python -m benchmarks --only padding`) checks
+them against the masked path before timing them."""
 
 import pytest
 import torch
@@ -146,6 +147,39 @@ def test_cross_attention_with_memory_padding_equals_the_reference(forced):
     assert_same(ours, reference, rows)
     torch.testing.assert_close(memory_grad, memory_grad_ref, atol=1e-5, rtol=1e-4)
     assert memory_grad[2].abs().sum() == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen_attn and NJT SDPA's flash kernel: CUDA")
+@pytest.mark.parametrize("kind", ["self", "causal", "cross"])
+@pytest.mark.parametrize("kernel", padding_free.KERNELS)
+def test_cuda_kernels_equal_the_reference_in_bfloat16(kernel, kind, monkeypatch):
+    """The real kernels (no stand-in), as a GPU session runs them: bf16 autocast, head size 16."""
+    monkeypatch.setitem(attention.PADDING_FREE, "cuda", (kernel,))
+    calls, original = [], attention.attention_padding_free
+    monkeypatch.setattr(attention, "attention_padding_free", lambda *a, **k: calls.append(a[7]) or original(*a, **k))
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(64, 4).cuda()
+    x, memory = torch.randn(4, 40, 64, device="cuda"), torch.randn(4, 33, 64, device="cuda")
+    kpm = lengths_mask([33, 20, 0, 7], 33 if kind == "cross" else 40).cuda()
+    rows = torch.ones(4, 40, dtype=torch.bool, device="cuda") if kind == "cross" else ~kpm
+
+    def run(need_weights):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            forward = (
+                (lambda x: layer(x, memory, key_padding_mask=kpm, need_weights=need_weights)[0])
+                if kind == "cross"
+                else (
+                    lambda x: layer(x, key_padding_mask=kpm, is_causal=kind == "causal", need_weights=need_weights)[0]
+                )
+            )
+            return outputs_and_grads(layer, x, rows.float(), lambda x: forward(x).float())
+
+    ours, reference = run(False), run(True)
+    assert calls == [kernel]
+    (out, gx, gp), (out_ref, gx_ref, gp_ref) = ours, reference
+    pairs = {"output": (out[rows], out_ref[rows]), "x.grad": (gx, gx_ref), **{n: (gp[n], gp_ref[n]) for n in gp}}
+    for name, (a, b) in pairs.items():  # bf16: ~3 significant digits, summed over many tokens in the gradients
+        assert (a - b).norm() <= 2e-2 * b.norm(), name
 
 
 def test_the_path_is_taken_for_a_key_padding_mask_alone(forced):
