@@ -372,7 +372,6 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        self_attention = key is query
         if cache is not None and cache.static and cache.k is not None:
             if rope is not None:
                 raise ValueError("rope rotates self-attention; a static (cross-attention) cache takes none")
@@ -418,7 +417,7 @@ class MultiHeadAttention(nn.Module):
         plain_causal = (
             is_causal and lq == lk and attn_mask is None and key_padding_mask is None and position_bias is None
         )
-        self_attention = self_attention and lq == lk  # not a step that attends to cached keys too
+        self_attention = key is query  # then the query rows are padded as the keys (no cache: as many)
         kernel = (
             None
             if want_weights or attn_mask is not None or position_bias is not None or group > 1 or cache is not None
