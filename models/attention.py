@@ -31,9 +31,18 @@ and keys are normalised over d after the projections (learned scale shared by th
 the rotation and the similarity; it bounds the logits, whose maximum `capture_attention(scores=True)` records.
 
 SDPA kernel that each option gets on a GPU: no mask, or ``is_causal`` alone (keys as long as queries): flash;
-a boolean mask (padding, a cached causal step): memory-efficient; ``position_bias``: memory-efficient with a
-float mask (its gradient flows to a learned bias); math where those kernels do not apply (e.g. head sizes
-they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep whichever kernel the masks allow.
+a boolean mask (a cached causal step, padding that the padding-free path below does not take): memory-efficient;
+``position_bias``: memory-efficient with a float mask (its gradient flows to a learned bias); math where those
+kernels do not apply (e.g. head sizes they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep
+whichever kernel the masks allow.
+
+Padding-free path (`models.padding_free`): a boolean key-padding mask alone (with ``is_causal`` in self-attention;
+no other mask, no ``position_bias``, weights not requested, no KV cache, not under torch.compile) packs the valid
+rows and runs one variable-length flash kernel over them, so padded keys (and, in self-attention, padded query
+rows, which come back as zeros) cost nothing. ``PADDING_FREE`` gives each device type its kernels, first choice
+first; the first that takes the call runs (varlen_attn has no dropout). Off by default: on the CPU it cannot be
+faster, and on CUDA it waits for its measurement (issue 28); the tests set ``PADDING_FREE["cpu"]`` to hold it to
+the reference path.
 
 Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU) whenever
 weights are not needed. Reference path: explicit softmax, used when weights are requested
@@ -65,12 +74,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.padding_free import PaddingFree, attention_padding_free, packing, supported
 from models.position import Rotation
 
 Similarity = Literal["scaled_dot", "dot", "general"]
 SIMILARITIES = ("scaled_dot", "dot", "general")
 QKNorm = Literal["layernorm", "rmsnorm"]
 _QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+# device type -> the padding-free kernels for a key-padding mask, first choice first (module docstring); none: the
+# masked SDPA. Off on CUDA too until a GPU session has run tests/test_padding_free.py's CUDA tests and
+# `python -m benchmarks --only padding`, then sets the kernels the measurement supports, e.g. ("varlen", "nested").
+PADDING_FREE: dict[str, tuple[PaddingFree, ...]] = {"cuda": (), "cpu": ()}
 
 
 def subsequent_mask(size: int, device: torch.device | None = None) -> Tensor:
@@ -203,6 +217,17 @@ def attention_fast(
     # where, not masked_fill: it keeps SDPA's memory layout (B, L, H, d), so that merging the heads stays a
     # view; masked_fill returns a contiguous (B, H, L, d) copy, which the merge then copies once more
     return torch.where(empty, 0.0, out)
+
+
+def _padding_free_kernel(
+    q: Tensor, lk: int, key_padding_mask: Tensor | None, is_causal: bool, self_attention: bool, dropout_p: float
+) -> PaddingFree | None:
+    """The padding-free kernel for q (B, H, Lq, d) and this key-padding mask alone, or None (module docstring)."""
+    if key_padding_mask is None or key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (q.shape[0], lk):
+        return None  # (merge_masks names a wrong shape)
+    if (is_causal and not self_attention) or torch.compiler.is_compiling():
+        return None
+    return next((k for k in PADDING_FREE.get(q.device.type, ()) if supported(q, k, is_causal, dropout_p)), None)
 
 
 @dataclass
@@ -480,6 +505,16 @@ class MultiHeadAttention(nn.Module):
         plain_causal = (
             is_causal and lq == lk and attn_mask is None and key_padding_mask is None and position_bias is None
         )
+        self_attention = key is query  # then the query rows are padded as the keys (no cache: as many)
+        kernel = (
+            None
+            if want_weights or attn_mask is not None or position_bias is not None or group > 1 or cache is not None
+            else _padding_free_kernel(q, lk, key_padding_mask, is_causal, self_attention, dropout_p)
+        )
+        if kernel is not None:
+            pack = packing(key_padding_mask.to(q.device), lq, self_attention)
+            out = attention_padding_free(q, k, v, pack, self.scale, dropout_p, is_causal, kernel)
+            return self.out_proj(out.transpose(1, 2).reshape(bsz, lq, self.embed_dim)), None
         mask = (
             None
             if plain_causal and not want_weights
