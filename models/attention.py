@@ -48,8 +48,8 @@ Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels 
 weights are not needed. Reference path: explicit softmax, used when weights are requested
 (``need_weights=True`` or inside `capture_attention`) and as the test oracle.
 
-Incremental decoding keeps each layer's projected keys and values in a `KVCache` (growing by each step), or
-in a `StaticKVCache` (buffers of a fixed length written in place: static shapes, for CUDA graphs).
+Incremental decoding: ``forward(cache=...)`` reads and writes the layer's keys and values in a cache, decoding state
+that lives in `models.kv_cache` (a `KVCache` growing by each step, or a `StaticKVCache` of fixed length).
 
 Grouped-query attention (``num_kv_heads`` < ``num_heads``, Ainslie et al. 2023; Llama 2/3, Mistral): keys
 and values have ``num_kv_heads`` heads, each shared by ``num_heads // num_kv_heads`` consecutive query heads.
@@ -74,6 +74,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.kv_cache import KVCache, StaticKVCache
 from models.padding_free import PaddingFree, attention_padding_free, packing, supported
 from models.position import Rotation
 
@@ -205,12 +206,10 @@ def attention_fast(
         sdpa_mask = ~mask if mask.dtype == torch.bool else mask
         return F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
     empty = _empty_rows(mask)
-    if (
-        mask.dtype == torch.bool
-    ):  # SDPA's boolean convention is True = attend; an empty row attends to all, then is zeroed
-        sdpa_mask = torch.logical_not(mask).logical_or_(
-            empty
-        )  # two kernels: each launch counts at these sizes on a GPU
+    if mask.dtype == torch.bool:
+        # SDPA's boolean convention is True = attend; an empty row attends to all, then is zeroed (two
+        # kernels: each launch counts at these sizes on a GPU)
+        sdpa_mask = torch.logical_not(mask).logical_or_(empty)
     else:
         sdpa_mask = mask.masked_fill(empty, 0.0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
@@ -228,78 +227,6 @@ def _padding_free_kernel(
     if (is_causal and not self_attention) or torch.compiler.is_compiling():
         return None
     return next((k for k in PADDING_FREE.get(q.device.type, ()) if supported(q, k, is_causal, dropout_p)), None)
-
-
-@dataclass
-class KVCache:
-    """One attention layer's projected keys and values, (B, H, L, d) each, kept between decoding steps.
-
-    Self-attention appends each step's keys and values. A ``static`` cache (cross-attention) is filled
-    once from the memory, then only read; it may hold one row per sentence for all of its beams.
-    """
-
-    k: Tensor | None = None
-    v: Tensor | None = None
-    static: bool = False
-
-    def reorder(self, index: Tensor, static_index: Tensor | None) -> None:
-        """Keep rows ``index`` (dim 0), in this order (beam search). A static cache takes ``static_index``
-        instead, or stays as it is when that is None (beams reordered within their sentences). Each tensor
-        is replaced as soon as its copy exists, so the cache is never held twice."""
-        if self.static:
-            if static_index is None:
-                return
-            index = static_index
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
-
-
-@dataclass
-class StaticKVCache:
-    """One self-attention layer's keys and values in buffers of a fixed size, (B, H, max_len, d) each
-    (static shapes, as transformers' ``StaticCache`` and gpt-fast's cache; not `KVCache`'s ``static``, which
-    means a read-only cross-attention cache).
-
-    Each call writes its new rows in place at positions ``length``.. and attends over the whole buffer, the
-    positions not yet filled blocked; ``length`` is a device tensor that the call advances in place. So a
-    decoding step has the same shapes and addresses at every position and can be replayed as a CUDA graph.
-    The buffers are allocated at the first call, with the new keys' batch, heads, dtype and device.
-    """
-
-    max_len: int
-    k: Tensor | None = None
-    v: Tensor | None = None
-    length: Tensor | None = None  # () long: positions filled so far
-    static = False  # a class constant, not a field: never `KVCache`'s read-only cross-attention cache
-
-    def update(self, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """Write k/v (B, H, Lq, d) at the next positions -> the buffers (B, H, max_len, d) and the mask
-        (Lq, max_len), True at keys a query may not see: those not filled, and with ``is_causal`` those after it."""
-        if self.k is None:
-            b, h, _, d = k.shape
-            self.k = k.new_zeros(b, h, self.max_len, d)
-            self.v = v.new_zeros(b, h, self.max_len, d)
-            self.length = torch.zeros((), dtype=torch.long, device=k.device)
-        lq = k.size(2)
-        positions = self.length + torch.arange(lq, device=k.device)  # (Lq,) where the new rows go
-        self.k.index_copy_(2, positions, k.to(self.k.dtype))
-        self.v.index_copy_(2, positions, v.to(self.v.dtype))
-        keys = torch.arange(self.max_len, device=k.device)
-        last = positions[:, None] if is_causal else positions[-1:, None]  # the last key each query sees
-        self.length.add_(lq)
-        return self.k, self.v, keys[None, :] > last
-
-    def reorder(self, index: Tensor, static_index: Tensor | None) -> None:
-        """Keep rows ``index`` (dim 0) in this order, in place: the buffers keep their shape and address. A
-        static-shape search keeps every row, so ``index`` covers them all and ``static_index`` must be None."""
-        if static_index is not None or index.numel() != self.k.size(0):
-            raise ValueError(
-                f"a StaticKVCache keeps its {self.k.size(0)} rows: reorder takes an index of that many rows and no "
-                "static_index (decoding with cache='static' keeps finished sentences in the batch)"
-            )
-        self.k.copy_(self.k.index_select(0, index))
-        self.v.copy_(self.v.index_select(0, index))
 
 
 @dataclass
@@ -434,10 +361,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (both default to ``query``: self-attention).
 
-        ``cache`` enables incremental decoding: the module fills it with this layer's projected keys
-        and values (B, H, Lk, d). New keys are appended each call, unless the cache is ``static``
-        (cross-attention): then they are computed once from the memory and read afterwards. A `StaticKVCache`
-        (self-attention) takes the new keys in place and the attention covers its whole buffer, unfilled keys blocked.
+        ``cache`` (`models.kv_cache`) enables incremental decoding: the layer appends its new keys and values
+        to a `KVCache`, reads a filled ``static`` one (cross-attention), or writes them into a `StaticKVCache`.
 
         ``key``/``value`` may hold fewer rows than ``query`` (cross-attention only, ``key_padding_mask``
         (B_kv, Lk) the only mask): each of their rows then serves ``B // B_kv`` consecutive query rows, so
@@ -453,13 +378,8 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.static and cache.k is not None:
             if rope is not None:
                 raise ValueError("rope rotates self-attention; a static (cross-attention) cache takes none")
-            q = self._heads(
-                F.linear(
-                    query,
-                    self.in_proj_weight[: self.embed_dim],
-                    None if self.in_proj_bias is None else self.in_proj_bias[: self.embed_dim],
-                )
-            )[0]
+            d, b = self.embed_dim, self.in_proj_bias  # the queries alone: the cache holds the keys and values
+            q = self._heads(F.linear(query, self.in_proj_weight[:d], None if b is None else b[:d]))[0]
             k, v = cache.k, cache.v
             if self.qk_norm is not None:
                 q = self.q_norm(q)
@@ -477,9 +397,7 @@ class MultiHeadAttention(nn.Module):
                 if position_bias is not None:  # given over the filled keys: the rest are blocked
                     position_bias = F.pad(position_bias, (0, cache.max_len - position_bias.size(-1)))
             elif cache is not None:
-                if cache.k is not None:
-                    k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
+                k, v = cache.append(k, v)
         if self.num_kv_heads != self.num_heads:
             # kv head j serves q heads j·g .. j·g + g - 1: (B, H_kv, Lk, d) -> (B, H, Lk, d)
             k, v = (x.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1) for x in (k, v))
@@ -542,9 +460,8 @@ class MultiHeadAttention(nn.Module):
                     x.view(kv_bsz, self.num_heads, group, lq, lk).transpose(1, 2).reshape(bsz, self.num_heads, lq, lk)
                     for x in (weights, logits)
                 )
-                mask = (
-                    None if mask is None else mask.repeat_interleave(group, 0)
-                )  # key padding only: (B_kv, 1, 1, Lk) -> (B, 1, 1, Lk)
+                # key padding only: (B_kv, 1, 1, Lk) -> (B, 1, 1, Lk)
+                mask = None if mask is None else mask.repeat_interleave(group, 0)
         if self._captured is not None:
             if self._capture_scores:
                 blocked = None if mask is None else mask if mask.dtype == torch.bool else torch.isneginf(mask)

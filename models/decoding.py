@@ -3,7 +3,7 @@
 Both work with any model that has ``encode(src, src_key_padding_mask) -> memory``,
 ``decode(tgt, memory, memory_key_padding_mask, cache=, start_pos=) -> logits`` and
 ``init_cache()`` (see `models.text.Seq2SeqTransformer`): a list of per-layer caches, each with
-``reorder(index, static_index)`` (see `models.attention.KVCache`). The encoder runs once; the decoder
+``reorder(index, static_index)`` (see `models.kv_cache.KVCache`). The encoder runs once; the decoder
 runs one token per step on its cache of keys and values, so a step costs one position, not a re-run
 of the whole prefix. ``max_len`` counts generated tokens, EOS included; the last step is forced to
 EOS, so every hypothesis ends with EOS. Outputs exclude BOS and are padded with PAD after EOS.

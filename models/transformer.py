@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import Tensor, nn
 
-from models.attention import KVCache, MultiHeadAttention, QKNorm, Similarity, StaticKVCache
+from models.attention import MultiHeadAttention, QKNorm, Similarity
+from models.kv_cache import KVCache, StaticKVCache
 from models.position import Rotation
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]

@@ -9,7 +9,8 @@ from test_padding_free import cpu_varlen_attn
 from torch import nn
 
 from models import attention, padding_free
-from models.attention import SIMILARITIES, KVCache, MultiHeadAttention, capture_attention, subsequent_mask
+from models.attention import SIMILARITIES, MultiHeadAttention, capture_attention, subsequent_mask
+from models.kv_cache import KVCache
 from models.position import ALiBi, RotaryEmbedding, T5RelativePositionBias
 
 B, LQ, LK, D, H = 3, 5, 7, 16, 4

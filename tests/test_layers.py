@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.attention import KVCache
+from models.kv_cache import KVCache
 from models.position import (
     LearnedPositionalEncoding,
     PositionEmbeddingSine2D,

@@ -11,10 +11,11 @@ import torch.nn.functional as F
 from conftest import TINY_TRUNK
 
 from models import attention, padding_free
-from models.attention import KVCache, MultiHeadAttention
+from models.attention import MultiHeadAttention
 from models.backbone import Backbone
 from models.criterion import SetCriterion
 from models.detr import DETR
+from models.kv_cache import KVCache
 from models.matcher import HungarianMatcher
 from models.position import RotaryEmbedding
 from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing

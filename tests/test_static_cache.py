@@ -8,8 +8,9 @@ from benchmarks import peers
 from benchmarks.run import GPU_DECODING, static_cache_case
 from datamodules.text import BOS_ID, EOS_ID, PAD_ID
 from models import decoding, text
-from models.attention import KVCache, MultiHeadAttention, StaticKVCache
+from models.attention import MultiHeadAttention
 from models.decoding import DecodingStep, beam_search, greedy_decode, seq2seq_step
+from models.kv_cache import KVCache, StaticKVCache
 from models.position import ALiBi, RotaryEmbedding, Rotation
 from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.text_module import LanguageModelModule, TranslationModule
