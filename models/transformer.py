@@ -15,7 +15,7 @@ Llama's layer is a pre-norm layer with ``norm="rmsnorm"`` (Zhang & Sennrich 2019
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
@@ -67,6 +67,36 @@ class DecoderLayerCache:
 
 def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
     return x if pos is None else x + pos
+
+
+def _residual(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, norm_first: bool) -> Tensor:
+    """One sublayer with its residual connection: norm before the sublayer (pre-norm) or after the sum (post-norm)."""
+    return x + sublayer(norm(x)) if norm_first else norm(x + sublayer(x))
+
+
+def _self_attention(
+    attn: MultiHeadAttention,
+    x: Tensor,
+    pos: Tensor | None,
+    mask: Tensor | None,
+    kpm: Tensor | None,
+    is_causal: bool,
+    cache: KVCache | StaticKVCache | None,
+    rope: Rotation | None,
+    bias: Tensor | None,
+) -> Tensor:
+    """Self-attention of x (B, L, D), ``pos`` added to its queries and keys, not to its values."""
+    qk = _with_pos(x, pos)
+    return attn(
+        qk, qk, x, attn_mask=mask, key_padding_mask=kpm, is_causal=is_causal, cache=cache, rope=rope, position_bias=bias
+    )[0]
+
+
+def _final_norm(final_norm: bool, d_model: int, layer_kwargs: dict) -> nn.Module | None:
+    """A stack's norm after its last layer, of its layers' kind (pre-norm needs one)."""
+    if not final_norm:
+        return None
+    return _norm(layer_kwargs.get("norm", "layernorm"), d_model, layer_kwargs.get("layer_norm_eps", 1e-5))
 
 
 def _or(rate: float | None, default: float) -> float:
@@ -145,31 +175,6 @@ class TransformerEncoderLayer(nn.Module):
         self.activation = _activation(activation)
         self.norm_first = norm_first
 
-    def _sa(
-        self,
-        x: Tensor,
-        pos: Tensor | None,
-        mask: Tensor | None,
-        kpm: Tensor | None,
-        is_causal: bool,
-        cache: KVCache | None,
-        rope: Rotation | None,
-        bias: Tensor | None,
-    ) -> Tensor:
-        qk = _with_pos(x, pos)
-        out = self.self_attn(
-            qk,
-            qk,
-            x,
-            attn_mask=mask,
-            key_padding_mask=kpm,
-            is_causal=is_causal,
-            cache=cache,
-            rope=rope,
-            position_bias=bias,
-        )[0]
-        return self.drop_path(self.dropout1(out))
-
     def _ff(self, x: Tensor) -> Tensor:
         return self.drop_path(self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x))))))
 
@@ -186,13 +191,15 @@ class TransformerEncoderLayer(nn.Module):
     ) -> Tensor:
         """``cache``: this layer's keys/values, for causal decoding step by step (a decoder-only LM's
         blocks are encoder layers with ``is_causal=True``). ``rope``, ``position_bias``: see the module docstring."""
-        x = src
-        sa = (src_mask, src_key_padding_mask, is_causal, cache, rope, position_bias)
-        if self.norm_first:
-            x = x + self._sa(self.norm1(x), pos, *sa)
-            return x + self._ff(self.norm2(x))
-        x = self.norm1(x + self._sa(x, pos, *sa))
-        return self.norm2(x + self._ff(x))
+
+        def sa(x: Tensor) -> Tensor:
+            out = _self_attention(
+                self.self_attn, x, pos, src_mask, src_key_padding_mask, is_causal, cache, rope, position_bias
+            )
+            return self.drop_path(self.dropout1(out))
+
+        x = _residual(src, sa, self.norm1, self.norm_first)
+        return _residual(x, self._ff, self.norm2, self.norm_first)
 
 
 class TransformerDecoderLayer(nn.Module):
@@ -239,30 +246,6 @@ class TransformerDecoderLayer(nn.Module):
         self.activation = _activation(activation)
         self.norm_first = norm_first
 
-    def _sa(self, x, query_pos, mask, kpm, is_causal, cache, rope, bias):
-        qk = _with_pos(x, query_pos)
-        sub = None if cache is None else cache.self_attn
-        out = self.self_attn(
-            qk,
-            qk,
-            x,
-            attn_mask=mask,
-            key_padding_mask=kpm,
-            is_causal=is_causal,
-            cache=sub,
-            rope=rope,
-            position_bias=bias,
-        )[0]
-        return self.dropout1(out)
-
-    def _ca(self, x, memory, query_pos, pos, mask, kpm, cache):
-        sub = None if cache is None else cache.cross_attn
-        key = _with_pos(memory, pos)
-        out = self.multihead_attn(
-            _with_pos(x, query_pos), key, memory, attn_mask=mask, key_padding_mask=kpm, cache=sub
-        )[0]
-        return self.dropout2(out)
-
     def _ff(self, x: Tensor) -> Tensor:
         return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
@@ -282,15 +265,21 @@ class TransformerDecoderLayer(nn.Module):
         position_bias: Tensor | None = None,
     ) -> Tensor:
         """``rope``, ``position_bias``: for the self-attention (see the module docstring)."""
-        x = tgt
-        sa = (tgt_mask, tgt_key_padding_mask, tgt_is_causal, cache, rope, position_bias)
-        if self.norm_first:
-            x = x + self._sa(self.norm1(x), query_pos, *sa)
-            x = x + self._ca(self.norm2(x), memory, query_pos, pos, memory_mask, memory_key_padding_mask, cache)
-            return x + self._ff(self.norm3(x))
-        x = self.norm1(x + self._sa(x, query_pos, *sa))
-        x = self.norm2(x + self._ca(x, memory, query_pos, pos, memory_mask, memory_key_padding_mask, cache))
-        return self.norm3(x + self._ff(x))
+        self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
+        masks = (tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+
+        def sa(x: Tensor) -> Tensor:
+            out = _self_attention(self.self_attn, x, query_pos, *masks, self_cache, rope, position_bias)
+            return self.dropout1(out)
+
+        def ca(x: Tensor) -> Tensor:
+            q, k, kpm = _with_pos(x, query_pos), _with_pos(memory, pos), memory_key_padding_mask
+            out = self.multihead_attn(q, k, memory, attn_mask=memory_mask, key_padding_mask=kpm, cache=cross_cache)[0]
+            return self.dropout2(out)
+
+        x = _residual(tgt, sa, self.norm1, self.norm_first)
+        x = _residual(x, ca, self.norm2, self.norm_first)
+        return _residual(x, self._ff, self.norm3, self.norm_first)
 
 
 class TransformerEncoder(nn.Module):
@@ -311,11 +300,7 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         rates = torch.linspace(0, drop_path, num_layers).tolist() if num_layers > 1 else [drop_path] * num_layers
         self.layers = nn.ModuleList(TransformerEncoderLayer(d_model, nhead, drop_path=r, **layer_kwargs) for r in rates)
-        self.norm = (
-            _norm(layer_kwargs.get("norm", "layernorm"), d_model, layer_kwargs.get("layer_norm_eps", 1e-5))
-            if final_norm
-            else None
-        )
+        self.norm = _final_norm(final_norm, d_model, layer_kwargs)
 
     def forward(
         self,
@@ -360,11 +345,7 @@ class TransformerDecoder(nn.Module):
     ):
         super().__init__()
         self.layers = nn.ModuleList(TransformerDecoderLayer(d_model, nhead, **layer_kwargs) for _ in range(num_layers))
-        self.norm = (
-            _norm(layer_kwargs.get("norm", "layernorm"), d_model, layer_kwargs.get("layer_norm_eps", 1e-5))
-            if final_norm
-            else None
-        )
+        self.norm = _final_norm(final_norm, d_model, layer_kwargs)
         self.return_intermediate = return_intermediate
 
     def forward(
