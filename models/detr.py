@@ -280,10 +280,12 @@ class DETR(nn.Module):
             tgt = torch.cat([tgt, self.label_enc(dn.labels)], dim=1)  # (B, N + G·P, D)
             tgt_mask = dn.attn_mask
             padding = torch.cat([dn.padding.new_zeros(batch, n), dn.padding], dim=1)  # (B, N + G·P)
+        # the decoder layers' masks, the same for the stack (vanilla queries) and for the anchors' loop
+        masks = {"tgt_mask": tgt_mask, "tgt_key_padding_mask": padding, "memory_key_padding_mask": memory_mask}
         if self.query_type != "vanilla":
             if dn is not None:
                 anchors = torch.cat([anchors, dn.boxes.to(anchors.dtype)], dim=1)
-            hs, boxes = self._refine_anchors(tgt, anchors, memory, memory_mask, pos, tgt_mask, padding)
+            hs, boxes = self._refine_anchors(tgt, anchors, memory, pos, masks)
         else:
             query_pos = self.query_embed.weight[None].expand(batch, -1, -1)  # (B, N, D)
             if dn is not None:
@@ -291,15 +293,7 @@ class DETR(nn.Module):
                     box_sine_embedding(dn.boxes.to(query_pos.dtype), self.transformer.d_model // 2)
                 )
                 query_pos = torch.cat([query_pos, dn_pos], dim=1)
-            hs = self.transformer.decoder(
-                tgt,
-                memory,
-                tgt_mask=tgt_mask,
-                tgt_key_padding_mask=padding,
-                memory_key_padding_mask=memory_mask,
-                pos=pos,
-                query_pos=query_pos,
-            )  # (L, B, N + G·P, D)
+            hs = self.transformer.decoder(tgt, memory, pos=pos, query_pos=query_pos, **masks)  # (L, B, N + G·P, D)
             boxes = self.bbox_embed(hs).sigmoid()  # (L, B, N + G·P, 4)
         logits = self.class_embed(hs)  # (L, B, N + G·P, K + 1)
         out = self._outputs(logits[:, :, :n], boxes[:, :, :n])
@@ -317,31 +311,17 @@ class DETR(nn.Module):
         return {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
 
     def _refine_anchors(
-        self,
-        tgt: Tensor,
-        anchors: Tensor,
-        memory: Tensor,
-        memory_mask: Tensor,
-        pos: Tensor,
-        tgt_mask: Tensor | None,
-        padding: Tensor | None,
+        self, tgt: Tensor, anchors: Tensor, memory: Tensor, pos: Tensor, masks: dict[str, Tensor | None]
     ) -> tuple[Tensor, Tensor]:
         """DAB-DETR's decoder: layer l takes its positional query from its anchor a_l (B, Q, 4) and predicts
         b_l = sigmoid(inverse_sigmoid(a_l) + bbox_embed(h_l)); a_{l+1} = b_l, detached, so that each layer
-        learns its own correction. Returns hs (L, B, Q, D) and boxes (L, B, Q, 4)."""
+        learns its own correction. ``masks``: the decoder layers' mask arguments. Returns hs (L, B, Q, D) and
+        boxes (L, B, Q, 4)."""
         decoder, x = self.transformer.decoder, tgt
         hs, boxes = [], []
         for layer in decoder.layers:
             query_pos = self.ref_point_head(box_sine_embedding(anchors, self.transformer.d_model // 2))  # (B, Q, D)
-            x = layer(
-                x,
-                memory,
-                tgt_mask=tgt_mask,
-                tgt_key_padding_mask=padding,
-                memory_key_padding_mask=memory_mask,
-                pos=pos,
-                query_pos=query_pos,
-            )
+            x = layer(x, memory, pos=pos, query_pos=query_pos, **masks)
             h = decoder.norm(x)
             box = (inverse_sigmoid(anchors) + self.bbox_embed(h)).sigmoid()
             hs.append(h)

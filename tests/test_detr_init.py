@@ -11,6 +11,7 @@ import pytest
 import timm
 import torch
 import yaml
+from builders import SMALL
 from jsonargparse import ArgumentParser
 from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 
@@ -18,7 +19,6 @@ from models.backbone import Backbone
 from models.detr import DETR
 from models.detr_module import ObjectDetector
 
-SMALL = dict(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.0)
 HF_SMALL = dict(
     d_model=32,
     encoder_attention_heads=4,

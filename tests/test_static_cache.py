@@ -3,6 +3,7 @@ shape and address (what a CUDA graph of a step needs), and the switch that selec
 
 import pytest
 import torch
+from builders import padded_batch, tiny_seq2seq
 
 from benchmarks import peers
 from benchmarks.run import GPU_DECODING, static_cache_case
@@ -22,33 +23,10 @@ POSITIONS = ["sinusoidal", "learned", "rope", "alibi", "t5"]
 
 def seq2seq(positions: str, eos_bias: float = 0.0, seed: int = 0, **kw) -> Seq2SeqTransformer:
     """A tiny random model; ``eos_bias`` on the EOS logit makes hypotheses end at different steps."""
-    torch.manual_seed(seed)
-    model = Seq2SeqTransformer(
-        V,
-        V,
-        d_model=32,
-        nhead=4,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        dim_feedforward=64,
-        dropout=0.0,
-        max_positions=64,
-        positions=positions,
-        output_bias=True,
-        **kw,
-    ).eval()
+    model = tiny_seq2seq(V, seed, positions=positions, output_bias=True, **kw)
     with torch.no_grad():
         model.generator.bias[EOS_ID] = eos_bias
     return model
-
-
-def sources(lengths: list[int], seed: int = 1) -> torch.Tensor:
-    """(B, max length) random words, PAD after each sentence: a batch of different source lengths."""
-    g = torch.Generator().manual_seed(seed)
-    out = torch.full((len(lengths), max(lengths)), PAD_ID)
-    for i, n in enumerate(lengths):
-        out[i, :n] = torch.randint(4, V, (n,), generator=g)
-    return out
 
 
 def sentences_left_after_drops(model: Seq2SeqTransformer) -> list[int]:
@@ -74,9 +52,9 @@ def sentences_left_after_drops(model: Seq2SeqTransformer) -> list[int]:
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_static_cache_decodes_step_by_step_as_the_whole_prefix(positions):
     model = seq2seq(positions, qk_norm="rmsnorm" if positions == "alibi" else None)
-    src = sources([5, 2, 7])
+    src = padded_batch(V, [5, 2, 7])
     memory, mask = model.encode(src), src.eq(PAD_ID)
-    tgt = torch.cat([torch.full((3, 1), BOS_ID), sources([6, 6, 6], seed=3)], dim=1)  # (3, 7)
+    tgt = torch.cat([torch.full((3, 1), BOS_ID), padded_batch(V, [6, 6, 6], seed=3)], dim=1)  # (3, 7)
     full = model.decode(tgt, memory, mask)
     cache = model.init_cache(max_len=10)
     steps = [model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start_pos=t) for t in range(7)]
@@ -87,7 +65,7 @@ def test_static_cache_decodes_step_by_step_as_the_whole_prefix(positions):
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_static_greedy_and_beam_equal_the_dynamic_cache_token_for_token(positions):
     model = seq2seq(positions, eos_bias=1.0)
-    src = sources([7, 3, 5, 9, 2, 6])
+    src = padded_batch(V, [7, 3, 5, 9, 2, 6])
     for search, kw in ((greedy_decode, {}), (beam_search, {"beam_size": 5})):
         dynamic, dynamic_scores = search(model, src, max_len=12, **IDS, **kw)
         static, static_scores = search(model, src, max_len=12, cache="static", **IDS, **kw)
@@ -99,7 +77,7 @@ def test_static_beam_search_keeps_early_finished_sentences_and_their_results():
     # EOS likely enough that some sentences hold 5 finished hypotheses long before others
     model = seq2seq("sinusoidal", eos_bias=1.0, seed=3)
     # the sentence that runs longest comes last: the open sentences' rows are not the first rows of the batch
-    src = sources([7, 3, 5, 9, 2, 6, 4, 8], seed=4).flip(0)
+    src = padded_batch(V, [7, 3, 5, 9, 2, 6, 4, 8], seed=4).flip(0)
     left = sentences_left_after_drops(model)
     dynamic, dynamic_scores = beam_search(model, src, max_len=14, beam_size=5, **IDS)
     assert any(left)  # the dynamic search dropped done sentences while others went on
@@ -114,7 +92,7 @@ def test_lm_generates_the_same_with_the_static_cache_even_past_the_context(posit
     torch.manual_seed(2)
     lm = DecoderOnlyLM(V, d_model=20, nhead=2, num_layers=2, dropout=0.0, max_positions=8, positions=positions)
     lm = lm.eval()
-    prompt = sources([3, 3], seed=5)
+    prompt = padded_batch(V, [3, 3], seed=5)
     dynamic = lm.generate(prompt, 12, temperature=0)  # 15 tokens > 8 positions: the window slides
     assert torch.equal(lm.generate(prompt, 12, temperature=0, cache="static"), dynamic)
     assert torch.equal(lm.generate(prompt, 4, temperature=0, cache="static"), dynamic[:, :7])  # within the window
@@ -141,7 +119,7 @@ def test_static_kv_cache_attends_as_the_growing_cache_after_a_prompt(kind):
 def test_static_kv_cache_keeps_its_buffers_in_place():
     """What a CUDA graph relies on: every step and every reorder writes into the same memory."""
     model = seq2seq("rope")
-    src = sources([4, 6])
+    src = padded_batch(V, [4, 6])
     memory, mask = model.encode(src), src.eq(PAD_ID)
     step = seq2seq_step(model, memory, mask, max_len=5)
     step(torch.full((2, 1), BOS_ID), 0)
@@ -167,7 +145,7 @@ def test_static_cache_refuses_other_masks():
 
 def test_no_cuda_graph_without_cuda():
     model = seq2seq("sinusoidal")
-    src = sources([3])
+    src = padded_batch(V, [3])
     step = seq2seq_step(model, model.encode(src), src.eq(PAD_ID), max_len=4)
     assert isinstance(step, DecodingStep) and not step.use_graph
     for t in range(3):
@@ -212,7 +190,7 @@ def test_the_replay_path_reads_every_input_from_its_buffers(positions, monkeypat
     monkeypatch.setattr(decoding, "DecodingStep", ReplayOnCPU)
     monkeypatch.setattr(text, "DecodingStep", ReplayOnCPU)
     model = seq2seq(positions, eos_bias=1.0, seed=3)
-    src = sources([7, 3, 5, 9, 2, 6, 4, 8], seed=4).flip(0)  # sentences finish early (see above)
+    src = padded_batch(V, [7, 3, 5, 9, 2, 6, 4, 8], seed=4).flip(0)  # sentences finish early (see above)
     for search, kw in ((greedy_decode, {}), (beam_search, {"beam_size": 5})):
         ReplayOnCPU.replays = 0
         dynamic, dynamic_scores = search(model, src, max_len=14, **IDS, **kw)
@@ -221,7 +199,7 @@ def test_the_replay_path_reads_every_input_from_its_buffers(positions, monkeypat
         torch.testing.assert_close(static_scores, dynamic_scores, atol=1e-5, rtol=1e-5)
     torch.manual_seed(2)
     lm = DecoderOnlyLM(V, d_model=20, nhead=2, num_layers=2, dropout=0.0, max_positions=16, positions=positions)
-    prompt = sources([3, 3], seed=5)
+    prompt = padded_batch(V, [3, 3], seed=5)
     assert torch.equal(
         lm.eval().generate(prompt, 9, temperature=0, cache="static"), lm.generate(prompt, 9, temperature=0)
     )
@@ -231,7 +209,7 @@ def test_the_replay_path_reads_every_input_from_its_buffers(positions, monkeypat
 @pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi"])
 def test_cuda_graph_steps_equal_the_dynamic_cache_on_the_gpu(positions):
     model = seq2seq(positions, eos_bias=1.0).cuda()
-    src = sources([7, 3, 5, 9, 2, 6]).cuda().flip(0)
+    src = padded_batch(V, [7, 3, 5, 9, 2, 6]).cuda().flip(0)
     for search, kw in ((greedy_decode, {}), (beam_search, {"beam_size": 5})):
         dynamic, _ = search(model, src, max_len=12, **IDS, **kw)
         static, _ = search(model, src, max_len=12, cache="static", **IDS, **kw)
@@ -246,7 +224,7 @@ def test_cuda_graph_steps_equal_the_dynamic_cache_on_the_gpu(positions):
     assert step.graph is not None
     torch.manual_seed(2)
     lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, dropout=0.0, max_positions=16, positions=positions)
-    lm, prompt = lm.cuda().eval(), sources([3, 3], seed=5).cuda()
+    lm, prompt = lm.cuda().eval(), padded_batch(V, [3, 3], seed=5).cuda()
     assert torch.equal(lm.generate(prompt, 10, temperature=0, cache="static"), lm.generate(prompt, 10, temperature=0))
 
 
@@ -259,7 +237,7 @@ def test_cache_is_a_config_key_of_both_text_modules_and_checked():
     assert LanguageModelModule(vocab_size=V, d_model=16, nhead=2, cache="static").hparams.cache == "static"
     with pytest.raises(ValueError, match=r"model.cache='paged' is not known; choose one of dynamic, static"):
         TranslationModule(src_vocab_size=V, tgt_vocab_size=V, d_model=16, nhead=2, cache="paged")
-    src = sources([4, 2])
+    src = padded_batch(V, [4, 2])
     static = module.eval().translate(src, beam_size=3)
     module.hparams.cache = "dynamic"
     assert torch.equal(module.translate(src, beam_size=3), static)

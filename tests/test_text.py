@@ -7,6 +7,7 @@ import pytest
 import sacrebleu
 import torch
 import torch.nn.functional as F
+from builders import padded_batch, tiny_seq2seq
 
 from datamodules.checks import read_lines
 from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
@@ -23,34 +24,12 @@ V = 24
 IDS = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
 
 
-def tiny_seq2seq(vocab: int = V, seed: int = 0, **kw) -> Seq2SeqTransformer:
-    torch.manual_seed(seed)
-    args = dict(
-        d_model=32,
-        nhead=4,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        dim_feedforward=64,
-        dropout=0.0,
-        max_positions=64,
-    )
-    return Seq2SeqTransformer(vocab, vocab, **{**args, **kw}).eval()
-
-
-def padded_batch(lengths: list[int], vocab: int = V, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    out = torch.full((len(lengths), max(lengths)), PAD_ID)
-    for i, n in enumerate(lengths):
-        out[i, :n] = torch.randint(4, vocab, (n,), generator=g)
-    return out
-
-
 # ----------------------------------------------------------------------------- model
 
 
 def test_shapes_and_tied_shared_embeddings():
-    model = tiny_seq2seq(share_embeddings=True)
-    src, tgt = padded_batch([5, 3]), padded_batch([4, 6], seed=2)
+    model = tiny_seq2seq(V, share_embeddings=True)
+    src, tgt = padded_batch(V, [5, 3]), padded_batch(V, [4, 6], seed=2)
     assert model(src, tgt).shape == (2, 6, V)
     assert model.encode(src).shape == (2, 5, 32)
     assert model.src_embed is model.tgt_embed and model.generator.weight is model.tgt_embed.weight
@@ -62,18 +41,18 @@ def test_shapes_and_tied_shared_embeddings():
         with pytest.raises(ValueError, match=r"model.nhead=4 does not divide model.d_model=30; choose a divisor of 30"):
             network(*args, d_model=30, nhead=4)
     lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, max_positions=16)
-    assert lm(padded_batch([7, 7])).shape == (2, 7, V) and lm.lm_head.weight is lm.tok_embed.weight
+    assert lm(padded_batch(V, [7, 7])).shape == (2, 7, V) and lm.lm_head.weight is lm.tok_embed.weight
 
 
 def test_embeddings_are_scaled_by_sqrt_d_model():
-    model = tiny_seq2seq()
+    model = tiny_seq2seq(V)
     tokens = torch.tensor([[5, 6]])
     torch.testing.assert_close(model.src_embed(tokens), model.src_embed.weight[tokens] * math.sqrt(32))
 
 
 def test_no_position_attends_to_padding_or_to_the_future():
-    model = tiny_seq2seq()
-    src, tgt = padded_batch([6, 3]), padded_batch([5, 2], seed=2)
+    model = tiny_seq2seq(V)
+    src, tgt = padded_batch(V, [6, 3]), padded_batch(V, [5, 2], seed=2)
     with capture_attention(model) as maps:
         model(src, tgt)
     src_pad, tgt_pad = src.eq(PAD_ID), tgt.eq(PAD_ID)
@@ -91,8 +70,8 @@ def test_no_position_attends_to_padding_or_to_the_future():
 
 
 def test_outputs_ignore_padding_content_and_future_tokens():
-    model = tiny_seq2seq()
-    src, tgt = padded_batch([6, 3]), padded_batch([5, 5], seed=2)
+    model = tiny_seq2seq(V)
+    src, tgt = padded_batch(V, [6, 3]), padded_batch(V, [5, 5], seed=2)
     logits = model(src, tgt)
     mask, garbage = src.eq(PAD_ID), src.clone()
     garbage[1, 3:] = 7  # other tokens where the source is padding: the key padding mask hides them
@@ -116,15 +95,15 @@ def test_attention_and_activation_dropout_refine_dropout():
             for layer in layers
         }
 
-    split = tiny_seq2seq(dropout=0.3, attn_dropout=0.0, activation_dropout=0.1)
+    split = tiny_seq2seq(V, dropout=0.3, attn_dropout=0.0, activation_dropout=0.1)
     assert rates([*split.encoder.layers, *split.decoder.layers]) == {(0.3, 0.0, 0.1)}
-    assert rates(tiny_seq2seq(dropout=0.3).decoder.layers) == {(0.3, 0.3, 0.3)}
+    assert rates(tiny_seq2seq(V, dropout=0.3).decoder.layers) == {(0.3, 0.3, 0.3)}
     lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, dropout=0.2, attn_dropout=0.0, activation_dropout=0.0)
     assert rates(lm.blocks.layers) == {(0.2, 0.0, 0.0)}
     # in training, a model whose only dropout is on the attention weights is random, one without is not
-    src, tgt = padded_batch([5, 3]), padded_batch([4, 6], seed=2)
+    src, tgt = padded_batch(V, [5, 3]), padded_batch(V, [4, 6], seed=2)
     for attn_dropout, random in ((0.5, True), (0.0, False)):
-        model = tiny_seq2seq(dropout=0.0, attn_dropout=attn_dropout).train()
+        model = tiny_seq2seq(V, dropout=0.0, attn_dropout=attn_dropout).train()
         assert (not torch.equal(model(src, tgt), model(src, tgt))) == random
 
 
@@ -152,7 +131,7 @@ def test_label_smoothing_against_a_hand_computation():
 
 
 def test_weight_decay_only_on_matrices_not_embeddings():
-    model = tiny_seq2seq(positions="learned")
+    model = tiny_seq2seq(V, positions="learned")
     decay, no_decay = param_groups(model, 0.1, model.no_weight_decay())
     ids = lambda group: {id(p) for p in group["params"]}  # noqa: E731
     assert id(model.tgt_embed.weight) in ids(no_decay) and id(model.pos.weight) in ids(no_decay)
@@ -165,10 +144,10 @@ def test_weight_decay_only_on_matrices_not_embeddings():
 
 
 def test_cached_decoding_equals_uncached_decoding():
-    model = tiny_seq2seq()
-    src = padded_batch([6, 4, 2])
+    model = tiny_seq2seq(V)
+    src = padded_batch(V, [6, 4, 2])
     memory, mask = model.encode(src), src.eq(PAD_ID)
-    tgt = torch.cat([torch.full((3, 1), BOS_ID), padded_batch([7, 7, 7], seed=3)], dim=1)  # (3, 8)
+    tgt = torch.cat([torch.full((3, 1), BOS_ID), padded_batch(V, [7, 7, 7], seed=3)], dim=1)  # (3, 8)
     full = model.decode(tgt, memory, mask)
     cache = model.init_cache()
     steps = torch.cat(
@@ -184,7 +163,7 @@ def test_cached_decoding_equals_uncached_decoding():
 def test_lm_generation_with_cache_equals_without_even_past_the_context():
     torch.manual_seed(0)
     lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, dropout=0.0, max_positions=8).eval()
-    prompt = padded_batch([3, 3])
+    prompt = padded_batch(V, [3, 3])
     fast = lm.generate(prompt, 12, temperature=0)  # 15 tokens > 8 positions: the window slides
     slow = lm.generate(prompt, 12, temperature=0, use_cache=False)
     assert fast.shape == (2, 15) and torch.equal(fast, slow)
@@ -196,11 +175,11 @@ IN_ATTENTION = ["rope", "alibi", "t5"]
 
 @pytest.mark.parametrize("positions,qk_norm", [("rope", None), ("alibi", "rmsnorm"), ("t5", "layernorm")])
 def test_positions_inside_attention_decode_with_the_cache_as_without(positions, qk_norm):
-    model = tiny_seq2seq(d_model=24, nhead=3, positions=positions, qk_norm=qk_norm, seed=11)  # head size 8
+    model = tiny_seq2seq(V, d_model=24, nhead=3, positions=positions, qk_norm=qk_norm, seed=11)  # head size 8
     assert model.pos is None
-    src = padded_batch([5, 3, 6], seed=12)
+    src = padded_batch(V, [5, 3, 6], seed=12)
     memory, mask = model.encode(src), src.eq(PAD_ID)
-    tgt = torch.cat([torch.full((3, 1), BOS_ID), padded_batch([6, 6, 6], seed=13)], dim=1)  # (3, 7)
+    tgt = torch.cat([torch.full((3, 1), BOS_ID), padded_batch(V, [6, 6, 6], seed=13)], dim=1)  # (3, 7)
     full = model.decode(tgt, memory, mask)
     cache = model.init_cache()
     steps = [model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start_pos=t) for t in range(7)]
@@ -219,15 +198,15 @@ def test_lm_with_positions_inside_attention_generates_with_the_cache_as_without(
     torch.manual_seed(2)
     lm = DecoderOnlyLM(V, d_model=20, nhead=2, num_layers=2, dropout=0.0, max_positions=6, positions=positions)
     lm = lm.eval()
-    prompt = padded_batch([4, 4], seed=5)
+    prompt = padded_batch(V, [4, 4], seed=5)
     fast = lm.generate(prompt, 7, temperature=0)  # 11 tokens > 6 positions: the window slides
     assert torch.equal(fast, lm.generate(prompt, 7, temperature=0, use_cache=False))
 
 
 @pytest.mark.parametrize("positions", IN_ATTENTION)
 def test_positions_inside_attention_make_the_encoder_see_order(positions):
-    model = tiny_seq2seq(d_model=24, nhead=3, positions=positions, seed=14)
-    src = padded_batch([6], seed=15)
+    model = tiny_seq2seq(V, d_model=24, nhead=3, positions=positions, seed=14)
+    src = padded_batch(V, [6], seed=15)
     order = torch.tensor([2, 1, 0, 3, 4, 5])
     # without positions an encoder is permutation-equivariant; with them, the shuffled sentence reads differently
     assert not torch.allclose(model.encode(src[:, order]), model.encode(src)[:, order], atol=1e-4)
@@ -237,7 +216,7 @@ def test_positions_inside_attention_make_the_encoder_see_order(positions):
 
 
 def test_t5_tables_are_one_per_stack_and_not_decayed():
-    model = tiny_seq2seq(d_model=24, nhead=3, positions="t5")
+    model = tiny_seq2seq(V, d_model=24, nhead=3, positions="t5")
     tables = [n for n, _ in model.named_parameters() if "relative_attention_bias" in n]
     assert tables == [
         "encoder_positions.bias.relative_attention_bias.weight",
@@ -250,7 +229,7 @@ def test_t5_tables_are_one_per_stack_and_not_decayed():
 
 def test_position_and_qk_norm_keys_are_refused_with_their_names():
     with pytest.raises(ValueError, match="model.positions='rotary' is not known; choose one of .*rope, alibi, t5"):
-        tiny_seq2seq(positions="rotary")
+        tiny_seq2seq(V, positions="rotary")
     with pytest.raises(ValueError, match=r"model.positions=rope needs an even head size, .* = 5"):
         DecoderOnlyLM(V, d_model=15, nhead=3, positions="rope")
     with pytest.raises(ValueError, match="qk_norm='l2' is not known"):
@@ -258,16 +237,16 @@ def test_position_and_qk_norm_keys_are_refused_with_their_names():
 
 
 def test_beam_of_one_is_greedy():
-    model = tiny_seq2seq(seed=3)
-    src = padded_batch([7, 5, 3, 6], seed=4)
+    model = tiny_seq2seq(V, seed=3)
+    src = padded_batch(V, [7, 5, 3, 6], seed=4)
     greedy, _ = greedy_decode(model, src, max_len=10, **IDS)
     beam, _ = beam_search(model, src, max_len=10, beam_size=1, **IDS)
     assert torch.equal(beam, greedy)
 
 
 def test_batched_beam_search_equals_one_sentence_at_a_time():
-    model = tiny_seq2seq(seed=5)
-    src = padded_batch([7, 2, 5, 4], seed=6)
+    model = tiny_seq2seq(V, seed=5)
+    src = padded_batch(V, [7, 2, 5, 4], seed=6)
     batched, batched_scores = beam_search(model, src, max_len=9, beam_size=3, alpha=0.6, **IDS)
     for i in range(len(src)):
         alone = src[i : i + 1, : int(src[i].ne(PAD_ID).sum())]
@@ -279,7 +258,7 @@ def test_batched_beam_search_equals_one_sentence_at_a_time():
 
 def test_beam_search_finds_the_exact_best_when_the_beam_holds_every_prefix():
     vocab, max_len = 8, 3  # next tokens: EOS, UNK and 4..7 (PAD and BOS are never generated)
-    model = tiny_seq2seq(vocab=vocab, seed=7)
+    model = tiny_seq2seq(vocab, seed=7)
     src = torch.tensor([[4, 5, 6]])
     memory = model.encode(src)
     best, best_score = None, -math.inf
@@ -296,8 +275,8 @@ def test_beam_search_finds_the_exact_best_when_the_beam_holds_every_prefix():
 
 
 def test_hypotheses_end_with_eos_within_max_len():
-    model = tiny_seq2seq(seed=8)
-    src = padded_batch([5, 3], seed=9)
+    model = tiny_seq2seq(V, seed=8)
+    src = padded_batch(V, [5, 3], seed=9)
     for tokens in (
         greedy_decode(model, src, max_len=4, **IDS)[0],
         beam_search(model, src, max_len=4, beam_size=3, **IDS)[0],
@@ -323,7 +302,7 @@ def test_tiny_model_overfits_a_few_sentence_pairs_to_bleu_100():
             for i, (e, d) in enumerate(pairs)
         ]
     )
-    model = tiny_seq2seq(vocab=tok.get_vocab_size(), share_embeddings=True).train()
+    model = tiny_seq2seq(tok.get_vocab_size(), share_embeddings=True).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     decoder_input, labels = teacher_forcing(src["tgt"])
     for _ in range(150):

@@ -21,9 +21,12 @@ def _randomised(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
+# a small ViT in the arguments that timm's VisionTransformer and ours share
+SMALL_VIT = dict(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3)
+
+
 def _small_timm(**kwargs) -> timm.models.VisionTransformer:
-    args = dict(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3) | kwargs
-    return _randomised(timm.models.VisionTransformer(**args))
+    return _randomised(timm.models.VisionTransformer(**SMALL_VIT | kwargs))
 
 
 def test_timm_vit_tiny_logits_agree_after_loading_its_file(tmp_path):
@@ -46,16 +49,7 @@ def test_small_timm_vit_agrees_for_both_poolings_and_from_safetensors(tmp_path, 
     theirs = _small_timm(global_pool=global_pool)
     path = tmp_path / "small.safetensors"
     save_file(theirs.state_dict(), str(path))
-    ours = VisionTransformer(
-        img_size=32,
-        patch_size=4,
-        in_chans=1,
-        num_classes=7,
-        embed_dim=48,
-        depth=2,
-        num_heads=3,
-        global_pool=global_pool,
-    ).eval()
+    ours = VisionTransformer(**SMALL_VIT, global_pool=global_pool).eval()
     load_pretrained(ours, read_checkpoint(path))
     x = torch.randn(3, 1, 32, 32)
     with torch.no_grad():
@@ -65,9 +59,7 @@ def test_small_timm_vit_agrees_for_both_poolings_and_from_safetensors(tmp_path, 
 def test_positions_resampled_like_timm_at_a_new_image_size():
     """timm's dynamic_img_size resamples its positions on the fly; ours are resampled once at load."""
     theirs = _small_timm(dynamic_img_size=True)
-    ours = VisionTransformer(
-        img_size=48, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3
-    ).eval()
+    ours = VisionTransformer(**SMALL_VIT | dict(img_size=48)).eval()
     load_timm_state_dict(ours, theirs.state_dict())
     x = torch.randn(2, 1, 48, 48)
     with torch.no_grad():
@@ -163,10 +155,7 @@ def test_learned_positions_into_a_vit_with_positions_in_attention_are_refused_na
 def test_timm_features_we_lack_are_named():
     state = _small_timm(init_values=1e-5).state_dict()  # LayerScale
     with pytest.raises(ValueError, match=r"the model lacks \['blocks.0.ls1.gamma'"):
-        load_timm_state_dict(
-            VisionTransformer(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3),
-            state,
-        )
+        load_timm_state_dict(VisionTransformer(**SMALL_VIT), state)
 
 
 def test_missing_weights_file_names_the_key():

@@ -1,0 +1,25 @@
+"""Tiny models and batches that several test files build (`from builders import tiny_seq2seq`, as
+`from conftest import TINY_TRUNK`: pytest puts tests/ on sys.path)."""
+
+import torch
+
+from datamodules.text_tokenizers import PAD_ID
+from models.text import Seq2SeqTransformer
+
+# The tiny encoder-decoder of the text and DETR tests: 2 + 2 layers of width 32, 4 heads, no dropout.
+SMALL = dict(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.0)
+
+
+def tiny_seq2seq(vocab: int, seed: int = 0, **kw) -> Seq2SeqTransformer:
+    """A random `SMALL` Seq2SeqTransformer of 64 positions in eval mode; ``kw`` overrides or adds arguments."""
+    torch.manual_seed(seed)
+    return Seq2SeqTransformer(vocab, vocab, **{**SMALL, "max_positions": 64, **kw}).eval()
+
+
+def padded_batch(vocab: int, lengths: list[int], seed: int = 1) -> torch.Tensor:
+    """(B, max length) random words (ids 4..vocab-1, after the specials), PAD after each sentence."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.full((len(lengths), max(lengths)), PAD_ID)
+    for i, n in enumerate(lengths):
+        out[i, :n] = torch.randint(4, vocab, (n,), generator=g)
+    return out
