@@ -6,8 +6,17 @@ import torch
 from datamodules.text_tokenizers import PAD_ID
 from models.text import Seq2SeqTransformer
 
+
+def encoder_decoder(d_model: int = 32, nhead: int = 4, layers: int = 2) -> dict:
+    """The size arguments of a tiny encoder-decoder (Seq2SeqTransformer, DETR, DETRTransformer): ``layers``
+    encoder and decoder layers each, an MLP twice as wide as the model."""
+    return dict(
+        d_model=d_model, nhead=nhead, num_encoder_layers=layers, num_decoder_layers=layers, dim_feedforward=2 * d_model
+    )
+
+
 # The tiny encoder-decoder of the text and DETR tests: 2 + 2 layers of width 32, 4 heads, no dropout.
-SMALL = dict(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.0)
+SMALL = encoder_decoder() | dict(dropout=0.0)
 
 
 def tiny_seq2seq(vocab: int, seed: int = 0, **kw) -> Seq2SeqTransformer:

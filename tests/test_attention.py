@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from builders import encoder_decoder
 from test_padding_free import cpu_varlen_attn
 from torch import nn
 
@@ -215,16 +216,7 @@ def test_every_model_starts_general_at_the_identity():
     from models.vit import VisionTransformer
 
     models = [
-        Seq2SeqTransformer(
-            20,
-            20,
-            d_model=16,
-            nhead=4,
-            num_encoder_layers=1,
-            num_decoder_layers=1,
-            dim_feedforward=32,
-            similarity="general",
-        ),
+        Seq2SeqTransformer(20, 20, **encoder_decoder(16, 4, 1), similarity="general"),
         DecoderOnlyLM(20, d_model=16, nhead=4, num_layers=1, similarity="general"),
         VisionTransformer(
             img_size=8,
@@ -236,16 +228,7 @@ def test_every_model_starts_general_at_the_identity():
             num_heads=4,
             similarity="general",
         ),
-        DETRTransformer(
-            d_model=16,
-            nhead=4,
-            num_encoder_layers=1,
-            num_decoder_layers=1,
-            dim_feedforward=32,
-            dropout=0.1,
-            activation="relu",
-            similarity="general",
-        ),
+        DETRTransformer(**encoder_decoder(16, 4, 1), dropout=0.1, activation="relu", similarity="general"),
     ]
     for model in models:
         weights = [m.general_weight for m in model.modules() if isinstance(m, MultiHeadAttention)]

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from builders import encoder_decoder
 from conftest import TINY_TRUNK
 
 from models.attention import MultiHeadAttention
@@ -34,11 +35,7 @@ def test_detr_with_rope_encoder_and_qk_norm_runs_and_refuses_bad_values():
         Backbone(**TINY_TRUNK),
         3,
         4,
-        d_model=24,
-        nhead=3,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        dim_feedforward=48,
+        **encoder_decoder(24, 3),
         dropout=0.0,
         qk_norm="rmsnorm",
         encoder_positions="rope_mixed",

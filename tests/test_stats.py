@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from builders import encoder_decoder
 from conftest import TINY_TRUNK
 from torch import nn
 
@@ -176,17 +177,7 @@ def _cases():
     src = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 2, 0, 0]])
     tgt = torch.tensor([[1, 9, 4, 2], [1, 3, 0, 0]])
     for similarity in ("scaled_dot", "general"):
-        s2s = Seq2SeqTransformer(
-            12,
-            12,
-            d_model=16,
-            nhead=2,
-            num_encoder_layers=2,
-            num_decoder_layers=2,
-            dim_feedforward=32,
-            similarity=similarity,
-            pad_id=0,
-        )
+        s2s = Seq2SeqTransformer(12, 12, **encoder_decoder(16, 2), similarity=similarity, pad_id=0)
         if similarity == "general":  # away from the identity, so that the map counts
             for m in s2s.modules():
                 if isinstance(m, MultiHeadAttention):
@@ -197,16 +188,7 @@ def _cases():
     yield "vit", vit, (torch.randn(2, 1, 8, 8),), ()
     stem = VisionTransformer(8, 1, 1, 3, 16, 2, 2, stem_channels=(4, 8))  # 8 -> 4 -> 2: a 2x2 grid of 4-pixel cells
     yield "vit-stem", stem.eval(), (torch.randn(2, 1, 8, 8),), ()
-    detr = DETR(
-        Backbone(**TINY_TRUNK),
-        3,
-        4,
-        d_model=16,
-        nhead=2,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        dim_feedforward=32,
-    )
+    detr = DETR(Backbone(**TINY_TRUNK), 3, 4, **encoder_decoder(16, 2, 1))
     mask = torch.zeros(2, 64, 64, dtype=torch.bool)
     mask[1, :, 40:] = True  # the second image is padded on the right
     yield "detr", detr, (torch.randn(2, 3, 64, 64), mask), ()
