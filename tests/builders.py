@@ -5,18 +5,27 @@ import torch
 
 from datamodules.text_tokenizers import PAD_ID
 from models.text import Seq2SeqTransformer
+from models.vit import VisionTransformer
 
 
-def encoder_decoder(d_model: int = 32, nhead: int = 4, layers: int = 2) -> dict:
+def encoder_decoder(d_model: int = 32, nhead: int = 4, layers: int = 2, decoder_layers: int | None = None) -> dict:
     """The size arguments of a tiny encoder-decoder (Seq2SeqTransformer, DETR, DETRTransformer): ``layers``
-    encoder and decoder layers each, an MLP twice as wide as the model."""
+    encoder layers and as many decoder layers unless ``decoder_layers``, an MLP twice as wide as the model."""
+    decoder_layers = layers if decoder_layers is None else decoder_layers
     return dict(
-        d_model=d_model, nhead=nhead, num_encoder_layers=layers, num_decoder_layers=layers, dim_feedforward=2 * d_model
+        d_model=d_model,
+        nhead=nhead,
+        num_encoder_layers=layers,
+        num_decoder_layers=decoder_layers,
+        dim_feedforward=2 * d_model,
     )
 
 
 # The tiny encoder-decoder of the text and DETR tests: 2 + 2 layers of width 32, 4 heads, no dropout.
 SMALL = encoder_decoder() | dict(dropout=0.0)
+
+# A detection datamodule at the tests' size: one 32-pixel training scale, 32-pixel validation images, no crop.
+SMALL_DETECTION = dict(num_workers=0, train_scales=[32], max_size=64, crop=False, val_size=32)
 
 
 def tiny_seq2seq(vocab: int, seed: int = 0, **kw) -> Seq2SeqTransformer:
@@ -32,3 +41,9 @@ def padded_batch(vocab: int, lengths: list[int], seed: int = 1) -> torch.Tensor:
     for i, n in enumerate(lengths):
         out[i, :n] = torch.randint(4, vocab, (n,), generator=g)
     return out
+
+
+def tiny_vit(embed_dim: int = 16, depth: int = 2, num_heads: int = 2, **kw) -> VisionTransformer:
+    """A ViT of 8x8 one-channel images in 2x2 patches (16 of them), 10 classes; ``kw`` overrides or adds arguments."""
+    size = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10)
+    return VisionTransformer(**size | dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads) | kw)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import SMALL_DETECTION
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -660,22 +661,11 @@ def _corpus(tmp_path):
 
 
 def _coco(tmp_path):
-    return CocoDataModule(
-        str(tmp_path / "images"),
-        str(coco_dir(tmp_path)),
-        batch_size=16,
-        num_workers=0,
-        train_scales=[32],
-        max_size=64,
-        crop=False,
-        val_size=32,
-    )
+    return CocoDataModule(str(tmp_path / "images"), str(coco_dir(tmp_path)), batch_size=16, **SMALL_DETECTION)
 
 
 def _voc(tmp_path):
-    return VocDataModule(
-        str(voc_dir(tmp_path)), batch_size=16, num_workers=0, train_scales=[32], max_size=64, crop=False, val_size=32
-    )
+    return VocDataModule(str(voc_dir(tmp_path)), batch_size=16, **SMALL_DETECTION)
 
 
 def _shapes(tmp_path):

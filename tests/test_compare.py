@@ -60,17 +60,10 @@ def test_compare_names_a_folder_without_runs(attnlab, tmp_path):
 
 
 @pytest.mark.slow
-def test_report_goes_to_wandb_as_a_table_and_images(attnlab, two_runs, tmp_path, monkeypatch):
+def test_report_goes_to_wandb_as_a_table_and_images(attnlab, two_runs, tmp_path, logged):
     import wandb
-    from wandb.sdk.lib.noop_run import (
-        NoopRun,  # what wandb.init returns under WANDB_MODE=disabled
-    )
 
-    logged = {}
-    monkeypatch.setattr(NoopRun, "log", lambda self, data, *a, **k: logged.update(data), raising=False)
-    code, out, err = attnlab(
-        "compare", str(two_runs), "--out", str(tmp_path / "report"), "--wandb", "team/attnlab"
-    )  # WANDB_MODE=disabled
+    code, out, err = attnlab("compare", str(two_runs), "--out", str(tmp_path / "report"), "--wandb", "team/attnlab")
     assert code == 0, err
     assert isinstance(logged["compare/runs"], wandb.Table) and len(logged["compare/runs"].data) == 2
     assert {"compare/loss", "compare/entropy", "compare/distance", "compare/scaling"} <= set(
@@ -107,6 +100,16 @@ def _fake_run(folder, best, entropy, config=None):
     )
     if config is not None:
         (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+@pytest.fixture
+def logged(monkeypatch) -> dict:
+    """What `attnlab compare --wandb` logs: under WANDB_MODE=disabled wandb.init returns a NoopRun, whose log we record."""
+    from wandb.sdk.lib.noop_run import NoopRun
+
+    logged = {}
+    monkeypatch.setattr(NoopRun, "log", lambda self, data, *a, **k: logged.update(data), raising=False)
+    return logged
 
 
 @pytest.fixture
@@ -223,15 +226,10 @@ def test_runs_outside_a_sweep_form_cells_by_their_config_without_the_seed(tmp_pa
     )  # outside a sweep the first cell is the reference
 
 
-def test_cells_and_paired_comparisons_go_to_wandb_as_tables(attnlab, sweep_root, tmp_path, monkeypatch):
+def test_cells_and_paired_comparisons_go_to_wandb_as_tables(attnlab, sweep_root, tmp_path, logged):
     import wandb
-    from wandb.sdk.lib.noop_run import NoopRun
 
-    logged = {}
-    monkeypatch.setattr(NoopRun, "log", lambda self, data, *a, **k: logged.update(data), raising=False)
-    code, _, err = attnlab(
-        "compare", str(sweep_root), "--out", str(tmp_path / "report"), "--wandb", "attnlab"
-    )  # WANDB_MODE=disabled
+    code, _, err = attnlab("compare", str(sweep_root), "--out", str(tmp_path / "report"), "--wandb", "attnlab")
     assert code == 0, err
     assert len(logged["compare/cells"].data) == 3 and isinstance(logged["compare/paired"], wandb.Table)
     assert (

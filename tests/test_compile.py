@@ -6,6 +6,7 @@ the device at every call; the seq2seq model's position check did both until it c
 import pytest
 import torch
 import torch._dynamo as dynamo
+from builders import encoder_decoder
 from conftest import TINY_TRUNK
 
 from models.attention import MultiHeadAttention
@@ -30,9 +31,7 @@ def _vit():
 
 
 def _seq2seq():
-    model = Seq2SeqTransformer(
-        30, 30, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, pad_id=0
-    )
+    model = Seq2SeqTransformer(30, 30, **encoder_decoder(16, 2, 1), pad_id=0)
     src, tgt = torch.randint(1, 30, (2, 7)), torch.randint(1, 30, (2, 5))
     src[1, 4:] = 0  # padding: the masks are part of the graph
     return model, (src, tgt)
@@ -52,11 +51,7 @@ def _detr():
         trunk,
         num_classes=3,
         num_queries=4,
-        d_model=16,
-        nhead=2,
-        num_encoder_layers=1,
-        num_decoder_layers=2,
-        dim_feedforward=32,
+        **encoder_decoder(16, 2, 1, decoder_layers=2),
     ), (torch.randn(2, 3, 32, 32), mask)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import SMALL_DETECTION
 from PIL import Image
 
 from datamodules.coco import (
@@ -121,17 +122,7 @@ def test_invalid_json_and_missing_files_are_refused(tmp_path):
 def test_coco_datamodule_splits_and_pads(tmp_path):
     images = [image(i, w=40 + i, h=30) for i in range(1, 11)]
     path = write_coco(tmp_path, images, [ann(i, i, 1, [2, 2, 10, 10]) for i in range(1, 11)], CATS)
-    dm = CocoDataModule(
-        str(tmp_path / "images"),
-        str(path),
-        val_fraction=0.3,
-        batch_size=4,
-        num_workers=0,
-        train_scales=[32],
-        max_size=64,
-        crop=False,
-        val_size=32,
-    )
+    dm = CocoDataModule(str(tmp_path / "images"), str(path), val_fraction=0.3, batch_size=4, **SMALL_DETECTION)
     assert dm.num_classes == 3
     dm.setup("fit")
     train, val = dm.dataset("train"), dm.dataset("val")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from builders import encoder_decoder
+from builders import encoder_decoder, tiny_vit
 from conftest import TINY_TRUNK
 from torch import nn
 
@@ -184,7 +184,7 @@ def _cases():
                     nn.init.normal_(m.general_weight)
         yield f"seq2seq-{similarity}", s2s, (src, tgt), (1, 2)
     yield "lm", DecoderOnlyLM(12, d_model=16, nhead=2, num_layers=2), (torch.randint(0, 12, (2, 6)),), ()
-    vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=16, depth=2, num_heads=2)
+    vit = tiny_vit(num_classes=3)
     yield "vit", vit, (torch.randn(2, 1, 8, 8),), ()
     stem = VisionTransformer(8, 1, 1, 3, 16, 2, 2, stem_channels=(4, 8))  # 8 -> 4 -> 2: a 2x2 grid of 4-pixel cells
     yield "vit-stem", stem.eval(), (torch.randn(2, 1, 8, 8),), ()

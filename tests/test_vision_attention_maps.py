@@ -4,13 +4,13 @@ that writes maps during validation and `attnlab predict`."""
 import pytest
 import pytorch_lightning as pl
 import torch
+from builders import tiny_vit
 from PIL import Image
 from pytorch_lightning.loggers import WandbLogger
 
 from datamodules.vision import DigitsDataModule
 from experiments.attention_maps import AttentionMapLogger, attention_rollout, cls_attention, render_attention
 from models.attention import capture_attention
-from models.vit import VisionTransformer
 from models.vit_module import ImageClassifier
 
 CLS, P1, P3 = 0, 2, 4  # token indices: the class token, then patches 0..3 of a 2x2 grid
@@ -48,9 +48,7 @@ def test_rollout_of_self_attention_only_stays_on_the_class_token():
 
 
 def test_rollout_of_a_real_vit_is_a_distribution_over_patches_and_prefix():
-    vit = VisionTransformer(
-        img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depth=3, num_heads=2
-    ).eval()
+    vit = tiny_vit(depth=3).eval()
     with capture_attention(vit) as maps:
         vit(torch.randn(2, 1, 8, 8))
     for token in ("cls", "mean"):

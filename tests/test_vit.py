@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from builders import tiny_vit
 
 from datamodules.vision import DigitsDataModule, split_lengths
 from models.attention import capture_attention
@@ -45,18 +46,14 @@ def test_heads_must_divide_the_width():
 
 def test_vit_shapes_pooling_and_weight_decay_exemptions():
     for pool in ("token", "avg"):
-        vit = VisionTransformer(
-            img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=4, global_pool=pool
-        )
+        vit = tiny_vit(32, 2, 4, global_pool=pool)
         assert vit(torch.randn(3, 1, 8, 8)).shape == (3, 10)
     assert vit.forward_features(torch.randn(3, 1, 8, 8)).shape == (3, 17, 32)
     assert vit.no_weight_decay() == {"pos_embed", "cls_token"}
 
 
 def test_every_vit_layer_attends_through_the_shared_core():
-    vit = VisionTransformer(
-        img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=4
-    ).eval()
+    vit = tiny_vit(32, 3, 4).eval()
     with capture_attention(vit) as maps:
         vit(torch.randn(2, 1, 8, 8))
     assert sorted(maps) == [f"encoder.layers.{i}.self_attn" for i in range(3)]
@@ -87,7 +84,7 @@ def test_tiny_vit_overfits_32_digits():
     dm = DigitsDataModule()
     dm.setup()
     x, y = dm.train_set.tensors[0][:32], dm.train_set.tensors[1][:32]
-    vit = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=4)
+    vit = tiny_vit(32, 2, 4)
     opt = torch.optim.AdamW(vit.parameters(), lr=3e-3)
     for _ in range(150):
         opt.zero_grad()
