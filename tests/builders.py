@@ -4,7 +4,7 @@
 import torch
 
 from datamodules.text_tokenizers import PAD_ID
-from models.text import Seq2SeqTransformer
+from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.vit import VisionTransformer
 
 
@@ -32,6 +32,15 @@ def tiny_seq2seq(vocab: int, seed: int = 0, **kw) -> Seq2SeqTransformer:
     """A random `SMALL` Seq2SeqTransformer of 64 positions in eval mode; ``kw`` overrides or adds arguments."""
     torch.manual_seed(seed)
     return Seq2SeqTransformer(vocab, vocab, **{**SMALL, "max_positions": 64, **kw}).eval()
+
+
+def tiny_lm(vocab: int, positions: str, max_positions: int, d_model: int = 20, nhead: int = 2) -> DecoderOnlyLM:
+    """A random 2-layer DecoderOnlyLM without dropout in eval mode (seed 2), for the generation tests."""
+    torch.manual_seed(2)
+    lm = DecoderOnlyLM(
+        vocab, d_model=d_model, nhead=nhead, num_layers=2, dropout=0.0, max_positions=max_positions, positions=positions
+    )
+    return lm.eval()
 
 
 def padded_batch(vocab: int, lengths: list[int], seed: int = 1) -> torch.Tensor:

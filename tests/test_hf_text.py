@@ -207,18 +207,25 @@ def test_gpt2_gives_the_logits_and_greedy_tokens_of_transformers(gpt2, tmp_path)
         module.hparams.activation,
         module.hparams.max_positions,
     ) == (32, 2, "gelu_tanh", 64)
-    hf = GPT2LMHeadModel.from_pretrained(gpt2).eval()
+    _assert_logits_and_greedy_tokens_agree(module, GPT2LMHeadModel.from_pretrained(gpt2).eval(), dm, 12, 1e-4)
+
+
+def _assert_logits_and_greedy_tokens_agree(module, hf, dm, new_tokens: int, tol: float) -> torch.Tensor:
+    """Our language model against transformers' on a training batch (4, 16): the logits within ``tol``, and the
+    greedy tokens after a 5-token prompt (ours one cached step a token). Returns ours (2, 5 + new_tokens)."""
     dm.setup("fit")
     tokens = next(iter(dm.train_dataloader()))["input"]  # (4, 16)
     with torch.no_grad():
         expected = hf(tokens).logits
-        torch.testing.assert_close(module(tokens), expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(module(tokens), expected, atol=tol, rtol=tol)
     assert expected.std() > 0.1  # logits that would show a misplaced weight
     prompt = tokens[:2, :5]
     greedy = hf.generate(
-        prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
+        prompt, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
     )
-    assert torch.equal(module.model.generate(prompt, 12, temperature=0), greedy)
+    ours = module.model.generate(prompt, new_tokens, temperature=0)
+    assert torch.equal(ours, greedy)
+    return ours
 
 
 def test_llama_gives_the_logits_and_greedy_tokens_of_transformers(llama, tmp_path):
@@ -250,18 +257,7 @@ def test_llama_gives_the_logits_and_greedy_tokens_of_transformers(llama, tmp_pat
     )
     tied = module.model.lm_head.weight is module.model.tok_embed.weight
     assert tied == config.tie_word_embeddings
-    dm.setup("fit")
-    tokens = next(iter(dm.train_dataloader()))["input"]  # (4, 16)
-    with torch.no_grad():
-        expected = hf(tokens).logits
-        torch.testing.assert_close(module(tokens), expected, atol=1e-5, rtol=1e-5)
-    assert expected.std() > 0.1  # logits that would show a misplaced weight
-    prompt = tokens[:2, :5]
-    greedy = hf.generate(
-        prompt, max_new_tokens=10, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
-    )
-    ours = module.model.generate(prompt, 10, temperature=0)  # one cached step a token
-    assert torch.equal(ours, greedy)
+    ours = _assert_logits_and_greedy_tokens_agree(module, hf, dm, 10, 1e-5)
     assert len(set(ours[:, 5:].flatten().tolist())) > 3  # tokens that differ, so that each step is checked
 
 

@@ -3,7 +3,7 @@ shape and address (what a CUDA graph of a step needs), and the switch that selec
 
 import pytest
 import torch
-from builders import padded_batch, tiny_seq2seq
+from builders import padded_batch, tiny_lm, tiny_seq2seq
 
 from benchmarks import peers
 from benchmarks.run import GPU_DECODING, static_cache_case
@@ -13,7 +13,7 @@ from models.attention import MultiHeadAttention
 from models.decoding import DecodingStep, beam_search, greedy_decode, seq2seq_step
 from models.kv_cache import KVCache, StaticKVCache
 from models.position import ALiBi, RotaryEmbedding, Rotation
-from models.text import DecoderOnlyLM, Seq2SeqTransformer
+from models.text import Seq2SeqTransformer
 from models.text_module import LanguageModelModule, TranslationModule
 
 V = 30
@@ -89,9 +89,7 @@ def test_static_beam_search_keeps_early_finished_sentences_and_their_results():
 
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_lm_generates_the_same_with_the_static_cache_even_past_the_context(positions):
-    torch.manual_seed(2)
-    lm = DecoderOnlyLM(V, d_model=20, nhead=2, num_layers=2, dropout=0.0, max_positions=8, positions=positions)
-    lm = lm.eval()
+    lm = tiny_lm(V, positions, max_positions=8)
     prompt = padded_batch(V, [3, 3], seed=5)
     dynamic = lm.generate(prompt, 12, temperature=0)  # 15 tokens > 8 positions: the window slides
     assert torch.equal(lm.generate(prompt, 12, temperature=0, cache="static"), dynamic)
@@ -197,12 +195,9 @@ def test_the_replay_path_reads_every_input_from_its_buffers(positions, monkeypat
         static, static_scores = search(model, src, max_len=14, cache="static", **IDS, **kw)
         assert torch.equal(static, dynamic) and ReplayOnCPU.replays > 5, search.__name__
         torch.testing.assert_close(static_scores, dynamic_scores, atol=1e-5, rtol=1e-5)
-    torch.manual_seed(2)
-    lm = DecoderOnlyLM(V, d_model=20, nhead=2, num_layers=2, dropout=0.0, max_positions=16, positions=positions)
+    lm = tiny_lm(V, positions, max_positions=16)
     prompt = padded_batch(V, [3, 3], seed=5)
-    assert torch.equal(
-        lm.eval().generate(prompt, 9, temperature=0, cache="static"), lm.generate(prompt, 9, temperature=0)
-    )
+    assert torch.equal(lm.generate(prompt, 9, temperature=0, cache="static"), lm.generate(prompt, 9, temperature=0))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -222,9 +217,10 @@ def test_cuda_graph_steps_equal_the_dynamic_cache_on_the_gpu(positions):
     for t in range(3):
         step(torch.full((6, 1), BOS_ID, device="cuda"), t)
     assert step.graph is not None
-    torch.manual_seed(2)
-    lm = DecoderOnlyLM(V, d_model=32, nhead=4, num_layers=2, dropout=0.0, max_positions=16, positions=positions)
-    lm, prompt = lm.cuda().eval(), padded_batch(V, [3, 3], seed=5).cuda()
+    lm, prompt = (
+        tiny_lm(V, positions, max_positions=16, d_model=32, nhead=4).cuda(),
+        padded_batch(V, [3, 3], seed=5).cuda(),
+    )
     assert torch.equal(lm.generate(prompt, 10, temperature=0, cache="static"), lm.generate(prompt, 10, temperature=0))
 
 

@@ -7,7 +7,7 @@ import pytest
 import sacrebleu
 import torch
 import torch.nn.functional as F
-from builders import padded_batch, tiny_seq2seq
+from builders import padded_batch, tiny_lm, tiny_seq2seq
 
 from datamodules.checks import read_lines
 from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
@@ -195,9 +195,7 @@ def test_positions_inside_attention_decode_with_the_cache_as_without(positions, 
 
 @pytest.mark.parametrize("positions", IN_ATTENTION)
 def test_lm_with_positions_inside_attention_generates_with_the_cache_as_without(positions):
-    torch.manual_seed(2)
-    lm = DecoderOnlyLM(V, d_model=20, nhead=2, num_layers=2, dropout=0.0, max_positions=6, positions=positions)
-    lm = lm.eval()
+    lm = tiny_lm(V, positions, max_positions=6)
     prompt = padded_batch(V, [4, 4], seed=5)
     fast = lm.generate(prompt, 7, temperature=0)  # 11 tokens > 6 positions: the window slides
     assert torch.equal(fast, lm.generate(prompt, 7, temperature=0, use_cache=False))
