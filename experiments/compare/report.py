@@ -27,13 +27,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.compare.plots import plot_by_layer, plot_cells, plot_losses, plot_scaling
+from experiments.compare.curves import (
+    sensitivity_rows,
+    suffixed_metrics,
+    suffixed_series,
+    swept_keys,
+    swept_series,
+)
+from experiments.compare.plots import plot_against, plot_by_layer, plot_cells, plot_losses, plot_scaling
 from experiments.compare.runs import find_runs, group_cells, load_runs
-from experiments.compare.tables import cell_rows, markdown_table, paired_rows, run_rows, scaling_rows
+from experiments.compare.tables import cell_rows, markdown_table, paired_rows, plus_minus, run_rows, scaling_rows
 
 
 def build_report(
@@ -108,7 +116,13 @@ def build_report(
                 markdown_table(paired_columns, paired_table),
                 "",
             ]
-    lines += [f"![{name}]({path.name})" for name, path in plots.items() if name not in ("scaling", "seeds")]
+    against_lines, sensitivity = against_numbers(cells, out, plots)
+    lines += against_lines
+    lines += [
+        f"![{name}]({path.name})"
+        for name, path in plots.items()
+        if name not in ("scaling", "seeds") and not name.startswith("against")
+    ]
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))
@@ -124,6 +138,7 @@ def build_report(
                 "paired_columns": paired_columns,
                 "paired_rows": paired_table,
                 "conclusions": conclusions,
+                "lr_sensitivity": sensitivity,
             },
             indent=1,
         )
@@ -141,7 +156,43 @@ def build_report(
         "paired_columns": paired_columns,
         "paired_rows": paired_table,
         "conclusions": conclusions,
+        "lr_sensitivity": sensitivity,
     }
+
+
+def against_numbers(
+    cells: list[dict[str, Any]], out: Path, plots: dict[str, Path]
+) -> tuple[list[str], list[list[str]]]:
+    """The section "against the swept numbers": a plot per numeric grid key (the final val/loss, or the checkpoint
+    monitor, against it; log x for a learning rate) and per ``@``-suffixed metric, and the learning-rate sensitivity
+    of every series of a learning-rate sweep. Returns the report's lines and the sensitivity rows."""
+    lines, sensitivity = [], []
+    for key in swept_keys(cells):
+        runs = [r for c in cells for r in c["runs"]]
+        metric = "val/loss" if all("val/loss" in r["metrics"] for r in runs) else cells[0].get("monitor") or "val/loss"
+        series = swept_series(cells, key, metric)
+        name = key.rsplit(".", 1)[-1]
+        is_lr = name == "lr"
+        plots[f"against_{name}"] = out / f"against_{name}.png"
+        plot_against(series, key, f"final {metric}", plots[f"against_{name}"], log_x=is_lr)
+        lines += [f"### final {metric} against {key}", "", f"![{name}]({plots[f'against_{name}'].name})", ""]
+        if is_lr and metric == "val/loss":
+            sensitivity = [[label, str(s["n"]), plus_minus(s)] for label, s in sensitivity_rows(series, metric)]
+            lines += [
+                "Learning-rate sensitivity (Wortsman et al. 2023): per seed, the mean over the learning rates of the",
+                "final val/loss capped at the first training loss, minus the best final val/loss over the rates;",
+                "a diverged run counts as the first loss. Mean ± the 95% t-interval's half-width over the seeds.",
+                "",
+                markdown_table(["series", "seeds", "LR sensitivity"], sensitivity),
+                "",
+            ]
+    for base, keys in suffixed_metrics(cells).items():
+        metric, unit = base.split("@")
+        slug = re.sub(r"\W+", "_", metric)
+        plots[f"against_{slug}_at"] = path = out / f"{slug}_at.png"
+        plot_against(suffixed_series(cells, keys), f"evaluated at ({unit})", metric, path)
+        lines += [f"### {metric} at {', '.join(k.split('@')[1] for k in keys)}", "", f"![{metric}]({path.name})", ""]
+    return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity
 
 
 def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:
