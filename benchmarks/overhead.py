@@ -120,12 +120,7 @@ def _build(
 
 def _lightning_alone(config: str, args: argparse.Namespace, root: str) -> None:
     """Fit the config's module and data with a bare `pl.Trainer`: no callback but `Interleave`, no logger, no
-    checkpoint, the CLI's `NoProfiler` and process set-up (the CUDA check), and the config's logging interval,
-    clipping, accumulation and precision."""
-    from experiments.cli import drop_nvml_check_without_a_driver
-    from experiments.tracking import NoProfiler
-
-    drop_nvml_check_without_a_driver()
+    checkpoint, and the config's logging interval, clipping, accumulation and precision."""
     module, data, configured = _build(config, args, root)
     pl.Trainer(
         accelerator="gpu" if args.device == "cuda" else "cpu",
@@ -139,7 +134,6 @@ def _lightning_alone(config: str, args: argparse.Namespace, root: str) -> None:
         logger=False,
         enable_checkpointing=False,
         callbacks=[Interleave()],
-        profiler=NoProfiler(),
         default_root_dir=root,
         log_every_n_steps=configured.log_every_n_steps,
         gradient_clip_val=configured.gradient_clip_val,

@@ -13,23 +13,23 @@ linked from the DataModule to the model (`experiments.links`), so they are never
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import difflib
 import errno
 import importlib
+import logging
 import os
-import pickle
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
-import torch
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from experiments import guards, tracking
 from experiments.links import LINKED_ATTRIBUTES, init_options
-from models.weights import unreadable
+from models.weights import load_weights_file
 
 # Subcommands that are not Lightning's: name -> (module whose main(argv) runs it, one line for --help)
 TOOLS = {
@@ -96,30 +96,46 @@ class AttnlabParser(LightningArgumentParser):
             return super().error(message, ex)
         _fail(condense_error(message))
 
+    def add_subcommands(self, *args, **kwargs):
+        self.subcommands_action = super().add_subcommands(*args, **kwargs)  # AttnlabCLI lists TOOLS in it
+        return self.subcommands_action
+
 
 class AttnlabCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         for name in LINKED_ATTRIBUTES:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        parser.add_argument(
+            "--weights_only",
+            type=bool | None,
+            default=True,
+            help="Read --ckpt_path as tensors and plain data, never as code (false: trust the file).",
+        )
 
-    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
-        super()._add_subcommands(parser, **kwargs)
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # weights_only is attnlab's own argument (default true, see add_arguments_to_parser), handed on by `run`
+        return {name: skip | {"weights_only"} for name, skip in LightningCLI.subcommands().items()}
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if not (add_subcommands and isinstance(self.parser, AttnlabParser)):
+            return  # run=False (benchmarks.overhead): no subcommands
         for name, (_, summary) in TOOLS.items():  # listed by --help; main() runs them before LightningCLI parses
-            parser._subcommands_action.add_subcommand(name, AttnlabParser(description=summary), help=summary)
+            self.parser.subcommands_action.add_subcommand(name, AttnlabParser(description=summary), help=summary)
 
-    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
-        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
-        parser.set_defaults(weights_only=True)  # --ckpt_path files are read as tensors and plain data, never as code
-        return parser
-
-    def _parse_ckpt_path(self) -> None:
-        # LightningCLI reads the --ckpt_path file's hyper-parameters here (weights_only): a file it refuses is one line
-        try:
-            super()._parse_ckpt_path()
-        except (pickle.UnpicklingError, EOFError, RuntimeError) as err:
-            if os.environ.get("ATTNLAB_DEBUG"):
-                raise
-            _fail(unreadable(self.config[self.config.subcommand].ckpt_path, "ckpt_path", err))
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads the --ckpt_path file's hyper-parameters next: a file it would refuse is one line now
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and Path(ckpt_path).is_file():
+            try:
+                load_weights_file(ckpt_path, "ckpt_path")
+            except ValueError as err:
+                if os.environ.get("ATTNLAB_DEBUG"):
+                    raise
+                _fail(err)
 
     def before_instantiate_classes(self) -> None:
         tracking.prepare(self.config, self.subcommand)  # logger folders; `fit --ckpt_path last` resumes the run
@@ -131,12 +147,30 @@ class AttnlabCLI(LightningCLI):
             _fail(condense_error(str(err)))
         guards.install_safe_checkpoint_io(self.trainer)  # whole checkpoint files, read without unpickling code
         if self.subcommand in ("validate", "test", "predict"):
-            self._resolve_saved_checkpoint()
+            self.resolve_saved_checkpoint()
 
-    def _run_subcommand(self, subcommand: str) -> None:
+    def fit(self, **kwargs) -> None:
+        self.run(self.trainer.fit, kwargs)
+
+    def validate(self, **kwargs) -> None:
+        self.run(self.trainer.validate, kwargs)
+
+    def test(self, **kwargs) -> None:
+        self.run(self.trainer.test, kwargs)
+
+    def predict(self, **kwargs) -> None:
+        self.run(self.trainer.predict, kwargs)
+
+    def run(self, method, kwargs: dict) -> None:
+        """LightningCLI runs the subcommand through the method of this name: the Trainer's, with its errors as lines."""
+        with self.reported_errors():
+            method(**kwargs, weights_only=self.config_init[self.subcommand].weights_only)
+
+    @contextlib.contextmanager
+    def reported_errors(self):
         # setup() and checkpoint loading also meet user input (files, a vocabulary that does not match)
         try:
-            super()._run_subcommand(subcommand)
+            yield
         except (ValueError, FileNotFoundError) as err:
             if os.environ.get("ATTNLAB_DEBUG"):
                 raise
@@ -152,9 +186,12 @@ class AttnlabCLI(LightningCLI):
 
     def before_fit(self) -> None:
         # an unwritable folder or a full disk is found now, not at the first checkpoint an epoch later
-        guards.check_output_folders(self.trainer, self.model, resuming=bool(self.config_init["fit"].get("ckpt_path")))
+        with self.reported_errors():
+            guards.check_output_folders(
+                self.trainer, self.model, resuming=bool(self.config_init["fit"].get("ckpt_path"))
+            )
 
-    def _resolve_saved_checkpoint(self) -> None:
+    def resolve_saved_checkpoint(self) -> None:
         """`--ckpt_path best|last` in a fresh process: the newest such checkpoint of this experiment."""
         cfg = self.config_init[self.subcommand]
         alias = cfg.get("ckpt_path")
@@ -185,24 +222,18 @@ def _fail(err: object) -> None:
     sys.exit(2)
 
 
-def drop_nvml_check_without_a_driver() -> None:
-    """Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` for the whole process, so that asking whether CUDA is
-    there goes through NVML and leaves forks safe. Without an NVIDIA driver, torch (a CUDA build) then tries to load
-    NVML at every ``torch.cuda.is_available()``, fails, and asks the CUDA runtime as it would without the variable:
-    the same answer after a failed library search, and torch's optimizers ask at every step (0.35 ms of a 25 ms
-    digits step on a 2-core CPU, against 0.03 ms). Where NVML cannot load, the variable is dropped; with a driver,
-    or on ROCm (which counts devices otherwise), it stays."""
-    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1" or torch.version.cuda is None or torch.version.hip:
-        return
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")  # the library torch's check loads
-    except OSError:
-        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+def quiet_lightning_notes() -> None:
+    """Leave out of the output what concerns neither the run nor the user: Lightning's advertisement of its cloud
+    logger at every start, and torch's deprecation warning about Lightning's own use of torch's pytree ``LeafSpec``."""
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(
+        lambda record: "litlogger" not in record.getMessage()
+    )
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
-    drop_nvml_check_without_a_driver()
+    quiet_lightning_notes()
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] and argv[0] in TOOLS:
         return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
@@ -217,12 +248,14 @@ def main(args: list[str] | None = None) -> None:
         },
         save_config_kwargs={"overwrite": True},
         save_config_callback=tracking.LoggedConfig,  # config.yaml in the run folder, and nested in W&B
-        # progress bars only where someone watches; logs and CI get the epoch summaries
-        # every experiment gets throughput, gradient norm and summary.json without listing them
+        # progress bars only where someone watches; every experiment gets throughput, gradient norm and
+        # summary.json without listing them; the run folder's metrics.csv is the default log (Lightning's default
+        # would be TensorBoard when installed); summary.json holds the parameter counts and FLOPs
         trainer_defaults={
             "enable_progress_bar": sys.stderr.isatty(),
+            "enable_model_summary": False,
+            "logger": {"class_path": "experiments.tracking.CSVLogger"},
             "callbacks": tracking.default_callbacks(),
-            "profiler": {"class_path": "experiments.tracking.NoProfiler"},
         },
         args=args,
     )

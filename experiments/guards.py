@@ -9,10 +9,9 @@
 - `check_output_folders`: before a fit starts, every folder it will write is created and written
   to, and the disk must have room for its checkpoints.
 
-No per-step waits for the device. The default callbacks (this guard, `LastCheckpoint`, `GradientNorm`,
-`Throughput`) keep what they watch on the device and read it back once per logging interval
-(``trainer.log_every_n_steps``), before a validation, at an epoch's end and before a checkpoint is
-written; a GPU runs ahead of the host between those points. Under DDP the processes must agree at
+No per-step wait for the device from the guards: they keep what they watch on the device and read it
+back once per logging interval (``trainer.log_every_n_steps``), before a validation, at an epoch's end
+and before a checkpoint is written. Under DDP the processes must agree at
 every optimizer step (a NaN on one process, a SIGTERM, the time to save), and they do so in one
 all-reduce of a few flags per step, packed by this guard (`NonFiniteLoss.watch`).
 
@@ -34,8 +33,8 @@ from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
-from experiments.callbacks import _shadowed
-from models.training_log import step_terms
+from experiments.callbacks import shadowed
+from experiments.lightning_compat import batch_ends_optimizer_step, logged_step_values
 from models.weights import load_weights_file
 
 # room left beside the checkpoints for metrics, configs, attention figures and W&B files
@@ -86,7 +85,7 @@ class NonFiniteLoss(Callback):
         return None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._active = stage == "fit" and not _shadowed(trainer, self)
+        self._active = stage == "fit" and not shadowed(trainer, self)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # 1.0 from the first non-finite loss on (float: optimizers read it as found_inf)
@@ -97,11 +96,11 @@ class NonFiniteLoss(Callback):
         if not self._active:
             return
         loss = loss.detach()
-        terms = step_terms(pl_module) or _logged_terms(trainer) or {"loss": loss}
+        terms = logged_step_values(trainer) or {"loss": loss}
         self._unchecked.append((trainer.global_step, trainer.current_epoch, loss, terms))
         torch.maximum(self._bad, loss.isfinite().logical_not(), out=self._bad)
         if trainer.world_size > 1:
-            if not trainer.fit_loop.epoch_loop._should_accumulate():
+            if batch_ends_optimizer_step(trainer):
                 self._agree(trainer)
         elif len(self._unchecked) >= MOST_UNCHECKED:
             self._check(trainer)
@@ -145,7 +144,7 @@ class NonFiniteLoss(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer._logger_connector.should_update_logs:  # Lightning reads the logged metrics back now too
+        if trainer.global_step % trainer.log_every_n_steps == 0:  # a logging step
             self._check(trainer)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -205,18 +204,6 @@ _Batch = tuple[int, int, Tensor, dict[str, Tensor]]  # (global step, epoch, loss
 def _batch_number(trainer: pl.Trainer) -> int:
     """The training batches started in this fit: the same during one batch's hooks on every process."""
     return trainer.fit_loop.epoch_loop.batch_progress.total.ready
-
-
-def _logged_terms(trainer: pl.Trainer) -> dict[str, Tensor]:
-    """The scalars ``training_step`` logged at this step with ``self.log``, as they are (on the device); ours log
-    through `models.training_log`, which keeps them itself. Lightning keeps them in a private result collection
-    until the batch ends; read defensively: without it the error names the loss alone."""
-    terms = {}
-    for metric in (getattr(trainer, "_results", None) or {}).values():
-        value, meta = getattr(metric, "_forward_cache", None), getattr(metric, "meta", None)
-        if getattr(meta, "fx", None) == "training_step" and isinstance(value, Tensor) and value.numel() == 1:
-            terms[meta.name] = value.detach().reshape(())
-    return terms
 
 
 def _stopped(trainer: pl.Trainer, what: str, step: int | None = None, epoch: int | None = None) -> RunError:

@@ -42,16 +42,15 @@ import torch
 from lightning_fabric.utilities.warnings import PossibleUserWarning
 from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.callbacks import Callback
-from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_warn
-from pytorch_lightning.utilities.data import _update_dataloader
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from experiments.callbacks import _shadowed
+from experiments.callbacks import shadowed
 from experiments.guards import NonFiniteLoss
+from experiments.lightning_compat import stop_as_on_sigterm, with_sampler
 
 SIGTERM_STATUS = 128 + signal.SIGTERM  # the shell's status for a process stopped by SIGTERM
 
@@ -184,7 +183,7 @@ class ExactResume(Callback):
         sampler = ResumableSampler(loader.sampler, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)), **kwargs)
         if self._resume is not None:
             sampler.resume(self._resume["epoch"], self._resume["batches"] * loader.batch_size)
-        loader = _update_dataloader(loader, sampler, mode=RunningStage.TRAINING)
+        loader = with_sampler(loader, sampler)
         loader.generator = sampler.generator
         # Lightning warns that a mid-epoch resume with a loader lacking state_dict is unreliable; this one resumes exactly
         warnings.filterwarnings(
@@ -274,7 +273,7 @@ class LastCheckpoint(Callback):
         self._sigterm = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._fit = stage == "fit" and not _shadowed(trainer, self)
+        self._fit = stage == "fit" and not shadowed(trainer, self)
         # without a ModelCheckpoint (enable_checkpointing: false) the run asked for no checkpoints
         self._active = self._fit and not trainer.fast_dev_run and trainer.checkpoint_callback is not None
 
@@ -294,13 +293,6 @@ class LastCheckpoint(Callback):
         if self._guard is not None and trainer.world_size > 1:
             self._guard.watch("sigterm", lambda: self._sigterm)
             self._guard.watch("save_due", self._minutes_due)
-        if self.on_sigterm and trainer.world_size > 1:
-            # Lightning 2.6 also broadcasts rank 0's SIGTERM flag before every batch and reads it back (a second
-            # collective per step, and a wait for the device); the per-step agreement replaces it
-            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _agreed_at_the_step
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the loop's own method shows again
 
     def _note_sigterm(self, signum: int, frame: Any) -> None:
         self._sigterm = True
@@ -314,7 +306,7 @@ class LastCheckpoint(Callback):
             return  # mid-way through a gradient accumulation, which a checkpoint does not hold: wait for the step
         sigterm, time_due = self._agree(trainer)
         if sigterm:
-            trainer._signal_connector.received_sigterm = True  # Lightning stops after this batch, on every process
+            stop_as_on_sigterm(trainer)  # on every process at this batch
         elif time_due or self._steps_due(trainer):
             self.save(trainer)
 
@@ -322,9 +314,7 @@ class LastCheckpoint(Callback):
         if not self._active or trainer.state.fn != "fit" or trainer.sanity_checking:
             return
         if self._agree(trainer, fresh=True)[0] and not _fit_ends_after_this_validation(trainer):
-            trainer._signal_connector.received_sigterm = (
-                True  # Lightning stops after the validation; on_exception saves
-            )
+            stop_as_on_sigterm(trainer)  # Lightning stops after the validation; on_exception saves
         else:
             self.save(trainer)
 
@@ -372,11 +362,6 @@ class LastCheckpoint(Callback):
         if trainer.is_global_zero:
             print(f"attnlab: SIGTERM at step {trainer.global_step}: {said}", file=sys.stderr, flush=True)
         exception.code = SIGTERM_STATUS  # Lightning re-raises this SystemExit: the process exits with it
-
-
-def _agreed_at_the_step() -> None:
-    """In place of Lightning's per-batch broadcast of a SIGTERM: `LastCheckpoint` sets ``received_sigterm`` on every
-    process at the same batch, after which Lightning's loop stops on each of them."""
 
 
 def _validation_follows(trainer: pl.Trainer, batch_idx: int) -> bool:

@@ -26,7 +26,7 @@ class TimeBudget(pl.Callback):
 
     @staticmethod
     def _timer(trainer: pl.Trainer) -> Timer | None:
-        return next((c for c in trainer.callbacks if isinstance(c, Timer) and c._duration is not None), None)
+        return next((c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None), None)
 
     @staticmethod
     def _schedules(trainer: pl.Trainer) -> list[Schedule]:
@@ -44,7 +44,8 @@ class TimeBudget(pl.Callback):
         timer = self._timer(trainer)
         if timer is None:
             return
-        elapsed, budget = timer.time_elapsed("train"), timer._duration
+        elapsed = timer.time_elapsed("train")
+        budget = elapsed + timer.time_remaining("train")
         estimate = trainer.strategy.broadcast(step + int(max(0.0, budget - elapsed) * step / max(elapsed, 1e-9)), src=0)
         limit = horizon(trainer)
         total = estimate if limit is None else min(limit, estimate)

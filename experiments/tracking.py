@@ -19,11 +19,11 @@ run, saying so, when there is none: the same command serves a first start and a 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import netrc
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,8 +33,8 @@ from pytorch_lightning.cli import SaveConfigCallback
 from pytorch_lightning.loggers import CSVLogger as _CSVLogger
 from pytorch_lightning.loggers import WandbLogger as _WandbLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
-from pytorch_lightning.profilers import PassThroughProfiler
 
+from experiments.lightning_compat import set_wandb_mode
 from experiments.links import LINKED_ATTRIBUTES
 
 Mode = Literal["online", "offline", "disabled"]
@@ -117,8 +117,8 @@ class WandbLogger(_WandbLogger):
             if self.mode != "online":
                 raise
             cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        self.mode = self._wandb_init["mode"] = "offline"  # for this logger only: WANDB_MODE stays as the user set it
-        self._log_model = False  # artifacts need the server
+        self.mode = "offline"
+        set_wandb_mode(self, self.mode)  # for this logger only: WANDB_MODE stays as the user set it
         run = super().experiment
         folder = Path(run.dir).parent
         print(
@@ -137,15 +137,6 @@ class WandbLogger(_WandbLogger):
                 self.experiment.save(path, base_path=str(Path(path).parent), policy="now")
 
 
-class _AppendingWriter(ExperimentWriter):
-    """metrics.csv writer that keeps the rows of the run it resumes."""
-
-    def _check_log_dir_exists(self) -> None:
-        if self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-                self.metrics_keys = f.readline().strip().split(",")
-
-
 class CSVLogger(_CSVLogger):
     """Lightning's CSVLogger whose ``save_dir`` defaults to ``trainer.default_root_dir`` and which, when
     given an existing ``version``, appends to that run's metrics.csv instead of deleting it."""
@@ -160,16 +151,24 @@ class CSVLogger(_CSVLogger):
         super().__init__(
             save_dir=save_dir or ".", name=name, version=version, flush_logs_every_n_steps=flush_logs_every_n_steps
         )
+        self.rows_restored = False
 
     @property
     def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            from lightning_fabric.utilities.rank_zero import rank_zero_only
-
-            if rank_zero_only.rank > 0:
-                return super().experiment  # a dummy on other ranks
-            self._experiment = _AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
+        """Lightning's writer, which deletes the folder's metrics.csv when it starts; the rows of the run this one
+        resumes are put back before any new row is written."""
+        if self.rows_restored:
+            return super().experiment
+        path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+        rows = path.read_text() if path.is_file() else ""
+        with warnings.catch_warnings():  # "Previous log files ... will be deleted": they are put back below
+            warnings.filterwarnings("ignore", "Experiment logs directory .* exists and is not empty")
+            writer = super().experiment
+        self.rows_restored = True
+        if rows and isinstance(writer, ExperimentWriter):  # rank 0's writer; the others get a dummy
+            path.write_text(rows)
+            writer.metrics_keys = rows.splitlines()[0].split(",")
+        return writer
 
 
 class LoggedConfig(SaveConfigCallback):
@@ -177,7 +176,8 @@ class LoggedConfig(SaveConfigCallback):
     nested config, with the values linked from the DataModule filled in, plus the file itself."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        self._log_dir = trainer.log_dir  # a collective under DDP: asked on every rank, not in save_config (rank 0 only)
+        # a collective under DDP: asked on every rank, not in save_config (rank 0 only)
+        self.run_folder = trainer.log_dir
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
@@ -188,7 +188,7 @@ class LoggedConfig(SaveConfigCallback):
         init_args = (config.get("model") or {}).get("init_args")
         if isinstance(init_args, dict):
             init_args.update({k: pl_module.hparams[k] for k in LINKED_ATTRIBUTES if k in pl_module.hparams})
-        path = Path(self._log_dir or trainer.default_root_dir) / self.config_filename
+        path = Path(self.run_folder or trainer.default_root_dir) / self.config_filename
         for logger in loggers:
             logger.log_config(config, files=[str(path)] if path.exists() else [])
 
@@ -267,19 +267,6 @@ def _read_json(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-class NoProfiler(PassThroughProfiler):
-    """Lightning's default (no profiling), cheaper: the Trainer wraps every hook of every callback in
-    ``profiler.profile(name)``, about 90 times a training step with the default callbacks, and Lightning's no-op
-    profiler builds a generator context manager each time; this one hands back one shared ``nullcontext``. On a
-    2-core CPU that took the digits ViT's Trainer overhead from about 4.6% to 3.7% of a step (benchmarks/RESULTS.md).
-    ``--trainer.profiler=simple`` (or ``advanced``, ``pytorch``) replaces it."""
-
-    _nothing = contextlib.nullcontext()
-
-    def profile(self, action_name: str) -> contextlib.nullcontext:
-        return self._nothing
 
 
 def default_callbacks() -> list:

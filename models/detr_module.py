@@ -21,7 +21,6 @@ from models.detr import build_detr, post_process
 from models.detr_init import load_detr_weights
 from models.distributed import clip_gradients, gather_objects
 from models.matcher import HungarianMatcher
-from models.training_log import log_training_step
 
 
 class ObjectDetector(pl.LightningModule):
@@ -109,8 +108,8 @@ class ObjectDetector(pl.LightningModule):
             f"{stage}/{k}": v.detach() for k, v in losses.items() if not k[-1].isdigit()
         }  # aux terms stay out of the logs
         if stage == "train":
-            log_training_step(self, {"train/loss": total}, len(targets))
-            log_training_step(self, logged, len(targets), prog_bar=False)
+            self.log("train/loss", total, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(targets))
+            self.log_dict(logged, on_step=True, on_epoch=True, batch_size=len(targets))
             return outputs, total
         self.log(f"{stage}/loss", total, prog_bar=True, sync_dist=True, batch_size=len(targets))
         self.log_dict(logged, sync_dist=True, batch_size=len(targets))

@@ -21,7 +21,6 @@ from models.decoding import beam_search, greedy_decode
 from models.distributed import clip_gradients, gather_objects
 from models.hf_text import lm_from_pretrained, marian_from_pretrained
 from models.text import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
-from models.training_log import log_training_step
 
 Schedule = Literal["inverse_sqrt", "cosine"]
 
@@ -153,7 +152,7 @@ class TranslationModule(pl.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, _, tokens = self._losses(batch)
-        log_training_step(self, {"train/loss": loss}, tokens)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=tokens)
         return loss
 
     def _eval_step(self, batch: dict, metric: MeanMetric, beam_size: int) -> None:
@@ -275,7 +274,7 @@ class LanguageModelModule(pl.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss = self._loss(batch)
-        log_training_step(self, {"train/loss": loss}, batch["target"].numel())
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=batch["target"].numel())
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

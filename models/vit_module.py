@@ -10,7 +10,6 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from models import optim
 from models.distributed import clip_gradients
-from models.training_log import log_training_step
 from models.vit import VisionTransformer, load_pretrained, read_init_from
 
 
@@ -72,8 +71,9 @@ class ImageClassifier(pl.LightningModule):
         logits = self(images)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
         hits = logits.argmax(-1) == _class_indices(labels)  # (B,)
-        log_training_step(self, {"train/loss": loss}, len(labels))
-        log_training_step(self, {"train/acc": hits.float().mean()}, len(labels), on_step=False)  # top-1, as below
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(labels))
+        top1 = hits.float().mean()
+        self.log("train/acc", top1, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(labels))
         return loss
 
     def _step(self, batch: tuple[Tensor, Tensor], stage: str, metric: MulticlassAccuracy) -> None:

@@ -21,7 +21,6 @@ from experiments import guards, tracking
 from experiments.guards import NonFiniteLoss, RunError, SafeCheckpointIO
 from models.attention import MultiHeadAttention
 from models.backbone import load_backbone_weights
-from models.training_log import log_training_step
 from models.vit import read_checkpoint
 from models.vit_module import ImageClassifier
 
@@ -187,23 +186,20 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(attnlab, tm
 
 
 class _TwoTerms(pl.LightningModule):
-    """Logs two loss terms as DETR does (``through`` `self.log_dict` or `log_training_step`); from global step
-    ``diverge_at`` on, one of them is infinite."""
+    """Logs two loss terms as DETR does (`self.log_dict`); from global step ``diverge_at`` on, one of them is
+    infinite."""
 
-    def __init__(self, diverge_at: int = 10**9, samples: int = 8, optimizer: str = "sgd", through: str = "self.log"):
+    def __init__(self, diverge_at: int = 10**9, samples: int = 8, optimizer: str = "sgd"):
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
-        self.diverge_at, self.samples, self.optimizer, self.through = diverge_at, samples, optimizer, through
+        self.diverge_at, self.samples, self.optimizer = diverge_at, samples, optimizer
 
     def training_step(self, batch, batch_idx):
         (x,) = batch
         loss_ce, loss_giou = self.layer(x).pow(2).mean(), self.layer(x).abs().mean()
         if self.global_step >= self.diverge_at:
             loss_giou = loss_giou * float("inf")
-        if self.through == "self.log":
-            self.log_dict({"train/loss_ce": loss_ce, "train/loss_giou": loss_giou})
-        else:
-            log_training_step(self, {"train/loss_ce": loss_ce, "train/loss_giou": loss_giou}, len(x))
+        self.log_dict({"train/loss_ce": loss_ce, "train/loss_giou": loss_giou}, on_step=True, on_epoch=True)
         return loss_ce + loss_giou
 
     def train_dataloader(self):
@@ -229,12 +225,11 @@ def _fit(module: pl.LightningModule, folder: Path) -> None:
     trainer.fit(module)
 
 
-@pytest.mark.parametrize("through", ["self.log", "log_training_step"])
-def test_the_guard_names_the_non_finite_terms_and_nothing_saves_after_it(tmp_path, through):
+def test_the_guard_names_the_non_finite_terms_and_nothing_saves_after_it(tmp_path):
     with pytest.raises(
         RunError, match=r"global step 3 \(epoch 1\): non-finite loss \(train/loss_giou=inf\)"
     ) as stopped:
-        _fit(_TwoTerms(diverge_at=3, through=through), tmp_path)
+        _fit(_TwoTerms(diverge_at=3), tmp_path)
     assert "train/loss_ce" not in str(stopped.value) and f"{tmp_path}/last.ckpt was kept" in str(stopped.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 2
@@ -323,7 +318,7 @@ class _Reads(pl.Callback):
         return counted
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.logged.append(trainer._logger_connector.should_update_logs)
+        self.logged.append(trainer.global_step % trainer.log_every_n_steps == 0)  # Lightning logs this step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.per_batch.append(self.reads)  # reads since the previous batch started: that batch's
@@ -332,20 +327,16 @@ class _Reads(pl.Callback):
 
 class _Attending(pl.LightningModule):
     """One attention layer on random tokens, so that every default callback acts (tokens counted, norms taken); logs
-    its loss with `self.log` or as our modules do (`models.training_log`)."""
+    its loss with `self.log`, as our modules do."""
 
-    def __init__(self, through: str = "self.log"):
+    def __init__(self):
         super().__init__()
         self.attn, self.head = MultiHeadAttention(8, 2), torch.nn.Linear(8, 1)
-        self.through = through
 
     def training_step(self, batch, batch_idx):
         (x,) = batch  # (B, L, 8)
         loss = self.head(self.attn(x, x, x)[0]).pow(2).mean()
-        if self.through == "self.log":
-            self.log("train/loss", loss)
-        else:
-            log_training_step(self, {"train/loss": loss}, len(x))
+        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=len(x))
         return loss
 
     def train_dataloader(self):
@@ -355,8 +346,7 @@ class _Attending(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3, fused=True)  # its step count stays on the device
 
 
-@pytest.mark.parametrize("through", ["self.log", "log_training_step"])
-def test_the_default_callbacks_read_nothing_back_from_the_device_between_logging_steps(tmp_path, monkeypatch, through):
+def test_the_default_callbacks_read_nothing_back_from_the_device_between_logging_steps(tmp_path, monkeypatch):
     """Over 16 steps logged every 8, the default callbacks (and Lightning) read no tensor value on the host and never
     synchronize, except at the logging steps and at the epoch's first batch (where Throughput starts timing)."""
     reads = _Reads(monkeypatch)
@@ -369,7 +359,7 @@ def test_the_default_callbacks_read_nothing_back_from_the_device_between_logging
         callbacks=[*tracking.default_callbacks(), ModelCheckpoint(dirpath=tmp_path), reads],
         default_root_dir=tmp_path,
     )
-    trainer.fit(_Attending(through))
+    trainer.fit(_Attending())
     per_batch = reads.per_batch[1:] + [reads.reads]  # per_batch[k]: the reads of batch k
     assert len(per_batch) == len(reads.logged) == 16 and reads.logged.count(True) == 2
     assert [n for n, logged in zip(per_batch[1:], reads.logged[1:]) if not logged] == [0] * 13
@@ -377,8 +367,7 @@ def test_the_default_callbacks_read_nothing_back_from_the_device_between_logging
     rows = list(csv.DictReader(next(tmp_path.glob("**/metrics.csv")).open()))
     grad_norms = {int(r["step"]): float(r["train/grad_norm"]) for r in rows if r.get("train/grad_norm")}
     assert len(grad_norms) == 2 and all(g > 0 for g in grad_norms.values())  # logged at the logging steps only
-    loss = "train/loss" if through == "self.log" else "train/loss_step"
-    assert set(grad_norms) == {int(r["step"]) for r in rows if r.get(loss)}  # at Lightning's step numbers
+    assert set(grad_norms) == {int(r["step"]) for r in rows if r.get("train/loss_step")}  # at Lightning's step numbers
 
 
 # --- output folders and disk space -----------------------------------------------------------------------

@@ -11,7 +11,7 @@ ONE_EPOCH = ("--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1",
 
 
 @pytest.mark.slow
-def test_fit_ckpt_path_last_continues_the_run(attnlab, tmp_path):
+def test_fit_ckpt_path_last_continues_the_run(attnlab, tmp_path, recwarn):
     root = f"--trainer.default_root_dir={tmp_path}"
     code, _, err = attnlab("fit", "--config", DIGITS, root, "--trainer.max_epochs=1", *ONE_EPOCH, "--ckpt_path", "last")
     assert code == 0, err
@@ -30,6 +30,7 @@ def test_fit_ckpt_path_last_continues_the_run(attnlab, tmp_path):
     assert all(int(s["step"]) == 6 for s in adam.values())  # Adam's moments kept counting: restored, not restarted
     steps = [int(r["step"]) for r in csv.DictReader((run / "metrics.csv").open()) if r.get("train/loss_step")]
     assert steps == [0, 1, 2, 3, 4, 5]  # the first run's rows are kept and the counter goes on
+    assert not [w for w in recwarn if "will be deleted" in str(w.message)]  # nor does a warning say otherwise
     summary = json.loads((run / "summary.json").read_text())
     assert (
         summary["resumed_from"].endswith("last.ckpt")

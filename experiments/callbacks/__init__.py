@@ -1,0 +1,22 @@
+"""Callbacks shared by every experiment, one job per module; the class paths in configs name them from here
+(``experiments.callbacks.PredictionWriter``, ``experiments.callbacks.LearningRateScaling`` ...)."""
+
+from experiments.callbacks.attention_figure import plot_attention_maps
+from experiments.callbacks.base import batch_size, shadowed
+from experiments.callbacks.compile import Compile
+from experiments.callbacks.monitors import GradientNorm, Throughput
+from experiments.callbacks.predictions import PredictionWriter
+from experiments.callbacks.scaling import LearningRateScaling
+from experiments.callbacks.summary import RunSummary
+
+__all__ = [
+    "Compile",
+    "GradientNorm",
+    "LearningRateScaling",
+    "PredictionWriter",
+    "RunSummary",
+    "Throughput",
+    "batch_size",
+    "plot_attention_maps",
+    "shadowed",
+]

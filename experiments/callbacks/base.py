@@ -1,0 +1,36 @@
+"""What the callbacks share: a batch's size, and which of two callbacks of one class acts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback
+
+
+def _first_tensor(batch: Any) -> torch.Tensor | None:
+    if isinstance(batch, torch.Tensor):
+        return batch
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        found = _first_tensor(value)
+        if found is not None:
+            return found
+    return None
+
+
+def batch_size(batch: Any) -> int:
+    """Samples in a batch: the length of its first tensor (images, token ids, dataset indices)."""
+    first = _first_tensor(batch)
+    return int(first.shape[0]) if first is not None and first.dim() else 0
+
+
+def shadowed(trainer: pl.Trainer, callback: Callback) -> bool:
+    """True when an earlier callback of the same class exists: a default-on callback yields to one a config lists."""
+    for other in trainer.callbacks:
+        if other is callback:
+            return False
+        if type(other) is type(callback):
+            return True
+    return False

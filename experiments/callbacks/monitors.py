@@ -1,0 +1,157 @@
+"""Training monitors every experiment gets: throughput (`Throughput`) and the gradient norm (`GradientNorm`)."""
+
+from __future__ import annotations
+
+import time
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback
+
+from experiments.callbacks.base import batch_size, shadowed
+
+
+class Throughput(Callback):
+    """Log training throughput over all devices: ``perf/samples_per_s`` and ``perf/tokens_per_s``, once per epoch.
+
+    Time is wall-clock over spans of training batches (data loading included): a span ends, after one wait
+    for the device, before a validation and at an epoch's end; the first batch of every epoch and the first
+    after a validation only start a span (warm-up, loader start), and validation is left out. Tokens are the
+    positions, padding excluded, that enter the first attention layer of each Transformer stack: patches +
+    [CLS] for the ViT, source + target tokens for translation, feature-map cells + object queries for DETR;
+    they are summed on the device and read when a span ends. ``fit_samples_per_s`` / ``fit_tokens_per_s``
+    hold the whole fit's figures for the run summary.
+    """
+
+    def __init__(self):
+        self.fit_samples_per_s: float | None = None
+        self.fit_tokens_per_s: float | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._active = stage == "fit" and not shadowed(trainer, self)
+        self._epoch = torch.zeros(3, dtype=torch.float64)  # samples, tokens, seconds (this epoch)
+        self._fit = torch.zeros(3, dtype=torch.float64)
+        self._samples, self._tokens, self._counting, self._start = 0, 0, False, None  # the span under way
+        self._handles = []
+        if self._active:
+            self._handles = [
+                m.register_forward_pre_hook(self._count, with_kwargs=True) for m in _entry_attention(pl_module)
+            ]
+
+    def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._counting:
+            query = args[0] if args else kwargs["query"]
+            padding = kwargs.get("key_padding_mask")
+            same = padding is not None and padding.shape == query.shape[:2]
+            self._tokens = self._tokens + (
+                padding.logical_not().sum() if same else query.shape[0] * query.shape[1]
+            )  # no GPU sync here
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._counting = self._active and self._start is not None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._active:
+            return
+        self._counting = False
+        if self._start is None:
+            self._start = _device_done(pl_module)
+            return
+        self._samples += batch_size(batch)
+
+    def _end_span(self, pl_module: pl.LightningModule) -> float | None:
+        """Add the span under way to the epoch's totals; returns when it ended (None: no span was under way)."""
+        if self._start is None:
+            return None
+        now = _device_done(pl_module)
+        self._epoch += torch.tensor([self._samples, float(self._tokens), now - self._start], dtype=torch.float64)
+        self._samples, self._tokens, self._start = 0, 0, None
+        return now
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._samples, self._tokens, self._start = 0, 0, None
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if getattr(self, "_active", False):
+            self._end_span(pl_module)
+
+    def _global_rates(self, trainer: pl.Trainer, totals: torch.Tensor) -> torch.Tensor:
+        """Per-process rates summed over processes: (samples/s, tokens/s)."""
+        rates = totals[:2] / totals[2] if totals[2] > 0 else torch.zeros(2, dtype=torch.float64)
+        return trainer.strategy.reduce(rates.float().to(trainer.strategy.root_device), reduce_op="sum").cpu()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._active:
+            return
+        self._end_span(pl_module)
+        rates = self._global_rates(trainer, self._epoch.clone())
+        self._fit += self._epoch
+        self._epoch.zero_()
+        if self._fit[2] > 0:  # an epoch of one batch measures nothing
+            pl_module.log_dict(
+                {"perf/samples_per_s": float(rates[0]), "perf/tokens_per_s": float(rates[1])},
+                on_step=False,
+                on_epoch=True,
+            )
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._active:
+            return
+        self._end_span(pl_module)
+        self._fit += self._epoch  # an epoch cut short (max_steps, interruption)
+        rates = self._global_rates(trainer, self._fit)  # every rank: a collective
+        if self._fit[2] > 0:
+            self.fit_samples_per_s, self.fit_tokens_per_s = float(rates[0]), float(rates[1])
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        for handle in getattr(self, "_handles", []):
+            handle.remove()
+        self._handles = []
+
+
+def _entry_attention(pl_module: pl.LightningModule) -> list[torch.nn.Module]:
+    """The self-attention of the first layer of each Transformer stack (``*layers.0.self_attn``)."""
+    from models.attention import MultiHeadAttention
+
+    layers = [(n, m) for n, m in pl_module.named_modules() if isinstance(m, MultiHeadAttention)]
+    entry = [m for n, m in layers if n.endswith("layers.0.self_attn")]
+    return entry or [m for _, m in layers[:1]]
+
+
+def _device_done(pl_module: pl.LightningModule) -> float:
+    """The wall-clock time once the device has finished the work queued so far (one wait for a GPU)."""
+    if pl_module.device.type == "cuda":
+        torch.cuda.synchronize(pl_module.device)
+    return time.perf_counter()
+
+
+class GradientNorm(Callback):
+    """Log ``train/grad_norm``, the L2 norm of all gradients before clipping (after AMP unscaling), with
+    ``LightningModule.log`` at each optimizer step (written at Lightning's logging steps).
+
+    Keeps ``first`` (the norm at the first step, i.e. at initialisation) and ``mean`` (over the fit's steps)
+    for the run summary: the gradient side of the √d argument.
+    """
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._active = stage == "fit" and not shadowed(trainer, self)
+        self._first: torch.Tensor | None = None
+        self._sum, self._n = 0.0, 0
+
+    @property
+    def first(self) -> float | None:
+        return None if getattr(self, "_first", None) is None else float(self._first)
+
+    @property
+    def mean(self) -> float | None:
+        return float(self._sum) / self._n if getattr(self, "_n", 0) else None
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]  # as the strategy set them up
+        if not self._active or not grads:
+            return
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)  # one fused norm per device and dtype
+        if self._first is None:
+            self._first = norm
+        self._sum, self._n = self._sum + norm, self._n + 1
+        pl_module.log("train/grad_norm", norm, on_step=True, on_epoch=False)

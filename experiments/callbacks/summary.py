@@ -1,0 +1,287 @@
+"""`RunSummary`: the run folder's ``summary.json``, what `attnlab compare` reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from experiments import stats as summary_stats
+from experiments.callbacks.attention_figure import plot_attention_maps
+from experiments.callbacks.base import batch_size, shadowed
+from experiments.callbacks.monitors import GradientNorm, Throughput
+from models.attention import capture_attention
+from models.distributed import full_weights
+
+
+class RunSummary(Callback):
+    """Write ``summary.json`` into the run folder (``trainer.log_dir``): what `attnlab compare` reads.
+
+    Written at fit start (``status: running``) and again when training ends (``finished``) or fails:
+    modality, dataset, model class and hyper-parameters, parameters, FLOPs per sample (one forward pass,
+    counted by ``torch.utils.flop_counter``), throughput (from `Throughput`), gradient norms (from
+    `GradientNorm`), the best value of the ModelCheckpoint monitor, the last value of every logged
+    metric, attention statistics at initialisation and at the end (`experiments.stats`, on the
+    fixed batch: the inputs of the model's first call in the fit, i.e. the first validation batch of
+    the sanity check, or the first training batch when the sanity check is off), hardware and versions.
+    Also saves ``attention.png`` (each layer's head-mean attention on the first sample) and logs it
+    to image-capable loggers (W&B) as ``val/attention``. Every process runs the measuring forward passes
+    on its own fixed batch, which FSDP needs (`models.distributed.full_weights`); only rank 0 writes.
+    """
+
+    def __init__(self, filename: str = "summary.json", attention_figure: bool = True):
+        self.filename, self.attention_figure = filename, attention_figure
+        self.path: Path | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._active = stage == "fit" and not trainer.fast_dev_run and not shadowed(trainer, self)
+        if not self._active:
+            return
+        log_dir = trainer.log_dir or trainer.default_root_dir  # collective under DDP: every rank asks
+        self.path = Path(log_dir) / self.filename
+        self._model = getattr(pl_module, "model", None)
+        self._inputs = summary_stats.FirstCall(self._model) if isinstance(self._model, torch.nn.Module) else None
+        self._start, self._init_stats = time.perf_counter(), None
+        self._summary = {"status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self._previous, self._resumed = _read_json(self.path), None  # a resumed run's folder already has one
+        if trainer.is_global_zero:
+            self._summary.update(self._describe(trainer, pl_module))
+            self._write()
+
+    def _describe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        dm = trainer.datamodule
+        params = sum(p.numel() for p in pl_module.parameters())
+        trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
+        return {
+            "experiment": str(trainer.default_root_dir),
+            "run_dir": str(self.path.parent),
+            "modality": summary_stats.modality(self._model) if self._model is not None else None,
+            "model": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}",
+            "hparams": _jsonable(dict(pl_module.hparams)),
+            "dataset": type(dm).__name__ if dm is not None else None,
+            "data": _jsonable(dict(dm.hparams)) if dm is not None else {},
+            "params": {"total": params, "trainable": trainable},
+            "trainer": {
+                "devices": trainer.num_devices,
+                "num_nodes": trainer.num_nodes,
+                "world_size": trainer.world_size,
+                "strategy": type(trainer.strategy).__name__,
+                "precision": str(trainer.precision),
+                "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "max_epochs": trainer.max_epochs,
+            },
+            "hardware": _hardware(trainer),
+            "versions": _versions(),
+            "wandb": _wandb_runs(trainer),
+        }
+
+    def _special_ids(self, pl_module: pl.LightningModule) -> tuple[int, ...]:
+        return tuple(int(pl_module.hparams[k]) for k in ("bos_id", "eos_id") if k in pl_module.hparams)
+
+    def _measure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any] | None:
+        """The attention statistics on the fixed batch; a forward pass on every process (FSDP)."""
+        if self._inputs is None or self._inputs.args is None:
+            return None
+        try:
+            with full_weights(trainer.model):
+                return summary_stats.attention_statistics(
+                    self._model, self._inputs.args, self._inputs.kwargs, self._special_ids(pl_module)
+                )
+        except Exception as err:  # statistics must never cost a finished training run
+            rank_zero_warn(f"attention statistics failed: {err!r}")
+            return None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._active:
+            return
+        self._resumed = self._previous if trainer.ckpt_path else None  # the checkpoint is restored by now
+        if self._resumed is None:
+            self._init_stats = self._measure(trainer, pl_module)  # the weights are still the initial ones
+        elif trainer.is_global_zero:
+            self._summary.update(
+                resumed_from=str(trainer.ckpt_path), started=self._resumed.get("started", self._summary["started"])
+            )
+            self._write()
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
+        # without a sanity check the fixed batch is the first training batch: measure before the first update
+        if self._active and self._init_stats is None and trainer.global_step == 0 and not trainer.ckpt_path:
+            self._init_stats = self._measure(trainer, pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._active:
+            return
+        final = self._measure(trainer, pl_module)
+        flops = self._flops_per_sample(trainer)
+        figure = self._attention_maps(trainer) if self.attention_figure and final is not None else None
+        if not trainer.is_global_zero:
+            return
+        throughput = next((cb for cb in trainer.callbacks if isinstance(cb, Throughput)), None)
+        grad = next((cb for cb in trainer.callbacks if isinstance(cb, GradientNorm)), None)
+        ckpt = trainer.checkpoint_callback
+        best = None
+        if ckpt is not None and getattr(ckpt, "monitor", None):
+            score = ckpt.best_model_score
+            best = {
+                "monitor": ckpt.monitor,
+                "mode": ckpt.mode,
+                "value": None if score is None else float(score),
+                "checkpoint": ckpt.best_model_path or None,
+            }
+        previous = self._resumed or {}
+        previous_time = previous.get("train_time_s", 0.0)
+        self._summary.update(
+            status="finished",
+            finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
+            train_time_s=previous_time + time.perf_counter() - self._start,
+            global_step=trainer.global_step,
+            epochs=trainer.current_epoch,
+            flops_per_sample=flops,
+            throughput={
+                "samples_per_s": getattr(throughput, "fit_samples_per_s", None),
+                "tokens_per_s": getattr(throughput, "fit_tokens_per_s", None),
+            },
+            grad_norm={"first": getattr(grad, "first", None), "mean": getattr(grad, "mean", None)},
+            best=best,
+            metrics={
+                k: float(v)
+                for k, v in trainer.callback_metrics.items()
+                if isinstance(v, torch.Tensor) and v.numel() == 1
+            },
+        )
+        init = self._init_stats or (previous.get("attention") or {}).get(
+            "init"
+        )  # a resumed run keeps its first start's
+        self._summary["attention"] = {"init": init, "final": final}
+        self._write()
+        if figure is not None:
+            self._log_figure(trainer, figure)
+        for run in self._summary.get("wandb") or []:
+            if run.get("mode") == "offline" and run.get("dir"):
+                print(f"attnlab: W&B run saved offline in {run['dir']}; upload it with `wandb sync {run['dir']}`")
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if getattr(self, "_active", False) and trainer.is_global_zero:
+            stopped = isinstance(exception, (KeyboardInterrupt, SIGTERMException))  # Ctrl-C, or a scheduler's SIGTERM
+            self._summary.update(status="interrupted" if stopped else "failed", error=repr(exception)[:500])
+            self._write()
+
+    def _flops_per_sample(self, trainer: pl.Trainer) -> float | None:
+        """FLOPs of one forward pass per sample of the fixed batch; a forward pass on every process (FSDP)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        if self._inputs is None or self._inputs.args is None:
+            return None
+        n = batch_size(self._inputs.args)
+        was_training = self._model.training
+        self._model.eval()
+        try:  # with autograd on: FlopCounterMode's module tracker fails under no_grad on some models (DETR)
+            with full_weights(trainer.model), FlopCounterMode(display=False) as counter:
+                self._model(*self._inputs.args, **self._inputs.kwargs)
+        except Exception as err:
+            rank_zero_warn(f"FLOP counting failed: {err!r}")
+            return None
+        finally:
+            self._model.train(was_training)
+        return counter.get_total_flops() / n if n else None
+
+    def _attention_maps(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
+        """Each layer's head-mean attention (Lq, Lk) on the first sample of the fixed batch; a forward pass on every process (FSDP)."""
+        with torch.no_grad(), full_weights(trainer.model), capture_attention(self._model) as maps:
+            was_training = self._model.training
+            self._model.eval()
+            try:
+                self._model(*self._inputs.args, **self._inputs.kwargs)
+            finally:
+                self._model.train(was_training)
+        return {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}
+
+    def _log_figure(self, trainer: pl.Trainer, maps: dict[str, torch.Tensor]) -> None:
+        path = self.path.parent / "attention.png"
+        plot_attention_maps(maps, path)
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_image"):
+                logger.log_image(key="val/attention", images=[str(path)], step=trainer.global_step)
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._summary, indent=1))
+        tmp.replace(self.path)
+
+
+def _read_json(path: Path | None) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text()) if path is not None and path.exists() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if key.startswith("_"):  # LightningCLI's bookkeeping (_class_path, _instantiator)
+            continue
+        try:
+            json.dumps(value)
+            out[key] = value
+        except TypeError:
+            out[key] = str(value)
+    return out
+
+
+def _hardware(trainer: pl.Trainer) -> dict[str, Any]:
+    device = trainer.strategy.root_device
+    info: dict[str, Any] = {
+        "accelerator": device.type,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    return info
+
+
+def _versions() -> dict[str, str]:
+    import pytorch_lightning
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pytorch_lightning": pytorch_lightning.__version__,
+    }
+
+
+def _wandb_runs(trainer: pl.Trainer) -> list[dict[str, Any]]:
+    """Id, mode and folder of each W&B logger's run (starts the run: rank 0 only)."""
+    runs = []
+    for logger in trainer.loggers:
+        if type(logger).__name__ != "WandbLogger" or not hasattr(logger, "experiment"):
+            continue
+        run = logger.experiment
+        mode = (
+            "disabled" if getattr(run, "disabled", False) else "offline" if getattr(run, "offline", False) else "online"
+        )
+        runs.append(
+            {
+                "id": getattr(run, "id", None),
+                "project": getattr(run, "project", None),
+                "entity": getattr(run, "entity", None),
+                "mode": mode,
+                "dir": str(Path(run.dir).parent) if getattr(run, "dir", None) and mode != "disabled" else None,
+                "url": getattr(run, "url", None) if mode == "online" else None,
+            }
+        )
+    return runs
