@@ -38,8 +38,8 @@ def lr_sweep(tmp_path, monkeypatch):
         summary = {"status": "finished", "modality": "vision", "best": {"monitor": "val/loss", "value": final}}
         (folder / "summary.json").write_text(json.dumps(summary))
         (folder / "metrics.csv").write_text(
-            "step,train/loss_step,val/loss,val/loss@1x,val/loss@2x\n"
-            f"0,4.0,,,\n10,3.0,{final + 0.5},,\n20,2.5,{final},{final},{final + 1}\n"
+            "step,train/loss_step,train/max_attn_logit,val/loss,val/loss@1x,val/loss@2x\n"
+            f"0,4.0,1.0,,,\n10,3.0,{100 * lr},{final + 0.5},,\n20,2.5,,{final},{final},{final + 1}\n"
         )
     return sweep.root
 
@@ -67,10 +67,11 @@ def test_report_gives_lr_sensitivity_over_seeds_and_plots_loss_against_lr_and_ev
         "digits: qk_norm=layernorm": ("3", f"0.2 ± {half:.3g}"),
     }
     plots = result["plots"]
-    assert plots["against_lr"].is_file() and plots["against_val_loss_at"].is_file()
+    assert plots["against/digits_val_loss_against_lr"].is_file() and plots["against/val_loss_at_x"].is_file()
+    assert plots["against/digits_train_max_attn_logit_against_lr"].is_file()
     report = result["report"].read_text()
-    assert "## Against the swept numbers" in report and "final val/loss against model.init_args.lr" in report
-    assert "val/loss at 1x, 2x" in report and "LR sensitivity" in report
+    assert "## Against the swept numbers" in report and "digits: final val/loss against model.init_args.lr" in report
+    assert "val/loss at 1x, 2x" in report and "Learning-rate sensitivity" in report
 
 
 def test_swept_series_band_is_the_t_interval_over_seeds(lr_sweep):

@@ -121,7 +121,7 @@ def build_report(
     lines += [
         f"![{name}]({path.name})"
         for name, path in plots.items()
-        if name not in ("scaling", "seeds") and not name.startswith("against")
+        if name not in ("scaling", "seeds") and not name.startswith("against/")
     ]
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
     report = out / "report.md"
@@ -163,35 +163,47 @@ def build_report(
 def against_numbers(
     cells: list[dict[str, Any]], out: Path, plots: dict[str, Path]
 ) -> tuple[list[str], list[list[str]]]:
-    """The section "against the swept numbers": a plot per numeric grid key (the final val/loss, or the checkpoint
-    monitor, against it; log x for a learning rate) and per ``@``-suffixed metric, and the learning-rate sensitivity
-    of every series of a learning-rate sweep. Returns the report's lines and the sensitivity rows."""
+    """The section "against the swept numbers": per group of cells and numeric grid key, the final val/loss (or
+    the checkpoint monitor) and, when logged, ``train/max_attn_logit`` against the key (log x for a learning
+    rate); per ``@``-suffixed metric, the metric against its number; and the learning-rate sensitivity of every
+    series of a learning-rate sweep. Returns the report's lines and the sensitivity rows."""
     lines, sensitivity = [], []
     for key in swept_keys(cells):
-        runs = [r for c in cells for r in c["runs"]]
-        metric = "val/loss" if all("val/loss" in r["metrics"] for r in runs) else cells[0].get("monitor") or "val/loss"
-        series = swept_series(cells, key, metric)
         name = key.rsplit(".", 1)[-1]
-        is_lr = name == "lr"
-        plots[f"against_{name}"] = out / f"against_{name}.png"
-        plot_against(series, key, f"final {metric}", plots[f"against_{name}"], log_x=is_lr)
-        lines += [f"### final {metric} against {key}", "", f"![{name}]({plots[f'against_{name}'].name})", ""]
-        if is_lr and metric == "val/loss":
-            sensitivity = [[label, str(s["n"]), plus_minus(s)] for label, s in sensitivity_rows(series, metric)]
-            lines += [
-                "Learning-rate sensitivity (Wortsman et al. 2023): per seed, the mean over the learning rates of the",
-                "final val/loss capped at the first training loss, minus the best final val/loss over the rates;",
-                "a diverged run counts as the first loss. Mean ± the 95% t-interval's half-width over the seeds.",
-                "",
-                markdown_table(["series", "seeds", "LR sensitivity"], sensitivity),
-                "",
-            ]
+        log_x = name == "lr"
+        for group in dict.fromkeys(c["group"] for c in cells):
+            members = [c for c in cells if c["group"] == group and key in c["settings"]]
+            runs = [r for c in members for r in c["runs"]]
+            if not runs:
+                continue
+            metric = "val/loss" if all("val/loss" in r["metrics"] for r in runs) else members[0].get("monitor")
+            logits = ["train/max_attn_logit"] if any("train/max_attn_logit" in r["metrics"] for r in runs) else []
+            for measure in [metric, *logits]:
+                slug = re.sub(r"\W+", "_", f"{group}_{measure}_against_{name}")
+                plots[f"against/{slug}"] = path = out / f"{slug}.png"
+                plot_against(swept_series(members, key, measure), key, f"final {measure}", path, log_x)
+                lines += [f"### {group}: final {measure} against {key}", "", f"![{slug}]({path.name})", ""]
+            if log_x and metric == "val/loss":
+                series = swept_series(members, key, metric)
+                sensitivity += [[label, str(s["n"]), plus_minus(s)] for label, s in sensitivity_rows(series, metric)]
+    if sensitivity:
+        lines += [
+            "### Learning-rate sensitivity (Wortsman et al. 2023)",
+            "",
+            "Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus",
+            "the best final val/loss over the rates (a diverged run counts as the first loss); mean ± the half-width",
+            "of the 95% t-interval over the seeds that ran every rate.",
+            "",
+            markdown_table(["series", "seeds", "LR sensitivity"], sensitivity),
+            "",
+        ]
     for base, keys in suffixed_metrics(cells).items():
         metric, unit = base.split("@")
-        slug = re.sub(r"\W+", "_", metric)
-        plots[f"against_{slug}_at"] = path = out / f"{slug}_at.png"
+        slug = re.sub(r"\W+", "_", f"{metric}_at_{unit}")
+        plots[f"against/{slug}"] = path = out / f"{slug}.png"
         plot_against(suffixed_series(cells, keys), f"evaluated at ({unit})", metric, path)
-        lines += [f"### {metric} at {', '.join(k.split('@')[1] for k in keys)}", "", f"![{metric}]({path.name})", ""]
+        points = ", ".join(k.split("@")[1] for k in keys)
+        lines += [f"### {metric} at {points}", "", f"![{slug}]({path.name})", ""]
     return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity
 
 
