@@ -43,8 +43,9 @@ findings: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
+# One pytest worker a core (pytest-xdist): the suite's many small processes (CLI, DDP, sweeps) fill both.
 test: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest -n auto
 
 # The wheels a lent GPU machine (Python 3.12, torch and Lightning installed, no registry) lacks for `attnlab fit`
 # and `python -m benchmarks`: carry .whl and start the command with

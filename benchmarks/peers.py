@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from benchmarks.harness import Step, synchronize
+from models import attention
 from models.attention import MultiHeadAttention, attention_fast, merge_masks
 from models.backbone import Backbone
 from models.criterion import SetCriterion
@@ -195,6 +196,71 @@ def core_bench(length: int, masked: bool, s: Settings) -> Bench:
     return Bench({"ours": step_of(ours), "sdpa": step_of(sdpa)}, items=batch * length, unit="tokens", check=check)
 
 
+# ----------------------------------------------------------------------------- padded batches (GPU section)
+
+# side -> our attention's padding-free kernels for a key-padding mask (none: the masked SDPA)
+PADDING_PATHS: dict[str, tuple[str, ...]] = {"masked SDPA": (), "varlen": ("varlen",), "nested": ("nested",)}
+
+
+@contextlib.contextmanager
+def padding_path(device: torch.device, kernels: tuple[str, ...]) -> Iterator[None]:
+    """Inside the block our attention's padding-free kernels on ``device`` are ``kernels`` (its PADDING_FREE)."""
+    before = attention.PADDING_FREE.get(device.type, ())
+    attention.PADDING_FREE[device.type] = kernels
+    try:
+        yield
+    finally:
+        attention.PADDING_FREE[device.type] = before
+
+
+def padded_attention_bench(length: int, s: Settings) -> Bench:
+    """Our self-attention layer forward + backward on a padded batch (`padding_mask`: lengths uniform in
+    [L/2, L]) by each of `PADDING_PATHS`, vs the same layer without a mask at the padded length ("no mask":
+    the speed a padding path should reach or beat); shapes as in `attention_bench`, no dropout. Every step gets
+    its mask as a new tensor, so the padding-free path packs it (and waits for the device) in every step, as a
+    one-layer model would with a new batch; a deeper model packs once for all its layers. Each path's
+    output at the valid rows is compared with the masked SDPA's first; a path that fails is named in the
+    check and left out."""
+    dim, heads, tokens = (32, 4, 64) if s.quick else (256, 8, 4096)
+    batch = max(1, tokens // length)
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(dim, heads).to(s.device)
+    x = torch.randn(batch, length, dim, generator=g).to(s.device).requires_grad_()
+    grad = torch.randn(batch, length, dim, generator=g).to(s.device)
+    kpm = padding_mask(batch, length, g, s.device)
+    valid = ~kpm
+
+    def forward(mask: Tensor | None, kernels: tuple[str, ...]) -> Tensor:
+        with padding_path(s.device, kernels), s.autocast():
+            return layer(x, key_padding_mask=mask)[0]
+
+    def step_of(mask: Tensor | None, kernels: tuple[str, ...]) -> Step:
+        def step() -> None:
+            x.grad = None
+            layer.zero_grad(set_to_none=True)
+            out = forward(None if mask is None else mask.clone(), kernels)  # a new batch's mask: packed anew
+            out.backward(grad.to(out.dtype))
+
+        return step
+
+    with torch.no_grad():
+        reference = forward(kpm, ())[valid]
+    steps, notes = {"no mask": step_of(None, ())}, [f"{int(valid.sum())}/{kpm.numel()} tokens valid"]
+    for side, kernels in PADDING_PATHS.items():
+        try:
+            with torch.no_grad():
+                diff = _max_diff(forward(kpm, kernels)[valid], reference)
+            step_of(kpm, kernels)()
+        except (RuntimeError, NotImplementedError) as err:
+            notes.append(f"{side} fails: {str(err).splitlines()[0][:100]}")
+            continue
+        steps[side] = step_of(kpm, kernels)
+        if kernels:
+            notes.append(f"{side} max |Δ| at valid rows vs masked SDPA {diff:.1e}")
+    return Bench(steps, items=int(valid.sum()), unit="tokens", check="; ".join(notes))
+
+
 # ----------------------------------------------------------------------------- ViT
 
 VIT_SHAPES = {  # timm's vit_tiny/small/base_patch16_224, and one for dispatch overhead
@@ -254,6 +320,7 @@ def training_flops(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor]) -> 
 SEQ2SEQ_SHAPES = {  # (d_model, nhead, layers each side, FFN, vocabulary, sentences per batch)
     "small": (256, 4, 3, 1024, 8000, 32),
     "base": (512, 8, 6, 2048, 8000, 16),
+    "multi30k": (256, 4, 4, 1024, 10000, 128),  # configs/text/multi30k_en_de.yaml
 }
 QUICK_SEQ2SEQ = (32, 2, 1, 64, 100, 4)
 
@@ -363,6 +430,55 @@ def seq2seq_bench(size: str, s: Settings, length: tuple[int, int] = (16, 40), ba
     return Bench(steps, items=int(labels.ne(0).sum()), unit="tokens", check=check)
 
 
+def padded_seq2seq_bench(dropout: float, s: Settings) -> Bench:
+    """The Multi30k-shaped translation training step (configs/text/multi30k_en_de.yaml's model; 128 sentences
+    of 8-32 tokens, padded per batch as an unbucketed loader pads them) with our attention's key padding by
+    each of `PADDING_PATHS`, vs the same model on torch.nn.Transformer on the same batch. With dropout,
+    "varlen" would run NJT SDPA (varlen_attn has no dropout): that side is left out. Items: target tokens."""
+    ours, theirs, (*_, vocab, batch) = seq2seq_models("multi30k", s, dropout)
+    g = torch.Generator().manual_seed(0)
+    low, high = (3, 8) if s.quick else (8, 32)
+    src = random_sentences(batch, low, high, vocab, g).to(s.device)
+    tgt = random_sentences(batch, low, high, vocab, g).to(s.device)
+    tgt_in, labels = teacher_forcing(tgt)
+    keep = labels.ne(0)
+
+    def loss(m: nn.Module) -> Tensor:
+        return label_smoothed_nll_loss(m(src, tgt_in), labels, 0.1, 0)[0]
+
+    def on_path(step: Step, kernels: tuple[str, ...]) -> Step:
+        def run() -> None:
+            with padding_path(s.device, kernels):
+                step()
+
+        return run
+
+    notes = [f"{int(src.ne(0).sum())}/{src.numel()} source and {int(keep.sum())}/{keep.numel()} target tokens valid"]
+    with torch.no_grad(), s.autocast():
+        peer = theirs.eval()(src, tgt_in)[keep]
+    paths = {side: k for side, k in PADDING_PATHS.items() if not ("varlen" in k and dropout > 0)}
+    for side, kernels in list(paths.items()):  # every check before any step changes the weights
+        with torch.no_grad(), s.autocast(), padding_path(s.device, kernels):
+            try:
+                diff = _max_diff(ours.eval()(src, tgt_in)[keep], peer)
+                notes.append(f"{side}: eval logits max |Δ| vs nn.Transformer {diff:.1e}")
+            except (RuntimeError, NotImplementedError) as err:
+                notes.append(f"{side} fails: {str(err).splitlines()[0][:100]}")
+                del paths[side]
+    ours.train(), theirs.train()
+    steps = {}
+    for side, kernels in paths.items():
+        step = on_path(train_step(ours, loss, s), kernels)
+        try:
+            step()
+        except (RuntimeError, NotImplementedError) as err:
+            notes.append(f"{side} fails in training: {str(err).splitlines()[0][:100]}")
+            continue
+        steps[f"ours, {side}"] = step
+    steps["nn.Transformer"] = train_step(theirs, loss, s)
+    return Bench(steps, items=int(keep.sum()), unit="tokens", check="; ".join(notes))
+
+
 @dataclass
 class PrefixCache:
     """The whole prefix (N, t) in place of a key/value cache, reordered with the beams like one."""
@@ -458,6 +574,57 @@ def decoding_bench(search: str, s: Settings) -> Bench:
         items=c["batch"],
         unit="sentences",
         check=f"same hypotheses for {same}/{c['batch']} sentences, length {a.size(1)}",
+        repeats=3,
+        inference=True,
+    )
+
+
+# configs/text/multi30k_en_de.yaml's model (shared 10k BPE, length_penalty 1.0); sources of 6-30 tokens, as its val
+MULTI30K_BEAM = dict(d_model=256, nhead=4, layers=4, ffn=1024, vocab=10000, src=(6, 30), max_positions=256, alpha=1.0)
+QUICK_MULTI30K_BEAM = dict(d_model=32, nhead=2, layers=1, ffn=64, vocab=50, src=(3, 6), max_positions=64, alpha=1.0)
+
+
+def static_cache_bench(search: str, sentences: int, s: Settings) -> Bench:
+    """Decoding as validation runs it (`TranslationModule.translate`: max_len = 1.5·|source| + 10) on
+    Multi30k-val-shaped input, beam 5 or greedy: the static cache ("ours"; on CUDA each step a CUDA graph) vs
+    the dynamic cache of today's path. Random weights: hypotheses run to ``max_len``."""
+    c = QUICK_MULTI30K_BEAM if s.quick else MULTI30K_BEAM
+    sentences = min(sentences, 4) if s.quick else sentences
+    torch.manual_seed(0)
+    layers = (c["layers"], c["layers"], c["ffn"], 0.0)
+    model = Seq2SeqTransformer(
+        c["vocab"],
+        c["vocab"],
+        c["d_model"],
+        c["nhead"],
+        *layers,
+        share_embeddings=True,
+        pad_id=0,
+        max_positions=c["max_positions"],
+    )
+    model = model.to(s.device).eval()
+    src = random_sentences(sentences, *c["src"], c["vocab"], torch.Generator().manual_seed(0)).to(s.device)
+    max_len = min(c["max_positions"], int(1.5 * int(src.ne(0).sum(1).max()) + 10))
+    ids = dict(bos_id=1, eos_id=2, pad_id=0, max_len=max_len)
+    if search == "beam":
+        ids.update(beam_size=5, alpha=c["alpha"])
+    decode = beam_search if search == "beam" else greedy_decode
+
+    def step_of(cache: str) -> Step:
+        def step() -> tuple[Tensor, Tensor]:
+            with s.autocast():
+                return decode(model, src, cache=cache, **ids)
+
+        return step
+
+    steps = {"ours": step_of("static"), "dynamic cache": step_of("dynamic")}
+    (a, _), (b, _) = steps["ours"](), steps["dynamic cache"]()
+    same = sum(bool(x.equal(y)) for x, y in zip(a, b)) if a.shape == b.shape else 0
+    return Bench(
+        steps,
+        items=sentences,
+        unit="sentences",
+        check=f"identical translations for {same}/{sentences} sentences, length {a.size(1)} (max_len {max_len})",
         repeats=3,
         inference=True,
     )

@@ -11,12 +11,17 @@ Sections (``--only``):
     attention  our MultiHeadAttention vs the minimal SDPA layer and nn.MultiheadAttention, L = 64, 256, 1024
     vit        ViT training step vs timm's VisionTransformer (vit_tiny, vit_small shapes)
     text       translation training step vs the same model on torch.nn.Transformer (tokens/s)
-    decoding   beam search (beam 5, 64 sentences) and greedy decoding with vs without the key/value cache
+    decoding   beam search (beam 5, 64 sentences) and greedy decoding with vs without the key/value cache; beam 5
+               on the static cache vs the dynamic one (the multi30k_en_de model, 64 sentences)
     detr       DETR training step vs Hugging Face's DetrForObjectDetection (R50-sized and small);
                share of the step spent in Hungarian matching
     scaling    our step time, memory and attention share as sequence length / image size / queries grow
     data       each experiment config's DataModule alone vs its training step vs the real fit
-    gpu        ViT-B/16 model FLOPs utilisation (bf16), SDPA kernel checks: only with CUDA
+    padding    padded batches by each of our attention's padding paths (masked SDPA, varlen_attn, NJT SDPA:
+               `models.padding_free`) vs no mask, and in the Multi30k training step vs nn.Transformer: only with CUDA
+    gpu        ViT-B/16 model FLOPs utilisation (bf16), SDPA kernel checks, decoding on the static cache with
+               CUDA graphs vs the dynamic cache (beam 5 and greedy, 64 and 1014 sentences), and the padding rows:
+               only with CUDA
 
 Every comparison uses the same shapes, precision, optimiser (AdamW) and loss on both sides, and the
 same weights where the layouts allow it; see `benchmarks.harness` for how time and memory
@@ -43,8 +48,18 @@ import torch
 
 from benchmarks import peers, scaling
 from benchmarks.harness import Ratio, Timing, interleaved, machine, markdown_table, measure_in_subprocess, step_peak_mib
+from experiments.cli import hub_offline_unless_asked
+from models import attention
 
-SECTIONS = ("core", "attention", "vit", "text", "decoding", "detr", "scaling", "data", "gpu")
+SECTIONS = ("core", "attention", "vit", "text", "decoding", "detr", "scaling", "data", "padding", "gpu")
+PADDED_LENGTHS, QUICK_PADDED_LENGTHS = (64, 256, 1024), (16, 32)
+# the variable-length kernels the padding-free path calls without SDPA -> (SDPA's kernel that calls the same op
+# inside, short name): the op ran padding-free when it ran more often than that SDPA kernel
+VARLEN_KERNELS = {
+    "aten::_flash_attention_forward": ("aten::_scaled_dot_product_flash_attention", "flash varlen"),
+    "aten::_efficient_attention_forward": ("aten::_scaled_dot_product_efficient_attention", "memory-efficient varlen"),
+    "aten::_cudnn_attention_forward": ("aten::_scaled_dot_product_cudnn_attention", "cuDNN varlen"),
+}
 DATA_CONFIGS = ("configs/vision/digits.yaml", "configs/text/toy_en_de.yaml", "configs/detection/shapes.yaml")
 
 
@@ -106,6 +121,7 @@ def cases(quick: bool) -> list[Case]:
     out.append(
         Case("decoding/greedy", "decoding", "greedy", partial(peers.decoding_bench, "greedy"), {"no cache": None})
     )
+    out.append(static_cache_case("beam", 64))
     for size in ("small", "r50"):
         out.append(Case(f"detr/{size}", "detr", f"DETR {size}", partial(peers.detr_bench, size), {"HF DETR": 1.0}))
     for shape in peers.MATCHING_SHAPES:
@@ -122,6 +138,23 @@ def cases(quick: bool) -> list[Case]:
     out.append(Case("scaling/vit", "scaling", "ViT tiny", scaling.vit_scaling_bench))
     out.append(Case("scaling/detr", "scaling", "DETR small", scaling.detr_scaling_bench))
     return out
+
+
+def static_cache_case(search: str, sentences: int, prefix: str = "decoding") -> Case:
+    """Decoding on the static cache (a CUDA graph per step on CUDA) vs the dynamic cache, Multi30k-shaped; a
+    decoding case (timed without profiling) also where the gpu section runs it."""
+    label = f"{'beam 5' if search == 'beam' else 'greedy'}, {sentences} sentences, static cache"
+    return Case(
+        f"{prefix}/static_cache/{search}/{sentences}",
+        "decoding",
+        label,
+        partial(peers.static_cache_bench, search, sentences),
+        {"dynamic cache": None},
+    )
+
+
+# `--only gpu`: the CUDA-graph rows, at the sizes of Multi30k's validation (64 sentences, the whole val set)
+GPU_DECODING = (("beam", 64), ("beam", 1014), ("greedy", 1014))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -235,6 +268,14 @@ def fmt_mib(value: float | None) -> str:
     return "-" if value is None else f"{max(value, 0.0):,.0f}"
 
 
+def attention_kernels(events: list) -> str:
+    """Which attention kernels a profiled step ran: SDPA's (`scaling.sdpa_kernels`) and the padding-free path's."""
+    counts = {e.key: e.count for e in events}
+    names = [name for key, name in scaling.SDPA_KERNELS.items() if key in counts]
+    names += [name for key, (sdpa, name) in VARLEN_KERNELS.items() if counts.get(key, 0) > counts.get(sdpa, 0)]
+    return ", ".join(names) or "none"
+
+
 @dataclass
 class Outcome:
     case: Case
@@ -267,7 +308,7 @@ def run_case(
     if case.section != "decoding":
         for side in [p for p in profile_sides if p in bench.steps] if case.targets else bench.steps:
             events = scaling.profile_step(bench.steps[side])
-            kernels[side] = scaling.sdpa_kernels(events)
+            kernels[side] = attention_kernels(events)
             shares[side] = scaling.attention_share(events)
         if (
             s.device.type == "cuda" and "ours" in bench.steps and not s.compile
@@ -368,6 +409,46 @@ def notes_list(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def padding_report(s: peers.Settings, args: argparse.Namespace) -> str:
+    """Issue 28's rows: padded self-attention by each padding path against the same layer without a mask, and
+    the Multi30k-shaped training step by each path against nn.Transformer, on the same padded batches."""
+    benches = [
+        (f"self-attention, L={n}", "no mask", partial(peers.padded_attention_bench, n))
+        for n in (QUICK_PADDED_LENGTHS if s.quick else PADDED_LENGTHS)
+    ] + [(f"Multi30k step, dropout {p}", "nn.Transformer", partial(peers.padded_seq2seq_bench, p)) for p in (0.3, 0.0)]
+    rows, checks = [], []
+    for label, reference, build in benches:
+        log(f"gpu: padded batches, {label}")
+        bench = build(s)
+        timings = interleaved(
+            bench.steps, s.device, repeats=args.repeats, warmup=args.warmup, min_sample_s=0.01 if s.quick else 0.2
+        )
+        for side, timing in timings.items():
+            rows.append(
+                [
+                    label,
+                    side,
+                    f"{timing.median * 1e3:,.2f}",
+                    str(Ratio.of(timing, timings[reference])),
+                    fmt_rate(bench.items, timing.median, bench.unit),
+                    attention_kernels(scaling.profile_step(bench.steps[side])),
+                ]
+            )
+        checks.append(f"- {label}: {bench.check}")
+    header = ["case", "side", "ms", "time / reference [p25-p75]", "valid tokens/s", "attention kernels"]
+    return (
+        f"### Padded batches: our attention's padding paths ({'bf16 autocast' if s.amp else 'fp32'}; issue 28)\n\n"
+        "Self-attention: D=256, 8 heads, B·L = 4096, lengths uniform in [L/2, L], forward + backward, against "
+        "the same layer unmasked at the padded length ('no mask', the reference). Multi30k step: the model of "
+        "configs/text/multi30k_en_de.yaml, 128 sentences of 8-32 tokens, against nn.Transformer (the reference); "
+        "with dropout, varlen_attn (it has none) is not a side. The default path on CUDA: "
+        f"`models.attention.PADDING_FREE['cuda'] = {attention.PADDING_FREE.get('cuda')!r}`.\n\n"
+        + markdown_table(header, rows)
+        + "\n\nChecks:\n"
+        + "\n".join(checks)
+    )
+
+
 # ----------------------------------------------------------------------------- the report
 
 SECTION_TITLES = {
@@ -376,7 +457,10 @@ SECTION_TITLES = {
     "attention": "Shared attention core: self-attention forward + backward (D=256, 8 heads, B·L = 4096 tokens)",
     "vit": "ViT training step (AdamW) vs timm: timm's shapes (batch 8, 224 px), and the same depth on tiny tensors",
     "text": "Seq2seq training step (random sentences of 16-40 tokens, label smoothing, AdamW) vs torch.nn.Transformer",
-    "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none",
+    "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none; "
+    "static cache vs dynamic (the multi30k_en_de model: d=256, 4+4 layers, vocabulary 10000, max_len 1.5·|source| + 10)",
+    "gpu/decoding": "Decoding on the static cache, each step one CUDA graph, vs the dynamic cache (the multi30k_en_de model, "
+    "random weights, sources of 6-30 tokens, max_len 1.5·|source| + 10; sentences/s)",
     "detr": "DETR training step (set loss with auxiliary losses, AdamW) vs Hugging Face DetrForObjectDetection, and the "
     "Hungarian matching of one step (every decoder layer) vs Hugging Face's matcher",
     "scaling": "Scaling of our training step",
@@ -404,7 +488,7 @@ def method_text(args: argparse.Namespace, s: peers.Settings) -> str:
 
 def run(args: argparse.Namespace) -> str:
     torch.set_num_threads(args.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hub_offline_unless_asked()
     base = settings_of(args)
     only = args.only.split(",")
     started, wall_start = datetime.datetime.now(), time.perf_counter()
@@ -426,10 +510,23 @@ def run(args: argparse.Namespace) -> str:
         )
     all_cases = cases(base.quick)
     for section in [x for x in SECTIONS if x in only]:
+        if section == "padding" and base.device.type != "cuda":
+            print(
+                "benchmark: padding section skipped: no CUDA device (torch.cuda.is_available() is False); "
+                "varlen_attn and NJT SDPA's flash kernels are CUDA's, and on the CPU the padding-free path is off "
+                "(models.attention.PADDING_FREE)",
+                file=sys.stderr,
+            )
+            continue
+        if section == "padding":
+            parts.append(padding_report(base, args))
+            continue
         if section == "gpu":
             if base.device.type != "cuda":
                 print(
-                    "benchmark: gpu section skipped: no CUDA device (torch.cuda.is_available() is False)",
+                    "benchmark: gpu section skipped: no CUDA device (torch.cuda.is_available() is False) for ViT-B/16 "
+                    "MFU, SDPA checks, CUDA-graph decoding and padded batches; varlen_attn and NJT SDPA's flash kernels are "
+                    "CUDA's, and on the CPU the padding-free path is off (models.attention.PADDING_FREE)",
                     file=sys.stderr,
                 )
                 continue
@@ -450,6 +547,14 @@ def run(args: argparse.Namespace) -> str:
                     scaling.empty_row_rows(base.device),
                 )
             )
+            log("gpu: decoding on the static cache with CUDA graphs")
+            outcomes = [run_case(static_cache_case(*shape, "gpu"), base, args) for shape in GPU_DECODING]
+            parts.append(
+                f"### {SECTION_TITLES['gpu/decoding']}\n\n{comparison_table(outcomes)}\n\n"
+                f"Checks and notes:\n{notes_list(outcomes)}"
+            )
+            if "padding" not in only:  # else its own section has run them
+                parts.append(padding_report(base, args))
             continue
         if section == "data":
             log("data pipeline")

@@ -11,11 +11,11 @@ original text (detokenized). `encode` turns lines into ids with EOS (and BOS), t
 from __future__ import annotations
 
 import json
-import os
 from collections import namedtuple
 from pathlib import Path
 from typing import Literal
 
+import huggingface_hub.constants
 from pytorch_lightning.utilities import rank_zero_warn
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -61,10 +61,6 @@ def load_tokenizer(path: Path, key: str) -> Tokenizer:
     return tokenizer
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-
-
 def load_pretrained_tokenizer(name: str, key: str) -> Tokenizer:
     """The ``tokenizer.json`` of a pretrained model: a local folder, or a hub name (huggingface_hub's cache)."""
     folder = Path(name).expanduser()
@@ -79,7 +75,9 @@ def load_pretrained_tokenizer(name: str, key: str) -> Tokenizer:
         from huggingface_hub import hf_hub_download
 
         try:
-            path = Path(hf_hub_download(name, "tokenizer.json", local_files_only=_offline()))
+            path = Path(
+                hf_hub_download(name, "tokenizer.json", local_files_only=huggingface_hub.constants.HF_HUB_OFFLINE)
+            )
         except Exception as err:  # noqa: BLE001  not a hub name, not cached while offline, no network: all one answer
             raise ValueError(
                 f"{key}={name} is neither a local folder nor a hub model whose tokenizer.json could be fetched "
@@ -129,8 +127,8 @@ def load_pretrained_seq2seq_tokenizer(
             f"{key}: a pretrained translation tokenizer is read with transformers; pip install 'attnlab[pretrained-text]'"
         ) from None
     try:
-        config = AutoConfig.from_pretrained(name, local_files_only=_offline())
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=_offline())
+        config = AutoConfig.from_pretrained(name, local_files_only=huggingface_hub.constants.HF_HUB_OFFLINE)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=huggingface_hub.constants.HF_HUB_OFFLINE)
     except (
         OSError,
         ValueError,

@@ -24,11 +24,13 @@ import sys
 import warnings
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from experiments import guards, tracking
 from experiments.links import LINKED_ATTRIBUTES, init_options
+from experiments.runfolder import newest_checkpoint
 from models.weights import load_weights_file
 
 # Subcommands that are not Lightning's: name -> (module whose main(argv) runs it, one line for --help)
@@ -198,13 +200,13 @@ class AttnlabCLI(LightningCLI):
         if alias not in ("best", "last"):
             return
         root = Path(self.trainer.default_root_dir)
-        found = sorted(root.glob(f"**/checkpoints/{alias}*.ckpt"), key=os.path.getmtime)
-        if not found:
+        found = newest_checkpoint(root, alias)
+        if found is None:
             _fail(
                 f"--ckpt_path {alias}: no '{alias}*.ckpt' under {root}/; run `attnlab fit` with this config first or pass a checkpoint file"
             )
-        cfg["ckpt_path"] = str(found[-1])
-        print(f"attnlab: using checkpoint {found[-1]}", file=sys.stderr)
+        cfg["ckpt_path"] = str(found)
+        print(f"attnlab: using checkpoint {found}", file=sys.stderr)
 
     def after_fit(self) -> None:
         best = self.trainer.checkpoint_callback
@@ -231,8 +233,17 @@ def quiet_lightning_notes() -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
+def hub_offline_unless_asked() -> None:
+    """Nothing downloads at run time unless the user sets ``HF_HUB_OFFLINE`` themselves. huggingface_hub reads the
+    variable once, when it is imported, and Lightning imports it (through torchmetrics) before this runs: its constant,
+    which every hub call reads, is set too."""
+    if "HF_HUB_OFFLINE" not in os.environ:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
 def main(args: list[str] | None = None) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
+    hub_offline_unless_asked()
     quiet_lightning_notes()
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] and argv[0] in TOOLS:

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from experiments.callbacks import shadowed
 from experiments.lightning_compat import batch_ends_optimizer_step, logged_step_values
+from experiments.runfolder import newest
 from models.weights import load_weights_file
 
 # room left beside the checkpoints for metrics, configs, attention figures and W&B files
@@ -222,14 +223,11 @@ def _stopped(trainer: pl.Trainer, what: str, step: int | None = None, epoch: int
 
 def last_checkpoint(trainer: pl.Trainer) -> Path | None:
     """The newest checkpoint file this fit's ModelCheckpoints wrote (last or best), if any."""
-    paths = {
-        Path(p)
+    return newest(
+        p
         for cb in trainer.checkpoint_callbacks
         for p in (getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", ""))
-        if p
-    }
-    found = [p for p in paths if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+    )
 
 
 class SafeCheckpointIO(TorchCheckpointIO):

@@ -19,7 +19,6 @@ run, saying so, when there is none: the same command serves a first start and a 
 
 from __future__ import annotations
 
-import json
 import netrc
 import os
 import sys
@@ -36,6 +35,7 @@ from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
 from experiments.lightning_compat import set_wandb_mode
 from experiments.links import LINKED_ATTRIBUTES
+from experiments.runfolder import Summary, newest_checkpoint
 
 Mode = Literal["online", "offline", "disabled"]
 
@@ -225,12 +225,11 @@ def prepare(config: Namespace, subcommand: str | None) -> None:
 
 
 def _resume_last(cfg: Namespace, root: Path, entries: list[Namespace]) -> None:
-    found = sorted(root.glob("**/checkpoints/last*.ckpt"), key=os.path.getmtime)
-    if not found:
+    ckpt = newest_checkpoint(root, "last")
+    if ckpt is None:
         print(f"attnlab: no 'last*.ckpt' under {root}/: starting a new run", file=sys.stderr)
         cfg.ckpt_path = None
         return
-    ckpt = found[-1]
     cfg.ckpt_path = str(ckpt)
     print(f"attnlab: resuming from {ckpt}", file=sys.stderr)
     run_dir = ckpt.parent.parent
@@ -243,7 +242,7 @@ def _resume_last(cfg: Namespace, root: Path, entries: list[Namespace]) -> None:
             init_args=Namespace(save_dir=str(run_dir.parent.parent), name=run_dir.parent.name, version=run_dir.name),
         )
         return
-    summary = _read_json(run_dir / "summary.json")
+    summary = Summary.read(run_dir)
     for entry in entries:
         args = entry.get("init_args")
         if args is None:
@@ -255,18 +254,9 @@ def _resume_last(cfg: Namespace, root: Path, entries: list[Namespace]) -> None:
         ):
             args.version = run_dir.name
         elif _is(entry, WandbLogger) and not args.get("id"):
-            ids = [
-                run.get("id") for run in summary.get("wandb") or [] if run.get("id") and run.get("mode") != "disabled"
-            ]
+            ids = [run.get("id") for run in summary.wandb or [] if run.get("id") and run.get("mode") != "disabled"]
             if ids:
                 args.id = ids[0]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def default_callbacks() -> list:

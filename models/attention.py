@@ -31,15 +31,25 @@ and keys are normalised over d after the projections (learned scale shared by th
 the rotation and the similarity; it bounds the logits, whose maximum `capture_attention(scores=True)` records.
 
 SDPA kernel that each option gets on a GPU: no mask, or ``is_causal`` alone (keys as long as queries): flash;
-a boolean mask (padding, a cached causal step): memory-efficient; ``position_bias``: memory-efficient with a
-float mask (its gradient flows to a learned bias); math where those kernels do not apply (e.g. head sizes
-they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep whichever kernel the masks allow.
+a boolean mask (a cached causal step, padding that the padding-free path below does not take): memory-efficient;
+``position_bias``: memory-efficient with a float mask (its gradient flows to a learned bias); math where those
+kernels do not apply (e.g. head sizes they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep
+whichever kernel the masks allow.
+
+Padding-free path (`models.padding_free`): a boolean key-padding mask alone (with ``is_causal`` in self-attention;
+no other mask, no ``position_bias``, weights not requested, no KV cache, not under torch.compile) packs the valid
+rows and runs one variable-length flash kernel over them, so padded keys (and, in self-attention, padded query
+rows, which come back as zeros) cost nothing. ``PADDING_FREE`` gives each device type its kernels, first choice
+first; the first that takes the call runs (varlen_attn has no dropout). Off by default: on the CPU it cannot be
+faster, and on CUDA it waits for its measurement (issue 28); the tests set ``PADDING_FREE["cpu"]`` to hold it to
+the reference path.
 
 Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU) whenever
 weights are not needed. Reference path: explicit softmax, used when weights are requested
 (``need_weights=True`` or inside `capture_attention`) and as the test oracle.
 
-Incremental decoding keeps each layer's projected keys and values in a `KVCache`.
+Incremental decoding keeps each layer's projected keys and values in a `KVCache` (growing by each step), or
+in a `StaticKVCache` (buffers of a fixed length written in place: static shapes, for CUDA graphs).
 
 Grouped-query attention (``num_kv_heads`` < ``num_heads``, Ainslie et al. 2023; Llama 2/3, Mistral): keys
 and values have ``num_kv_heads`` heads, each shared by ``num_heads // num_kv_heads`` consecutive query heads.
@@ -64,12 +74,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.padding_free import PaddingFree, attention_padding_free, packing, supported
 from models.position import Rotation
 
 Similarity = Literal["scaled_dot", "dot", "general"]
 SIMILARITIES = ("scaled_dot", "dot", "general")
 QKNorm = Literal["layernorm", "rmsnorm"]
 _QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+# device type -> the padding-free kernels for a key-padding mask, first choice first (module docstring); none: the
+# masked SDPA. Off on CUDA too until a GPU session has run tests/test_padding_free.py's CUDA tests and
+# `python -m benchmarks --only padding`, then sets the kernels the measurement supports, e.g. ("varlen", "nested").
+PADDING_FREE: dict[str, tuple[PaddingFree, ...]] = {"cuda": (), "cpu": ()}
 
 
 def subsequent_mask(size: int, device: torch.device | None = None) -> Tensor:
@@ -204,6 +219,17 @@ def attention_fast(
     return torch.where(empty, 0.0, out)
 
 
+def _padding_free_kernel(
+    q: Tensor, lk: int, key_padding_mask: Tensor | None, is_causal: bool, self_attention: bool, dropout_p: float
+) -> PaddingFree | None:
+    """The padding-free kernel for q (B, H, Lq, d) and this key-padding mask alone, or None (module docstring)."""
+    if key_padding_mask is None or key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (q.shape[0], lk):
+        return None  # (merge_masks names a wrong shape)
+    if (is_causal and not self_attention) or torch.compiler.is_compiling():
+        return None
+    return next((k for k in PADDING_FREE.get(q.device.type, ()) if supported(q, k, is_causal, dropout_p)), None)
+
+
 @dataclass
 class KVCache:
     """One attention layer's projected keys and values, (B, H, L, d) each, kept between decoding steps.
@@ -227,6 +253,53 @@ class KVCache:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+
+
+@dataclass
+class StaticKVCache:
+    """One self-attention layer's keys and values in buffers of a fixed size, (B, H, max_len, d) each
+    (static shapes, as transformers' ``StaticCache`` and gpt-fast's cache; not `KVCache`'s ``static``, which
+    means a read-only cross-attention cache).
+
+    Each call writes its new rows in place at positions ``length``.. and attends over the whole buffer, the
+    positions not yet filled blocked; ``length`` is a device tensor that the call advances in place. So a
+    decoding step has the same shapes and addresses at every position and can be replayed as a CUDA graph.
+    The buffers are allocated at the first call, with the new keys' batch, heads, dtype and device.
+    """
+
+    max_len: int
+    k: Tensor | None = None
+    v: Tensor | None = None
+    length: Tensor | None = None  # () long: positions filled so far
+    static = False  # a class constant, not a field: never `KVCache`'s read-only cross-attention cache
+
+    def update(self, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """Write k/v (B, H, Lq, d) at the next positions -> the buffers (B, H, max_len, d) and the mask
+        (Lq, max_len), True at keys a query may not see: those not filled, and with ``is_causal`` those after it."""
+        if self.k is None:
+            b, h, _, d = k.shape
+            self.k = k.new_zeros(b, h, self.max_len, d)
+            self.v = v.new_zeros(b, h, self.max_len, d)
+            self.length = torch.zeros((), dtype=torch.long, device=k.device)
+        lq = k.size(2)
+        positions = self.length + torch.arange(lq, device=k.device)  # (Lq,) where the new rows go
+        self.k.index_copy_(2, positions, k.to(self.k.dtype))
+        self.v.index_copy_(2, positions, v.to(self.v.dtype))
+        keys = torch.arange(self.max_len, device=k.device)
+        last = positions[:, None] if is_causal else positions[-1:, None]  # the last key each query sees
+        self.length.add_(lq)
+        return self.k, self.v, keys[None, :] > last
+
+    def reorder(self, index: Tensor, static_index: Tensor | None) -> None:
+        """Keep rows ``index`` (dim 0) in this order, in place: the buffers keep their shape and address. A
+        static-shape search keeps every row, so ``index`` covers them all and ``static_index`` must be None."""
+        if static_index is not None or index.numel() != self.k.size(0):
+            raise ValueError(
+                f"a StaticKVCache keeps its {self.k.size(0)} rows: reorder takes an index of that many rows and no "
+                "static_index (decoding with cache='static' keeps finished sentences in the batch)"
+            )
+        self.k.copy_(self.k.index_select(0, index))
+        self.v.copy_(self.v.index_select(0, index))
 
 
 @dataclass
@@ -355,7 +428,7 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: KVCache | StaticKVCache | None = None,
         rope: Rotation | None = None,
         position_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
@@ -363,7 +436,8 @@ class MultiHeadAttention(nn.Module):
 
         ``cache`` enables incremental decoding: the module fills it with this layer's projected keys
         and values (B, H, Lk, d). New keys are appended each call, unless the cache is ``static``
-        (cross-attention): then they are computed once from the memory and read afterwards.
+        (cross-attention): then they are computed once from the memory and read afterwards. A `StaticKVCache`
+        (self-attention) takes the new keys in place and the attention covers its whole buffer, unfilled keys blocked.
 
         ``key``/``value`` may hold fewer rows than ``query`` (cross-attention only, ``key_padding_mask``
         (B_kv, Lk) the only mask): each of their rows then serves ``B // B_kv`` consecutive query rows, so
@@ -395,7 +469,14 @@ class MultiHeadAttention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 q, k = rope(q), rope(k)
-            if cache is not None:
+            if isinstance(cache, StaticKVCache):
+                if attn_mask is not None or key_padding_mask is not None:
+                    raise ValueError("a StaticKVCache masks the positions it has not filled itself; pass no other mask")
+                k, v, attn_mask = cache.update(k, v, is_causal)
+                is_causal = False
+                if position_bias is not None:  # given over the filled keys: the rest are blocked
+                    position_bias = F.pad(position_bias, (0, cache.max_len - position_bias.size(-1)))
+            elif cache is not None:
                 if cache.k is not None:
                     k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
                 cache.k, cache.v = k, v
@@ -424,6 +505,16 @@ class MultiHeadAttention(nn.Module):
         plain_causal = (
             is_causal and lq == lk and attn_mask is None and key_padding_mask is None and position_bias is None
         )
+        self_attention = key is query  # then the query rows are padded as the keys (no cache: as many)
+        kernel = (
+            None
+            if want_weights or attn_mask is not None or position_bias is not None or group > 1 or cache is not None
+            else _padding_free_kernel(q, lk, key_padding_mask, is_causal, self_attention, dropout_p)
+        )
+        if kernel is not None:
+            pack = packing(key_padding_mask.to(q.device), lq, self_attention)
+            out = attention_padding_free(q, k, v, pack, self.scale, dropout_p, is_causal, kernel)
+            return self.out_proj(out.transpose(1, 2).reshape(bsz, lq, self.embed_dim)), None
         mask = (
             None
             if plain_causal and not want_weights

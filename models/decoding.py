@@ -7,13 +7,161 @@ Both work with any model that has ``encode(src, src_key_padding_mask) -> memory`
 runs one token per step on its cache of keys and values, so a step costs one position, not a re-run
 of the whole prefix. ``max_len`` counts generated tokens, EOS included; the last step is forced to
 EOS, so every hypothesis ends with EOS. Outputs exclude BOS and are padded with PAD after EOS.
+
+``cache`` chooses how the keys and values are kept:
+    "dynamic"  a `KVCache` that grows by a step each call; beam search drops finished sentences from the
+               batch. Each step launches every kernel of the decoder from the host: on a GPU, at these sizes,
+               the launches take longer than the kernels (beam 5 with the cache is no faster than without).
+    "static"   a `StaticKVCache` of ``max_len`` positions per layer; every sentence stays in the batch to the
+               end (finished ones are computed and ignored), so each step has the same shapes and addresses,
+               and on CUDA `DecodingStep` replays the decoder as one CUDA graph (captured at the second step of
+               each call). Same tokens as "dynamic" (tested on the CPU, where no graph is used).
+The static path needs ``model.decode_inputs(tgt, start_pos) -> (x, positions)`` and
+``model.decode_embedded(x, memory, memory_key_padding_mask, None, cache, positions)``, and
+``init_cache(max_len)`` (see `models.text.Seq2SeqTransformer`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from models.position import Rotation
+
+CacheKind = Literal["dynamic", "static"]
+CACHE_KINDS = ("dynamic", "static")
+
+
+def check_cache_kind(cache: str) -> None:
+    if cache not in CACHE_KINDS:
+        raise ValueError(f"cache={cache!r} is not known; choose one of {', '.join(CACHE_KINDS)}")
+
+
+def _static_positions(positions: dict, max_len: int) -> dict:
+    """A step's positions with fixed shapes: a position bias over the filled keys (H, T, t + 1) padded to
+    the cache's ``max_len`` keys (the padding is blocked by the cache's mask)."""
+    if "position_bias" not in positions:
+        return positions
+    bias = positions["position_bias"]
+    return {**positions, "position_bias": F.pad(bias, (0, max_len - bias.size(-1)))}
+
+
+def _copy_positions(dst: dict, src: dict) -> None:
+    for key, value in src.items():
+        if isinstance(value, Rotation):
+            dst[key].cos.copy_(value.cos)
+            dst[key].sin.copy_(value.sin)
+        else:
+            dst[key].copy_(value)
+
+
+def _clone_positions(positions: dict) -> dict:
+    return {
+        key: Rotation(v.cos.clone(), v.sin.clone(), v.interleaved) if isinstance(v, Rotation) else v.clone()
+        for key, v in positions.items()
+    }
+
+
+class DecodingStep:
+    """One decoding step on a cache: (tokens (N, T), position t) -> logits (N, T, V).
+
+    ``cache``: the caches ``body`` writes (one per layer); ``max_len``: their length when static (None: they
+    grow, and no graph is possible). ``inputs(tokens, t) -> (x, positions)`` holds what depends on the host's
+    position (embeddings, RoPE angles, a position bias), run eagerly; ``body(x, positions) -> logits`` the rest
+    (the stacks on their `StaticKVCache`, the output projection). With ``graph`` (CUDA), the second call runs
+    ``body`` on a side stream (the warm-up torch.cuda.graphs asks for, and a real step) and captures it as a
+    CUDA graph; later calls of the same shapes copy their inputs into the graph's buffers and replay it: one
+    launch for the whole decoder. The first call (a prompt, the cross-attention's keys) always runs eagerly. `reorder` (beam
+    search) takes effect at the next call, inside the graph when that call replays one. Autocast's cast cache
+    is off inside the graph, so that the graph owns its casts of the weights.
+    """
+
+    def __init__(
+        self,
+        inputs: Callable[[Tensor, int], tuple[Tensor, dict]],
+        body: Callable[[Tensor, dict], Tensor],
+        cache: list,
+        max_len: int | None,
+        graph: bool,
+    ):
+        self.inputs, self.body, self.cache, self.max_len, self.use_graph = inputs, body, cache, max_len, graph
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.x: Tensor | None = None
+        self.positions: dict = {}
+        self.logits: Tensor | None = None
+        self.pending: Tensor | None = None  # rows to keep, in order, before the next step (dim 0 of the cache)
+        self.index: Tensor | None = None  # the graph's copy of it, when the graph reorders
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep cache rows ``index`` (every row, in a new order) from the next step on."""
+        self.pending = index
+
+    def _reorder(self, index: Tensor) -> None:
+        for layer in self.cache:
+            layer.reorder(index, static_index=None)
+
+    def _run(self, x: Tensor, positions: dict) -> Tensor:
+        if self.index is not None:
+            self._reorder(self.index)
+        return self.body(x, positions)
+
+    def __call__(self, tokens: Tensor, t: int) -> Tensor:
+        x, positions = self.inputs(tokens, t)
+        if self.max_len is not None:
+            positions = _static_positions(positions, self.max_len)
+        self.calls += 1
+        pending, self.pending = self.pending, None
+        if self.graph is not None and x.shape == self.x.shape:
+            if self.index is not None:  # a graph that reorders first: by the pending rows, or all in place
+                self.index.copy_(torch.arange(self.index.numel(), device=x.device) if pending is None else pending)
+            elif pending is not None:
+                self._reorder(pending)
+            self.x.copy_(x)
+            _copy_positions(self.positions, positions)
+            self.graph.replay()
+            return self.logits
+        if not self.use_graph or self.calls == 1 or self.graph is not None:
+            if pending is not None:
+                self._reorder(pending)
+            return self.body(x, positions)
+        return self._capture(x, positions, pending)
+
+    def _capture(self, x: Tensor, positions: dict, pending: Tensor | None) -> Tensor:
+        self.x, self.positions = x.clone(), _clone_positions(positions)
+        self.index = None if pending is None else pending.clone()
+        autocast = (
+            torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+            if torch.is_autocast_enabled("cuda")
+            else nullcontext()
+        )
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), autocast:
+            logits = self._run(self.x, self.positions)  # this step, and the warm-up
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # recorded, not run: the cache does not advance; thread_local: other threads (a loader pinning memory)
+        # may use CUDA meanwhile
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), autocast:
+            self.logits = self._run(self.x, self.positions)
+        return logits
+
+
+def seq2seq_step(model: nn.Module, memory: Tensor, memory_key_padding_mask: Tensor, max_len: int) -> DecodingStep:
+    """A `DecodingStep` of an encoder-decoder on a new static cache: (tokens (N, 1), t) -> logits (N, V).
+    ``memory`` (B, S, D) holds one row per sentence (N a multiple of B: beams attend to it together)."""
+    cache = model.init_cache(max_len)
+
+    def body(x: Tensor, positions: dict) -> Tensor:
+        return model.decode_embedded(x, memory, memory_key_padding_mask, None, cache, positions)[:, -1]
+
+    return DecodingStep(model.decode_inputs, body, cache, max_len, graph=memory.is_cuda)
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -49,24 +197,38 @@ def _top_log_probs(logits: Tensor, n: int, eos_id: int, force_eos: bool, banned:
 
 @torch.no_grad()
 def greedy_decode(
-    model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, pad_id: int, max_len: int, use_cache: bool = True
+    model: nn.Module,
+    src: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_len: int,
+    use_cache: bool = True,
+    cache: CacheKind = "dynamic",
 ) -> tuple[Tensor, Tensor]:
     """Pick the most likely token at each step.
 
     src (B, S) -> (tokens (B, L) with L <= max_len, log-probability of each sequence (B,)).
-    ``use_cache=False`` re-runs the decoder on the whole prefix at every step (the reference).
+    ``use_cache=False`` re-runs the decoder on the whole prefix at every step (the reference);
+    ``cache``: "dynamic" or "static" (module docstring).
     """
+    check_cache_kind(cache)
     src_mask = src.eq(pad_id)
     memory = model.encode(src, src_mask)  # (B, S, D)
     batch = src.size(0)
     ys = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     scores = torch.zeros(batch, device=src.device)
-    cache = model.init_cache() if use_cache else None
+    static = use_cache and cache == "static"
+    step = seq2seq_step(model, memory, src_mask, max_len) if static else None
+    layers = model.init_cache() if use_cache and not static else None
     banned = torch.tensor([pad_id, bos_id], device=src.device)  # never generated
     for t in range(max_len):
-        if use_cache:
-            logits = model.decode(ys[:, -1:], memory, src_mask, cache=cache, start_pos=t)[:, -1]  # (B, V)
+        if static:
+            logits = step(ys[:, -1:], t)  # (B, V)
+        elif use_cache:
+            logits = model.decode(ys[:, -1:], memory, src_mask, cache=layers, start_pos=t)[:, -1]  # (B, V)
         else:
             logits = model.decode(ys, memory, src_mask)[:, -1]
         logp, next_token = _top_log_probs(logits, 1, eos_id, t == max_len - 1, banned)  # (B, 1) each
@@ -90,6 +252,7 @@ def beam_search(
     max_len: int,
     beam_size: int = 4,
     alpha: float = 0.6,
+    cache: CacheKind = "dynamic",
 ) -> tuple[Tensor, Tensor]:
     """Keep the ``beam_size`` best prefixes of every sentence, all sentences in one batch.
 
@@ -101,14 +264,21 @@ def beam_search(
     cross-attention keys/values are held once per sentence, not once per beam (`MultiHeadAttention`
     lets the k beam rows of a sentence attend to its one memory row).
 
+    ``cache="static"`` keeps done sentences in the model's batch (static shapes, module docstring): each step
+    decodes every sentence's k rows and the search reads the open ones; the cache is reordered in place.
+
     src (B, S) -> (best hypothesis per sentence (B, L), its normalised score (B,)).
     With ``beam_size=1`` this is `greedy_decode`.
     """
+    check_cache_kind(cache)
     k = beam_size
     src_mask = src.eq(pad_id)
     memory = model.encode(src, src_mask)  # (B, S, D): one row per sentence, which its k beams attend to together
     batch, device = src.size(0), src.device
-    cache = model.init_cache()
+    static = cache == "static"
+    step = seq2seq_step(model, memory, src_mask, max_len) if static else None
+    layers = None if static else model.init_cache()
+    beam_offsets = torch.arange(k, device=device)
     banned = torch.tensor([pad_id, bos_id], device=device)  # never generated
     alive = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # live prefixes, BOS first
     scores = torch.full((batch, k), float("-inf"), device=device)
@@ -119,7 +289,17 @@ def beam_search(
     first_k = torch.arange(2 * k, device=device) < k
     for t in range(max_len):
         n = active.numel()
-        logits = model.decode(alive[:, -1:], memory, src_mask, cache=cache, start_pos=t)[:, -1]  # (n·k, V)
+        if static:  # every sentence's rows go through the step; the open ones' rows are read
+            live = (active[:, None] * k + beam_offsets).view(-1)  # (n·k,) their rows in the full batch
+            last = (
+                alive[:, -1:]
+                if n == batch
+                else alive.new_full((batch * k, 1), eos_id).index_copy_(0, live, alive[:, -1:])
+            )
+            logits = step(last, t)  # (B·k, V)
+            logits = logits if n == batch else logits.index_select(0, live)  # (n·k, V)
+        else:
+            logits = model.decode(alive[:, -1:], memory, src_mask, cache=layers, start_pos=t)[:, -1]  # (n·k, V)
         # a sentence's 2k best candidates are among its beams' 2k best tokens each: rank those alone
         logp, tokens = _top_log_probs(logits, 2 * k, eos_id, t == max_len - 1, banned)  # (n·k, 2k)
         candidates = (scores.unsqueeze(-1) + logp.view(n, k, 2 * k)).view(n, 2 * k * k)
@@ -150,16 +330,25 @@ def beam_search(
         n_open = int(open_.sum())  # the step's one wait for the device
         if n_open == 0:
             break
-        if n_open == n:  # follow the chosen prefixes; cross-attention keys are one per sentence
-            for layer in cache:
+        if static:  # follow the chosen prefixes in place; done sentences' rows stay where they are
+            index = (
+                next_rows
+                if n == batch
+                else torch.arange(batch * k, device=device).index_copy_(0, live, live[next_rows])
+            )
+            step.reorder(index)
+        elif n_open == n:  # follow the chosen prefixes; cross-attention keys are one per sentence
+            for layer in layers:
                 layer.reorder(next_rows, static_index=None)
+        if n_open == n:
             continue
         still = open_.nonzero().squeeze(1)
-        rows_kept = (still[:, None] * k + torch.arange(k, device=device)).view(-1)  # rows of open sentences
+        rows_kept = (still[:, None] * k + beam_offsets).view(-1)  # rows of open sentences
         alive, scores, active = alive[rows_kept], scores[still], active[still]
-        memory, src_mask = memory[still], src_mask[still]
-        for layer in cache:  # and drop done sentences
-            layer.reorder(next_rows[rows_kept], static_index=still)
+        if not static:  # and drop done sentences
+            memory, src_mask = memory[still], src_mask[still]
+            for layer in layers:
+                layer.reorder(next_rows[rows_kept], static_index=still)
 
     tokens = done_tokens[:, 0]  # (B, max_len), best first
     length = int(tokens.ne(pad_id).sum(1).max())

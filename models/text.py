@@ -25,7 +25,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from models.attention import KVCache, QKNorm, Similarity
+from models.attention import KVCache, QKNorm, Similarity, StaticKVCache
+from models.decoding import CacheKind, DecodingStep, check_cache_kind
 from models.position import (
     ALiBi,
     LearnedPositionalEncoding,
@@ -246,8 +247,12 @@ class Seq2SeqTransformer(nn.Module):
             "relative_attention_bias.weight",
         }
 
-    def init_cache(self) -> list[DecoderLayerCache]:
-        return [DecoderLayerCache() for _ in self.decoder.layers]
+    def init_cache(self, max_len: int | None = None) -> list[DecoderLayerCache]:
+        """One cache per decoder layer; with ``max_len`` the self-attention's is a `StaticKVCache` of that many
+        positions (static shapes: `models.decoding` can replay a step as a CUDA graph)."""
+        if max_len is None:
+            return [DecoderLayerCache() for _ in self.decoder.layers]
+        return [DecoderLayerCache(self_attn=StaticKVCache(max_len)) for _ in self.decoder.layers]
 
     def _embed(self, embed: TokenEmbedding, tokens: Tensor, start_pos: int = 0) -> Tensor:
         x = embed(tokens)
@@ -277,7 +282,24 @@ class Seq2SeqTransformer(nn.Module):
         With ``cache``, ``tgt`` holds only the new tokens, at positions ``start_pos`` onwards, and
         attends to the cached prefix; the causal mask is aligned to the end of the keys.
         """
-        x = self._embed(self.tgt_embed, tgt, start_pos)
+        x, positions = self.decode_inputs(tgt, start_pos)
+        return self.decode_embedded(x, memory, memory_key_padding_mask, tgt_key_padding_mask, cache, positions)
+
+    def decode_inputs(self, tgt: Tensor, start_pos: int = 0) -> tuple[Tensor, dict]:
+        """What depends on the position (a host int): tgt (B, T) -> its embedding (B, T, D) and the
+        self-attention's positions (`SelfAttentionPositions`). A CUDA graph of a step reads both from buffers."""
+        return self._embed(self.tgt_embed, tgt, start_pos), self.decoder_positions(tgt.size(1), start_pos)
+
+    def decode_embedded(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None,
+        tgt_key_padding_mask: Tensor | None = None,
+        cache: list[DecoderLayerCache] | None = None,
+        positions: dict | None = None,
+    ) -> Tensor:
+        """The rest of `decode`: x (B, T, D) and positions from `decode_inputs` -> logits (B, T, V)."""
         h = self.decoder(
             x,
             memory,
@@ -285,7 +307,7 @@ class Seq2SeqTransformer(nn.Module):
             memory_key_padding_mask=memory_key_padding_mask,
             tgt_is_causal=True,
             cache=cache,
-            **self.decoder_positions(tgt.size(1), start_pos),
+            **(positions or {}),
         )  # (B, T, D)
         return self.generator(h)
 
@@ -402,16 +424,38 @@ class DecoderOnlyLM(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"tok_embed.embedding.weight", "pos.weight", "relative_attention_bias.weight"}
 
-    def init_cache(self) -> list[KVCache]:
-        return [KVCache() for _ in self.blocks.layers]
+    def init_cache(self, max_len: int | None = None) -> list[KVCache] | list[StaticKVCache]:
+        """One cache per block; with ``max_len`` a `StaticKVCache` of that many positions (static shapes)."""
+        return [KVCache() if max_len is None else StaticKVCache(max_len) for _ in self.blocks.layers]
 
-    def forward(self, tokens: Tensor, cache: list[KVCache] | None = None, start_pos: int = 0) -> Tensor:
+    def forward(
+        self, tokens: Tensor, cache: list[KVCache] | list[StaticKVCache] | None = None, start_pos: int = 0
+    ) -> Tensor:
         """tokens (B, T) at positions ``start_pos``.. -> logits (B, T, V); with ``cache``, earlier tokens are cached."""
+        return self.forward_embedded(*self.inputs(tokens, start_pos), cache=cache)
+
+    def inputs(self, tokens: Tensor, start_pos: int = 0) -> tuple[Tensor, dict]:
+        """What depends on the position (a host int): tokens (B, T) -> their embedding (B, T, D) and the
+        self-attention's positions (`SelfAttentionPositions`). A CUDA graph of a step reads both from buffers."""
         x = self.tok_embed(tokens)  # (B, T, D)
         x = self.dropout(x if self.pos is None else x + self.pos(tokens.size(1), start_pos))
-        return self.lm_head(
-            self.blocks(x, is_causal=True, cache=cache, **self.attn_positions(tokens.size(1), start_pos))
-        )
+        return x, self.attn_positions(tokens.size(1), start_pos)
+
+    def forward_embedded(
+        self, x: Tensor, positions: dict, cache: list[KVCache] | list[StaticKVCache] | None = None
+    ) -> Tensor:
+        """The rest of `forward`: x (B, T, D) and positions from `inputs` -> logits (B, T, V)."""
+        return self.lm_head(self.blocks(x, is_causal=True, cache=cache, **positions))
+
+    def _step(self, kind: CacheKind, window: int, cuda: bool) -> DecodingStep:
+        """A new cache and the step that decodes on it: (tokens (B, T), start_pos) -> logits (B, T, V)."""
+        max_len = window if kind == "static" else None
+        layers = self.init_cache(max_len)
+
+        def body(x: Tensor, positions: dict) -> Tensor:
+            return self.forward_embedded(x, positions, layers)
+
+        return DecodingStep(self.inputs, body, layers, max_len, graph=cuda and max_len is not None)
 
     @torch.no_grad()
     def generate(
@@ -422,23 +466,29 @@ class DecoderOnlyLM(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        cache: CacheKind = "dynamic",
     ) -> Tensor:
         """Continue ``prompt`` (B, T0) by ``max_new_tokens`` sampled tokens -> (B, T0 + max_new_tokens).
 
         ``temperature`` 0 picks the most likely token (greedy); ``top_k`` samples among the k most
         likely. Each new token costs one cached step; once the context exceeds ``max_positions`` the window
         slides and is re-encoded, since absolute positions cannot shift inside a cache. ``use_cache=False``
-        re-runs the whole window at every step (the reference the cache is tested against).
+        re-runs the whole window at every step (the reference the cache is tested against). ``cache``:
+        "dynamic" or "static" (a `StaticKVCache` as long as the window, each step a CUDA graph on CUDA: see
+        `models.decoding`).
         """
         if prompt.size(1) == 0:
             raise ValueError("generate needs a prompt of at least one token")
-        tokens, cache = prompt, None
+        check_cache_kind(cache)
+        tokens, step = prompt, None
+        window = min(self.max_positions, prompt.size(1) + max_new_tokens)
         for _ in range(max_new_tokens):
-            if use_cache and cache is not None and tokens.size(1) <= self.max_positions:
-                logits = self(tokens[:, -1:], cache=cache, start_pos=tokens.size(1) - 1)[:, -1]  # (B, V)
+            if use_cache and step is not None and tokens.size(1) <= self.max_positions:
+                logits = step(tokens[:, -1:], tokens.size(1) - 1)[:, -1]  # (B, V)
             else:
-                cache = self.init_cache() if use_cache else None
-                logits = self(tokens[:, -self.max_positions :], cache=cache)[:, -1]
+                step = self._step(cache, window, prompt.is_cuda) if use_cache else None
+                context = tokens[:, -self.max_positions :]
+                logits = (self(context) if step is None else step(context, 0))[:, -1]
             if temperature == 0:
                 next_token = logits.argmax(-1, keepdim=True)  # (B, 1)
             else:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import Tensor, nn
 
-from models.attention import KVCache, MultiHeadAttention, QKNorm, Similarity
+from models.attention import KVCache, MultiHeadAttention, QKNorm, Similarity, StaticKVCache
 from models.position import Rotation
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
@@ -55,7 +55,7 @@ class DecoderLayerCache:
     """A decoder layer's keys and values between decoding steps: its self-attention's, which grow by a
     step each call, and its cross-attention's, computed once from the memory."""
 
-    self_attn: KVCache = field(default_factory=KVCache)
+    self_attn: KVCache | StaticKVCache = field(default_factory=KVCache)
     cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
 
     def reorder(self, index: Tensor, static_index: Tensor | None) -> None:

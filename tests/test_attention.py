@@ -5,9 +5,10 @@ import math
 
 import pytest
 import torch
+from test_padding_free import cpu_varlen_attn
 from torch import nn
 
-from models import attention
+from models import attention, padding_free
 from models.attention import SIMILARITIES, KVCache, MultiHeadAttention, capture_attention, subsequent_mask
 from models.position import ALiBi, RotaryEmbedding, T5RelativePositionBias
 
@@ -306,7 +307,7 @@ def _with_option(option, similarity="scaled_dot"):
             nn.init.normal_(p, mean=0.5 if p.shape == (D // H,) else 0.0, std=0.3)
     kw = {}
     if "rope" in option:
-        kw["rope"] = RotaryEmbedding(D // H, max_len=32)(LQ, start=3)
+        kw["rope"] = RotaryEmbedding(D // H)(LQ, start=3)
     if "alibi" in option:
         kw["position_bias"] = ALiBi(H)(LQ, LQ)
     if "t5" in option:
@@ -330,6 +331,32 @@ def test_options_fast_path_equals_reference_path_with_gradients(option, kind):
         out = mha(x, need_weights=need_weights, **kw)[0]
         wrt = [x, *params] + ([bias] if bias is not None else [])
         results.append((out, *torch.autograd.grad(out.pow(2).sum(), wrt, allow_unused=True)))
+    for fast, ref in zip(*results):
+        if ref is None:
+            assert fast is None
+        else:
+            torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("option,kind", list(itertools.product(OPTIONS, ["padding", "padding+causal"])))
+@pytest.mark.parametrize("kernel", padding_free.KERNELS)
+def test_options_padding_free_path_equals_reference_path_at_valid_rows(option, kind, kernel, monkeypatch):
+    """The padding-free path forced on the CPU (tests/test_padding_free.py: "varlen" runs its stand-in for
+    varlen_attn): outputs at the valid rows and gradients of a loss over them; with a position bias (ALiBi,
+    T5) the layer keeps the masked path, which must agree as well."""
+    monkeypatch.setattr(padding_free, "varlen_attn", cpu_varlen_attn)
+    monkeypatch.setitem(attention.PADDING_FREE, "cpu", (kernel,))
+    mha, kw = _with_option(option)
+    kw.update(_masks(kind, LQ, LQ))
+    valid = ~kw["key_padding_mask"]
+    x = torch.randn(B, LQ, D, requires_grad=True)
+    params = list(mha.parameters())
+    results = []
+    for need_weights in (False, True):
+        out = mha(x, need_weights=need_weights, **kw)[0]
+        loss = (out * valid[..., None]).pow(2).sum()
+        results.append((out[valid], *torch.autograd.grad(loss, [x, *params], allow_unused=True)))
     for fast, ref in zip(*results):
         if ref is None:
             assert fast is None
@@ -366,7 +393,7 @@ def test_qk_norm_bounds_the_largest_logit_that_capture_records():
 
 def test_rope_cached_decoding_equals_the_full_causal_pass():
     mha, _ = _with_option("rope+qk_layernorm")
-    rope = RotaryEmbedding(D // H, max_len=16)
+    rope = RotaryEmbedding(D // H)
     x = torch.randn(B, 7, D)
     full = mha(x, is_causal=True, rope=rope(7))[0]
     cache = KVCache()
@@ -465,7 +492,7 @@ def test_grouped_query_cross_attention_and_a_shared_memory_equal_multi_head():
 
 def test_grouped_query_cache_holds_the_kv_heads_and_decodes_like_the_full_pass():
     grouped, _ = _grouped_pair()
-    rope = RotaryEmbedding(D // H, max_len=16)
+    rope = RotaryEmbedding(D // H)
     x = torch.randn(B, 7, D)
     full = grouped(x, is_causal=True, rope=rope(7))[0]
     cache = KVCache()

@@ -120,11 +120,6 @@ def test_load_checked_names_the_source_and_every_kind_of_misfit_in_one_line():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="huggingface_hub reads HF_HUB_OFFLINE at its import, which `pytorch_lightning` (torchmetrics -> transformers) "
-    "does before experiments.cli.main sets it: main must set huggingface_hub.constants.HF_HUB_OFFLINE too",
-)
 def test_attnlab_keeps_the_hub_offline_when_the_user_does_not_set_hf_hub_offline(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env |= {"HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9", "PYTHONPATH": str(ROOT)}

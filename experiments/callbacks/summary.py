@@ -19,6 +19,7 @@ from experiments import stats as summary_stats
 from experiments.callbacks.attention_figure import plot_attention_maps
 from experiments.callbacks.base import batch_size, shadowed
 from experiments.callbacks.monitors import GradientNorm, Throughput
+from experiments.runfolder import read_json, write_json
 from models.attention import capture_attention
 from models.distributed import full_weights
 
@@ -52,7 +53,7 @@ class RunSummary(Callback):
         self._inputs = summary_stats.FirstCall(self._model) if isinstance(self._model, torch.nn.Module) else None
         self._start, self._init_stats = time.perf_counter(), None
         self._summary = {"status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        self._previous, self._resumed = _read_json(self.path), None  # a resumed run's folder already has one
+        self._previous, self._resumed = read_json(self.path), None  # a resumed run's folder already has one
         if trainer.is_global_zero:
             self._summary.update(self._describe(trainer, pl_module))
             self._write()
@@ -213,17 +214,7 @@ class RunSummary(Callback):
                 logger.log_image(key="val/attention", images=[str(path)], step=trainer.global_step)
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._summary, indent=1))
-        tmp.replace(self.path)
-
-
-def _read_json(path: Path | None) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text()) if path is not None and path.exists() else {}
-    except (OSError, ValueError):
-        return {}
+        write_json(self.path, self._summary)
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
