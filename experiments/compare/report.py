@@ -21,6 +21,12 @@ difference, its 95% t-interval and the p-value of a paired t-test, scipy.stats.t
 of a cell is the same cell with one setting at its first grid value (outside a sweep: the value in the
 first cell), or the value ``--baseline KEY=VALUE`` names. A plot shows every seed's value and the
 intervals.
+
+"Against the swept numbers": when a sweep's grid key takes three or more numbers (a learning rate), each group's
+final val/loss (and ``train/max_attn_logit``, when logged) is plotted against it, one line per setting of the other
+keys, the mean over the seeds with its 95% interval as a band; for a learning rate, with a log axis and each line's
+learning-rate sensitivity (Wortsman et al. 2023). Metrics logged at several points (``val/loss@2x``,
+``val/acc@42px``) are plotted against the number after ``@`` the same way.
 """
 
 from __future__ import annotations
