@@ -211,8 +211,12 @@ def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: P
             )
     if log_x:
         ax.set_xscale("log")
+    ticks = sorted({x for line in series for x in line["points"]})
+    ax.set_xticks(ticks, [f"{x:g}" for x in ticks])  # the swept values themselves
+    ax.minorticks_off()
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"{ylabel} (mean, 95% CI over seeds)")
+    ax.set_ylabel(ylabel)
+    ax.set_title("mean over the seeds; band: 95% t-interval", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
