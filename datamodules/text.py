@@ -383,6 +383,8 @@ class TextCorpusDataModule(_TokenizedDataModule):
         tokenizer_dir: load ``tokenizer.json`` saved by an earlier fit instead of training; with
             ``tokenizer: pretrained``, the pretrained model's folder (or hub name).
         block_size: tokens of context per sample. val_fraction: the last part of the text, held out.
+        val_block_size: tokens per validation (and test) window; None: ``block_size``. Longer windows let
+            ``model.eval_context`` score the model beyond its training context (`models.text_module`).
         prompt, predict_file: what `attnlab predict` completes (one prompt, or a file with one per line).
     Linked to the model: ``vocab_size`` (the trained vocabulary's size). The corpus has no test
     split: `attnlab test` evaluates the validation part.
@@ -401,6 +403,7 @@ class TextCorpusDataModule(_TokenizedDataModule):
         min_frequency: int = 2,
         tokenizer_dir: str | None = None,
         block_size: int = 256,
+        val_block_size: int | None = None,
         val_fraction: float = 0.1,
         batch_size: int = 64,
         prompt: str | None = None,
@@ -412,6 +415,8 @@ class TextCorpusDataModule(_TokenizedDataModule):
         super().__init__()
         if block_size < 1:
             raise ValueError(f"data.block_size={block_size} must be >= 1")
+        if val_block_size is not None and val_block_size < 1:
+            raise ValueError(f"data.val_block_size={val_block_size} must be >= 1")
         if not 0 < val_fraction < 1:
             raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 1)")
         if prompt is not None and not prompt:
@@ -466,13 +471,17 @@ class TextCorpusDataModule(_TokenizedDataModule):
             return
         ids = torch.tensor(self.tokenizer.encode(self.text, add_special_tokens=False).ids, dtype=torch.long)  # (N,)
         n_train = int(len(ids) * (1 - hp.val_fraction))
-        for name, part in (("training", ids[:n_train]), ("validation", ids[n_train:])):
-            if len(part) < hp.block_size + 1:
+        val_block = hp.val_block_size or hp.block_size
+        for name, part, key, size in (
+            ("training", ids[:n_train], "block_size", hp.block_size),
+            ("validation", ids[n_train:], "val_block_size" if hp.val_block_size else "block_size", val_block),
+        ):
+            if len(part) < size + 1:
                 raise ValueError(
-                    f"data.path: the {name} part of {self.path} has {len(part)} tokens, fewer than data.block_size + 1 = {hp.block_size + 1}"
+                    f"data.path: the {name} part of {self.path} has {len(part)} tokens, fewer than data.{key} + 1 = {size + 1}"
                 )
         self.train_set = BlockDataset(ids[:n_train], hp.block_size, random_offset=True)
-        self.val_set = BlockDataset(ids[n_train:], hp.block_size, random_offset=False)
+        self.val_set = BlockDataset(ids[n_train:], val_block, random_offset=False)
         rank_zero_info(
             f"{self.path}: {len(ids)} tokens, vocabulary {self.vocab_size}, {len(self.train_set)} training blocks of {hp.block_size}"
         )

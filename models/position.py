@@ -34,39 +34,56 @@ def sinusoidal_encoding(length: int, dim: int, base: float = 10000.0) -> Tensor:
     return pe.float()
 
 
-def _check_range(length: int, start: int, max_len: int) -> None:
-    # on the host, from Python ints: a check of a positions tensor would wait for the GPU at every call
-    if start + length > max_len:
-        raise ValueError(
-            f"position {start + length - 1} exceeds max_positions={max_len} (positions 0..{max_len - 1}); "
-            f"raise model.max_positions"
-        )
-
-
 class SinusoidalPositionalEncoding(nn.Module):
-    """Fixed sinusoidal encoding: (length, start) -> positions start..start + length - 1, (length, dim)."""
+    """Fixed sinusoidal encoding: (length, start) -> positions start..start + length - 1, (length, dim).
 
-    def __init__(self, dim: int, max_len: int = 1024, base: float = 10000.0):
+    Defined for every position: a table of ``max_len`` is kept, positions beyond it are computed when asked
+    for (a model trained short and evaluated long, Press et al. 2022). ``concat``: all sines first, then all
+    cosines (tensor2tensor, Marian), instead of interleaved.
+    """
+
+    def __init__(self, dim: int, max_len: int = 1024, base: float = 10000.0, concat: bool = False):
         super().__init__()
-        self.max_len = max_len
-        self.register_buffer("pe", sinusoidal_encoding(max_len, dim, base), persistent=False)
+        self.dim, self.base, self.concat = dim, base, concat
+        self.register_buffer("pe", self._table(max_len), persistent=False)
+
+    def _table(self, length: int) -> Tensor:
+        pe = sinusoidal_encoding(length, self.dim, self.base)  # (length, dim)
+        return torch.cat([pe[:, 0::2], pe[:, 1::2]], dim=1) if self.concat else pe
 
     def forward(self, length: int, start: int = 0) -> Tensor:
-        _check_range(length, start, self.max_len)
+        if start + length > len(self.pe):
+            return self._table(start + length)[start:].to(self.pe.device)
         return self.pe[start : start + length]
 
 
 class LearnedPositionalEncoding(nn.Module):
-    """One learned vector per position (GPT, ViT): (length, start) -> positions start..start + length - 1, (length, dim)."""
+    """One learned vector per position (GPT, ViT): (length, start) -> positions start..start + length - 1, (length, dim).
 
-    def __init__(self, dim: int, max_len: int = 1024):
+    Positions beyond the ``max_len`` rows of the table are a ValueError, unless ``interpolate``: then the table
+    is resampled linearly to ``start + length`` rows (row p of the new table is the old one at p·(max_len - 1) /
+    (start + length - 1)), as a ViT's pos_embed is resampled to a larger patch grid: every position keeps its
+    relative place in the sequence, and neighbouring tokens sit closer together than in training.
+    """
+
+    def __init__(self, dim: int, max_len: int = 1024, interpolate: bool = False):
         super().__init__()
-        self.max_len = max_len
+        self.max_len, self.interpolate = max_len, interpolate
         self.weight = nn.Parameter(torch.empty(max_len, dim))
         nn.init.trunc_normal_(self.weight, std=0.02)
 
     def forward(self, length: int, start: int = 0) -> Tensor:
-        _check_range(length, start, self.max_len)
+        if self.interpolate and start + length > self.max_len:
+            table = nn.functional.interpolate(
+                self.weight.T[None], size=start + length, mode="linear", align_corners=True
+            )  # (1, dim, start + length)
+            return table[0, :, start:].T
+        if start + length > self.max_len:
+            raise ValueError(
+                f"position {start + length - 1} exceeds max_positions={self.max_len} (positions 0..{self.max_len - 1}) "
+                "of the learned positions; raise model.max_positions, or set model.resample_positions=true to "
+                "interpolate the table"
+            )
         return self.weight[start : start + length]
 
 
@@ -146,19 +163,17 @@ class RotaryEmbedding(nn.Module):
     inverse frequencies θ^(-2i/d), i < d/2, in float32, channels i and i + d/2 rotated together.
 
     (length, start) -> the `Rotation` of positions start..start + length - 1, cos/sin (length, d);
-    ``start`` is the KV cache's length when decoding step by step.
+    ``start`` is the KV cache's length when decoding step by step. Any position has its angles: no bound.
     """
 
-    def __init__(self, head_dim: int, max_len: int = 1024, theta: float = 10000.0):
+    def __init__(self, head_dim: int, theta: float = 10000.0):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
-        self.max_len = max_len
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)  # (d/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, length: int, start: int = 0) -> Rotation:
-        _check_range(length, start, self.max_len)
         pos = torch.arange(start, start + length, device=self.inv_freq.device).float()
         angles = pos[:, None] * self.inv_freq  # (L, d/2)
         angles = torch.cat((angles, angles), dim=-1)  # (L, d)

@@ -93,18 +93,17 @@ def check_heads(d_model: int, nhead: int) -> None:
         raise ValueError(f"model.nhead={nhead} does not divide model.d_model={d_model}; choose a divisor of {d_model}")
 
 
-def positional_encoding(kind: Positions, d_model: int, max_len: int) -> nn.Module | None:
-    """The encoding added to the token embeddings; None when positions act inside attention."""
+def positional_encoding(kind: Positions, d_model: int, max_len: int, interpolate: bool = False) -> nn.Module | None:
+    """The encoding added to the token embeddings; None when positions act inside attention. Sines are defined
+    for every position; a learned table ends at ``max_len``, unless ``interpolate`` (`LearnedPositionalEncoding`)."""
     if kind in IN_ATTENTION:
         return None
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_len)
     if kind == "sinusoidal_concat":  # the same waves, all sines first, then all cosines (tensor2tensor, Marian)
-        pos = SinusoidalPositionalEncoding(d_model, max_len)
-        pos.pe = torch.cat([pos.pe[:, 0::2], pos.pe[:, 1::2]], dim=1)
-        return pos
+        return SinusoidalPositionalEncoding(d_model, max_len, concat=True)
     if kind == "learned":
-        return LearnedPositionalEncoding(d_model, max_len)
+        return LearnedPositionalEncoding(d_model, max_len, interpolate)
     raise ValueError(f"model.positions={kind!r} is not known; choose one of {', '.join(POSITIONS)}")
 
 
@@ -116,7 +115,7 @@ class SelfAttentionPositions(nn.Module):
     {"position_bias": (H, length, start + length)}; {} for positions added to the embeddings.
     """
 
-    def __init__(self, kind: Positions, d_model: int, nhead: int, max_len: int, causal: bool, rope_theta: float):
+    def __init__(self, kind: Positions, d_model: int, nhead: int, causal: bool, rope_theta: float):
         super().__init__()
         self.rope = self.bias = None
         if kind == "rope":
@@ -124,7 +123,7 @@ class SelfAttentionPositions(nn.Module):
                 raise ValueError(
                     f"model.positions=rope needs an even head size, got model.d_model/model.nhead = {d_model // nhead}"
                 )
-            self.rope = RotaryEmbedding(d_model // nhead, max_len, rope_theta)
+            self.rope = RotaryEmbedding(d_model // nhead, rope_theta)
         elif kind == "alibi":
             self.bias = ALiBi(nhead)
         elif kind == "t5":
@@ -158,7 +157,10 @@ class Seq2SeqTransformer(nn.Module):
         similarity: attention similarity (see `models.attention`).
         positions: "sinusoidal" (the paper), "sinusoidal_concat" (sines, then cosines: Marian), "learned",
             "rope", "alibi" or "t5" (see the module docstring).
-        max_positions: longest sequence the positions cover.
+        max_positions: longest sequence the positions cover: the learned table's length (sines, RoPE, ALiBi and
+            T5 have no bound).
+        resample_positions: learned positions beyond ``max_positions`` interpolate the table (see
+            `models.position.LearnedPositionalEncoding`) instead of raising a ValueError.
         rope_theta: RoPE's frequency base θ (positions=rope).
         qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
@@ -193,6 +195,7 @@ class Seq2SeqTransformer(nn.Module):
         activation_dropout: float | None = None,
         rope_theta: float = 10000.0,
         qk_norm: QKNorm | None = None,
+        resample_positions: bool = False,
     ):
         super().__init__()
         check_heads(d_model, nhead)
@@ -206,9 +209,9 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_embed = (
             self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, d_model, pad_id, scale_embeddings)
         )
-        self.pos = positional_encoding(positions, d_model, max_positions)
-        self.encoder_positions = SelfAttentionPositions(positions, d_model, nhead, max_positions, False, rope_theta)
-        self.decoder_positions = SelfAttentionPositions(positions, d_model, nhead, max_positions, True, rope_theta)
+        self.pos = positional_encoding(positions, d_model, max_positions, resample_positions)
+        self.encoder_positions = SelfAttentionPositions(positions, d_model, nhead, False, rope_theta)
+        self.decoder_positions = SelfAttentionPositions(positions, d_model, nhead, True, rope_theta)
         self.dropout = nn.Dropout(dropout)
         layer = dict(
             dim_feedforward=dim_feedforward,
@@ -336,7 +339,10 @@ class DecoderOnlyLM(nn.Module):
         norm_first: pre-norm blocks with a final norm (GPT-2); post-norm when false.
         similarity: attention similarity (see `models.attention`).
         positions: "learned" (GPT), "sinusoidal", "sinusoidal_concat", "rope", "alibi" or "t5" (module docstring).
-        max_positions: the longest context (block size).
+        max_positions: the longest training context (block size): the learned table's length (sines, RoPE, ALiBi
+            and T5 have no bound; `generate` slides its window at this length).
+        resample_positions: learned positions beyond ``max_positions`` interpolate the table (see
+            `models.position.LearnedPositionalEncoding`) instead of raising a ValueError.
         rope_theta: RoPE's frequency base θ (positions=rope).
         qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
         tie_embeddings: the output projection is the token embedding matrix.
@@ -369,6 +375,7 @@ class DecoderOnlyLM(nn.Module):
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
         num_kv_heads: int | None = None,
+        resample_positions: bool = False,
     ):
         super().__init__()
         check_heads(d_model, nhead)
@@ -378,8 +385,8 @@ class DecoderOnlyLM(nn.Module):
             )
         self.max_positions = max_positions
         self.tok_embed = TokenEmbedding(vocab_size, d_model, scale=False)
-        self.pos = positional_encoding(positions, d_model, max_positions)
-        self.attn_positions = SelfAttentionPositions(positions, d_model, nhead, max_positions, True, rope_theta)
+        self.pos = positional_encoding(positions, d_model, max_positions, resample_positions)
+        self.attn_positions = SelfAttentionPositions(positions, d_model, nhead, True, rope_theta)
         self.dropout = nn.Dropout(dropout)
         self.blocks = TransformerEncoder(
             num_layers,

@@ -249,7 +249,12 @@ class LanguageModelModule(pl.LightningModule):
             or its hub name (resolved when online): its config.json sets the architecture (recorded in the
             hyper-parameters), its weights start the training, and the data must use its tokenizer.json
             (``data.tokenizer: pretrained``); see `models.hf_text`.
-    Logged: ``train/loss``, ``val/loss`` (nats per token), ``val/ppl``.
+        eval_context: evaluate at these multiples of the training context ``max_positions`` (train short, test
+            long: Press et al. 2022), e.g. [1, 2, 4]; it must hold 1. Each validation window (``data.val_block_size``
+            tokens, a multiple of every length) is cut into non-overlapping chunks of each length, so that every
+            length is scored on the same tokens. None: the windows as they come.
+    Logged: ``train/loss``, ``val/loss`` (nats per token), ``val/ppl``; with ``eval_context``, also
+    ``val/loss@2x``, ``val/ppl@2x`` ... per multiple (``val/loss`` is ``val/loss@1x``); ``test/`` alike.
     """
 
     def __init__(
@@ -266,11 +271,17 @@ class LanguageModelModule(pl.LightningModule):
         top_k: int | None = 200,
         cache: CacheKind = "dynamic",
         init_from: str | None = None,
+        eval_context: list[int] | None = None,
         **network,
     ):
         super().__init__()
         self.save_hyperparameters()
         check_cache(cache)
+        if eval_context is not None and (1 not in eval_context or min(eval_context) < 1):
+            raise ValueError(
+                f"model.eval_context={eval_context}: give positive multiples of the training context, 1 among them "
+                "(val/loss is measured at 1x)"
+            )
         if temperature < 0:
             raise ValueError(f"model.temperature={temperature} must be >= 0 (0: always the most likely token)")
         if init_from:
@@ -279,9 +290,20 @@ class LanguageModelModule(pl.LightningModule):
         else:
             self.model = DecoderOnlyLM(**network)
         self.val_nll = MeanMetric()
+        self.context_nll = nn.ModuleDict({f"{m}x": MeanMetric() for m in eval_context or ()})
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.model(tokens)
+
+    def _chunks(self, batch: dict, multiple: int) -> dict:
+        """Validation windows (B, W) -> non-overlapping chunks (B·W/L, L) of L = multiple·max_positions tokens."""
+        length, window = multiple * self.model.max_positions, batch["input"].size(1)
+        if window % length:
+            raise ValueError(
+                f"model.eval_context: validation windows of {window} tokens (data.val_block_size) do not split into "
+                f"chunks of {multiple} x model.max_positions = {length}; make data.val_block_size a multiple of {length}"
+            )
+        return {k: batch[k].reshape(-1, length) for k in ("input", "target")}
 
     def _loss(self, batch: dict) -> Tensor:
         logits = self(batch["input"])  # (B, T, V)
@@ -293,14 +315,22 @@ class LanguageModelModule(pl.LightningModule):
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self.val_nll.update(self._loss(batch), weight=batch["target"].numel())
+        if not self.context_nll:
+            self.val_nll.update(self._loss(batch), weight=batch["target"].numel())
+        for name, metric in self.context_nll.items():
+            metric.update(self._loss(self._chunks(batch, int(name[:-1]))), weight=batch["target"].numel())
 
     test_step = validation_step
 
     def _epoch_end(self, stage: str) -> None:
-        nll = self.val_nll.compute()
-        self.val_nll.reset()
-        self.log_dict({f"{stage}/loss": nll, f"{stage}/ppl": nll.exp()}, prog_bar=True)
+        metrics = {"": self.val_nll} if not self.context_nll else {f"@{k}": m for k, m in self.context_nll.items()}
+        for suffix, metric in metrics.items():
+            nll = metric.compute()
+            metric.reset()
+            if suffix in ("", "@1x"):
+                self.log_dict({f"{stage}/loss": nll, f"{stage}/ppl": nll.exp()}, prog_bar=True)
+            if suffix:
+                self.log_dict({f"{stage}/loss{suffix}": nll, f"{stage}/ppl{suffix}": nll.exp()})
 
     def on_validation_epoch_end(self) -> None:
         self._epoch_end("val")

@@ -31,7 +31,7 @@ from timm.models import adapt_input_conv, get_pretrained_cfg
 from torch import Tensor, nn
 
 from models.attention import QKNorm, Similarity
-from models.position import RelativePositionBias2D, RotaryEmbedding2D
+from models.position import PositionEmbeddingSine2D, RelativePositionBias2D, RotaryEmbedding2D
 from models.transformer import TransformerEncoder
 from models.weights import WEIGHT_SUFFIXES, load_checked, network_state, read_state, resolve
 
@@ -59,24 +59,28 @@ class PatchEmbed(nn.Module):
         super().__init__()
         widths = (in_chans, *stem_channels)
         self.stem = nn.Sequential(*(ConvNormAct(c_in, c_out, 3, stride=2) for c_in, c_out in zip(widths, widths[1:])))
-        feature_size = img_size
-        for _ in stem_channels:
-            feature_size = (feature_size + 1) // 2
-        if feature_size % patch_size:
-            where = f"the stem's {feature_size}x{feature_size} feature map" if stem_channels else "the image size"
-            raise ValueError(
-                f"model.patch_size={patch_size} does not divide {where} {feature_size}; choose a divisor of {feature_size}"
-            )
         self.img_size, self.patch_size = img_size, patch_size
-        self.grid_size = feature_size // patch_size
+        self.grid_size = self.patch_grid(img_size, img_size)[0]
         self.num_patches = self.grid_size**2
         self.proj = nn.Conv2d(widths[-1], embed_dim, kernel_size=patch_size, stride=patch_size)
 
+    def patch_grid(self, height: int, width: int) -> tuple[int, int]:
+        """The patch grid (rows, columns) of images of ``height`` x ``width``; a ValueError when the patch size
+        does not divide the side (of the stem's feature map)."""
+        sides = [height, width]
+        for _ in self.stem:
+            sides = [(side + 1) // 2 for side in sides]
+        for side in sides:
+            if side % self.patch_size:
+                where = f"the stem's {sides[0]}x{sides[1]} feature map" if len(self.stem) else "the image size"
+                raise ValueError(
+                    f"model.patch_size={self.patch_size} does not divide {where} {side}; choose a divisor of {side}"
+                )
+        return sides[0] // self.patch_size, sides[1] // self.patch_size
+
     def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-2:] != (self.img_size, self.img_size):
-            raise ValueError(
-                f"input images are {tuple(x.shape[-2:])}, the model expects {self.img_size}x{self.img_size}"
-            )
+        """Images (B, C, H, W) of any size the patches tile (`patch_grid`) -> tokens (B, N, D), rows first."""
+        self.patch_grid(*x.shape[-2:])
         return self.proj(self.stem(x)).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
@@ -106,17 +110,20 @@ class VisionTransformer(nn.Module):
         similarity: attention similarity of the shared core (see `models.attention`).
         stem_channels: widths of a convolutional stem before the patch projection (see `PatchEmbed`);
             ``patch_size`` then applies to the stem's feature map. Empty: the plain ViT.
-        positions: "learned" (ViT: ``pos_embed`` added to the tokens), or inside attention, without
+        positions: "learned" (ViT: ``pos_embed`` added to the tokens), "sincos2d" (fixed 2D sine-cosine added to
+            the patch tokens, MAE's: half of the channels encode the row, half the column), or inside attention, without
             ``pos_embed`` (the class token unrotated / with its own bias entries): "rope_axial" or
             "rope_mixed" (2D RoPE, Heo et al. 2024, timm's RoPE ViTs), "relpos" (a Swin/BEiT relative
             position table per layer). See `models.position`.
         rope_theta: the 2D RoPE frequency base; None: the RoPE ViTs' (100 axial, 10 mixed).
         qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
-    Shapes: images (B, C, H, W) -> logits (B, num_classes).
+    Shapes: images (B, C, H, W) -> logits (B, num_classes). Images of another size than ``img_size`` (trained
+    small, evaluated large) give another patch grid: learned positions are resampled to it (bicubic, timm's
+    ``resample_abs_pos_embed``), sine-cosine and RoPE positions are computed for it; "relpos" tables are refused.
     """
 
     num_prefix_tokens = 1  # the class token
-    POSITIONS = ("learned", "rope_axial", "rope_mixed", "relpos")
+    POSITIONS = ("learned", "sincos2d", "rope_axial", "rope_mixed", "relpos")
 
     def __init__(
         self,
@@ -134,7 +141,7 @@ class VisionTransformer(nn.Module):
         global_pool: Literal["token", "avg"] = "token",
         similarity: Similarity = "scaled_dot",
         stem_channels: Sequence[int] = (),
-        positions: Literal["learned", "rope_axial", "rope_mixed", "relpos"] = "learned",
+        positions: Literal["learned", "sincos2d", "rope_axial", "rope_mixed", "relpos"] = "learned",
         rope_theta: float | None = None,
         qk_norm: QKNorm | None = None,
     ):
@@ -155,7 +162,11 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         num_tokens, grid = self.num_prefix_tokens + self.patch_embed.num_patches, self.patch_embed.grid_size
         self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, embed_dim)) if positions == "learned" else None
-        self.rope = self.rel_pos_bias = None
+        self.rope = self.rel_pos_bias = self.sincos = None
+        if positions == "sincos2d":
+            if embed_dim % 4:
+                raise ValueError(f"model.positions=sincos2d needs model.embed_dim divisible by 4, got {embed_dim}")
+            self.sincos = PositionEmbeddingSine2D(embed_dim // 2, normalize=False)  # integer row and column
         if positions.startswith("rope"):
             if (embed_dim // num_heads) % 4:
                 raise ValueError(
@@ -217,21 +228,36 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C, H, W) -> encoded tokens (B, 1 + N, D), class token first
         (after the final norm with "token" pooling)."""
+        grid = self.patch_embed.patch_grid(*x.shape[-2:])
         x = self.patch_embed(x)  # (B, N, D)
+        if self.sincos is not None:
+            x = x + self.sincos(x.new_zeros(1, *grid, dtype=torch.bool)).flatten(2).transpose(1, 2)  # (1, N, D)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
         if self.pos_embed is not None:
-            x = x + self.pos_embed
-        return self.encoder(self.pos_drop(x), **self._attention_positions())
+            x = x + self._pos_embed(grid)
+        return self.encoder(self.pos_drop(x), **self._attention_positions(grid))
 
-    def _attention_positions(self) -> dict:
+    def _pos_embed(self, grid: tuple[int, int]) -> Tensor:
+        """The learned positions (1, 1 + N, D), resampled (bicubic) from the training grid to ``grid``."""
+        trained = self.patch_embed.grid_size
+        if grid == (trained, trained):
+            return self.pos_embed
+        return resample_abs_pos_embed(self.pos_embed, list(grid), [trained, trained], self.num_prefix_tokens)
+
+    def _attention_positions(self, grid: tuple[int, int]) -> dict:
         """The encoder's rope (the class token unrotated) or its per-layer biases (H, 1 + N, 1 + N)."""
         if self.rope is not None:
-            grid = self.patch_embed.grid_size
-            rotation = self.rope((grid, grid))
+            rotation = self.rope(grid)
             if isinstance(rotation, list):  # mixed: one per layer
                 return {"rope": [r.with_prefix(self.num_prefix_tokens) for r in rotation]}
             return {"rope": rotation.with_prefix(self.num_prefix_tokens)}
         if self.rel_pos_bias is not None:
+            trained = self.patch_embed.grid_size
+            if grid != (trained, trained):
+                raise ValueError(
+                    f"model.positions=relpos has tables for the {trained}x{trained} patch grid of model.img_size="
+                    f"{self.patch_embed.img_size}, these images give {grid[0]}x{grid[1]}; evaluate at the training size"
+                )
             return {"position_bias": [table() for table in self.rel_pos_bias]}
         return {}
 

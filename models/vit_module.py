@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from models import optim
@@ -34,7 +34,11 @@ class ImageClassifier(pl.LightningModule):
         freeze_backbone: train the head only (a linear probe).
         layer_decay: layer-wise learning-rate decay (BEiT; timm's ``param_groups_layer_decay``):
             block i of L trains at ``lr * layer_decay ** (L + 1 - i)``, the head at ``lr``.
-    Logged: ``train/loss``, ``train/acc``, ``val/loss``, ``val/acc``, ``test/loss``, ``test/acc``.
+        eval_sizes: also evaluate with the images resized (bilinear, antialiased when shrinking) to each of these
+            sides, e.g. [28, 42, 56] for a model trained at 28 px: a larger patch grid, whose positions the ViT
+            resamples or computes (`models.vit.VisionTransformer`; not "relpos").
+    Logged: ``train/loss``, ``train/acc``, ``val/loss``, ``val/acc``, ``test/loss``, ``test/acc``; with
+    ``eval_sizes``, also ``val/acc@42px``, ``val/loss@42px`` ... per size (and ``test/`` alike).
     """
 
     def __init__(
@@ -47,6 +51,7 @@ class ImageClassifier(pl.LightningModule):
         init_from: str | None = None,
         freeze_backbone: bool = False,
         layer_decay: float | None = None,
+        eval_sizes: list[int] | None = None,
         **network,
     ):
         super().__init__()
@@ -62,6 +67,23 @@ class ImageClassifier(pl.LightningModule):
         # top-1 over all images, as papers report it (torchmetrics' default is the mean over classes)
         classes = self.model.num_classes
         self.val_acc, self.test_acc = (MulticlassAccuracy(classes, average="micro") for _ in range(2))
+        for size in eval_sizes or ():
+            try:
+                self.model.patch_embed.patch_grid(size, size)
+            except ValueError as error:
+                raise ValueError(f"model.eval_sizes={eval_sizes}: {error}") from None
+            if network.get("positions") == "relpos" and size != self.model.patch_embed.img_size:
+                raise ValueError(
+                    f"model.eval_sizes={eval_sizes}: positions=relpos holds tables for the training grid only; "
+                    "choose learned, sincos2d, rope_axial or rope_mixed"
+                )
+        self.size_acc = nn.ModuleDict(
+            {
+                f"{stage}_{size}": MulticlassAccuracy(classes, average="micro")
+                for stage in ("val", "test")
+                for size in eval_sizes or ()
+            }
+        )
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
@@ -83,6 +105,14 @@ class ImageClassifier(pl.LightningModule):
         metric.update(logits, _class_indices(labels))
         self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=True, batch_size=len(labels))
         self.log(f"{stage}/acc", metric, prog_bar=True)
+        for size in self.hparams.eval_sizes or ():
+            resized = F.interpolate(images, size=(size, size), mode="bilinear", antialias=size < images.shape[-1])
+            logits = self(resized)
+            accuracy = self.size_acc[f"{stage}_{size}"]
+            accuracy.update(logits, _class_indices(labels))
+            loss = F.cross_entropy(logits, labels)
+            self.log(f"{stage}/loss@{size}px", loss, sync_dist=True, batch_size=len(labels))
+            self.log(f"{stage}/acc@{size}px", accuracy)
 
     def validation_step(self, batch, batch_idx):
         self._step(batch, "val", self.val_acc)

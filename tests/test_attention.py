@@ -291,7 +291,7 @@ def _with_option(option, similarity="scaled_dot"):
             nn.init.normal_(p, mean=0.5 if p.shape == (D // H,) else 0.0, std=0.3)
     kw = {}
     if "rope" in option:
-        kw["rope"] = RotaryEmbedding(D // H, max_len=32)(LQ, start=3)
+        kw["rope"] = RotaryEmbedding(D // H)(LQ, start=3)
     if "alibi" in option:
         kw["position_bias"] = ALiBi(H)(LQ, LQ)
     if "t5" in option:
@@ -377,7 +377,7 @@ def test_qk_norm_bounds_the_largest_logit_that_capture_records():
 
 def test_rope_cached_decoding_equals_the_full_causal_pass():
     mha, _ = _with_option("rope+qk_layernorm")
-    rope = RotaryEmbedding(D // H, max_len=16)
+    rope = RotaryEmbedding(D // H)
     x = torch.randn(B, 7, D)
     full = mha(x, is_causal=True, rope=rope(7))[0]
     cache = KVCache()
@@ -476,7 +476,7 @@ def test_grouped_query_cross_attention_and_a_shared_memory_equal_multi_head():
 
 def test_grouped_query_cache_holds_the_kv_heads_and_decodes_like_the_full_pass():
     grouped, _ = _grouped_pair()
-    rope = RotaryEmbedding(D // H, max_len=16)
+    rope = RotaryEmbedding(D // H)
     x = torch.randn(B, 7, D)
     full = grouped(x, is_causal=True, rope=rope(7))[0]
     cache = KVCache()

@@ -47,14 +47,14 @@ def test_relative_position_is_one_linear_map_per_offset(k):
     torch.testing.assert_close(pe[: 200 - k] @ t_k, pe[k:], atol=1e-6, rtol=0)
 
 
-def test_1d_encodings_index_positions_and_refuse_overflow():
+def test_1d_encodings_index_positions_and_learned_ones_refuse_overflow():
     sin, learned = SinusoidalPositionalEncoding(D, max_len=8), LearnedPositionalEncoding(D, max_len=8)
     assert sin(3, start=5).shape == learned(3, start=5).shape == (3, D)
     torch.testing.assert_close(sin(3, start=5), sinusoidal_encoding(8, D)[5:8])
     torch.testing.assert_close(learned(3, start=5), learned.weight[5:8])
-    for enc in (sin, learned):
-        with pytest.raises(ValueError, match=r"position 8 exceeds max_positions=8 .*raise model.max_positions"):
-            enc(3, start=6)
+    torch.testing.assert_close(sin(3, start=6), sinusoidal_encoding(9, D)[6:9])  # sines beyond the table
+    with pytest.raises(ValueError, match=r"position 8 exceeds max_positions=8 .*raise model.max_positions"):
+        learned(3, start=6)
 
 
 def test_2d_sine_encoding_ignores_padding():

@@ -2,6 +2,7 @@
 (``experiments.callbacks.PredictionWriter``, ``experiments.callbacks.LearningRateScaling`` ...)."""
 
 from experiments.callbacks.attention_figure import plot_attention_maps
+from experiments.callbacks.attention_logits import MaxAttentionLogit
 from experiments.callbacks.base import batch_size, shadowed
 from experiments.callbacks.compile import Compile
 from experiments.callbacks.monitors import GradientNorm, Throughput
@@ -13,6 +14,7 @@ __all__ = [
     "Compile",
     "GradientNorm",
     "LearningRateScaling",
+    "MaxAttentionLogit",
     "PredictionWriter",
     "RunSummary",
     "Throughput",

@@ -1,5 +1,5 @@
-"""`attnlab compare`: run folders -> runs and cells (`runs`) -> statistics over seeds (`stats`) -> tables and
-plots (`tables`, `plots`) -> report.md, W&B and the command line (`report`)."""
+"""`attnlab compare`: run folders -> runs and cells (`runs`) -> statistics over seeds (`stats`) and metrics against
+swept numbers (`curves`) -> tables and plots (`tables`, `plots`) -> report.md, W&B and the command line (`report`)."""
 
 from experiments.compare.plots import panel_title
 from experiments.compare.report import build_report, main, print_result

@@ -185,3 +185,40 @@ def plot_scaling(runs: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: Path, log_x: bool = False) -> None:
+    """A metric against a swept number (`experiments.compare.curves`): per series, the mean over the seeds (line)
+    and its 95% t-interval (band; none where one seed ran)."""
+    from experiments.compare.curves import band
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for line in series:
+        points = band(line["points"])
+        if not points:
+            continue
+        xs = [x for x, _ in points]
+        drawn = ax.plot(xs, [s["mean"] for _, s in points], "o-", ms=4, label=line["label"])
+        spread = [(x, s) for x, s in points if s["half"] is not None]
+        if spread:
+            ax.fill_between(
+                [x for x, _ in spread],
+                [s["low"] for _, s in spread],
+                [s["high"] for _, s in spread],
+                color=drawn[0].get_color(),
+                alpha=0.2,
+            )
+    if log_x:
+        ax.set_xscale("log")
+    ticks = sorted({x for line in series for x in line["points"]})
+    ax.set_xticks(ticks, [f"{x:g}" for x in ticks])  # the swept values themselves
+    ax.minorticks_off()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title("mean over the seeds; band: 95% t-interval", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

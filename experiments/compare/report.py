@@ -21,19 +21,33 @@ difference, its 95% t-interval and the p-value of a paired t-test, scipy.stats.t
 of a cell is the same cell with one setting at its first grid value (outside a sweep: the value in the
 first cell), or the value ``--baseline KEY=VALUE`` names. A plot shows every seed's value and the
 intervals.
+
+"Against the swept numbers": when a sweep's grid key takes three or more numbers (a learning rate), each group's
+final val/loss (and ``train/max_attn_logit``, when logged) is plotted against it, one line per setting of the other
+keys, the mean over the seeds with its 95% interval as a band; for a learning rate, with a log axis and each line's
+learning-rate sensitivity (Wortsman et al. 2023). Metrics logged at several points (``val/loss@2x``,
+``val/acc@42px``) are plotted against the number after ``@`` the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.compare.plots import plot_by_layer, plot_cells, plot_losses, plot_scaling
+from experiments.compare.curves import (
+    sensitivity_rows,
+    suffixed_metrics,
+    suffixed_series,
+    swept_keys,
+    swept_series,
+)
+from experiments.compare.plots import plot_against, plot_by_layer, plot_cells, plot_losses, plot_scaling
 from experiments.compare.runs import find_runs, group_cells, load_runs
-from experiments.compare.tables import cell_rows, markdown_table, paired_rows, run_rows, scaling_rows
+from experiments.compare.tables import cell_rows, markdown_table, paired_rows, plus_minus, run_rows, scaling_rows
 
 
 def build_report(
@@ -108,7 +122,13 @@ def build_report(
                 markdown_table(paired_columns, paired_table),
                 "",
             ]
-    lines += [f"![{name}]({path.name})" for name, path in plots.items() if name not in ("scaling", "seeds")]
+    against_lines, sensitivity = against_numbers(cells, out, plots)
+    lines += against_lines
+    lines += [
+        f"![{name}]({path.name})"
+        for name, path in plots.items()
+        if name not in ("scaling", "seeds") and not name.startswith("against/")
+    ]
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))
@@ -124,6 +144,7 @@ def build_report(
                 "paired_columns": paired_columns,
                 "paired_rows": paired_table,
                 "conclusions": conclusions,
+                "lr_sensitivity": sensitivity,
             },
             indent=1,
         )
@@ -141,7 +162,55 @@ def build_report(
         "paired_columns": paired_columns,
         "paired_rows": paired_table,
         "conclusions": conclusions,
+        "lr_sensitivity": sensitivity,
     }
+
+
+def against_numbers(
+    cells: list[dict[str, Any]], out: Path, plots: dict[str, Path]
+) -> tuple[list[str], list[list[str]]]:
+    """The section "against the swept numbers": per group of cells and numeric grid key, the final val/loss (or
+    the checkpoint monitor) and, when logged, ``train/max_attn_logit`` against the key (log x for a learning
+    rate); per ``@``-suffixed metric, the metric against its number; and the learning-rate sensitivity of every
+    series of a learning-rate sweep. Returns the report's lines and the sensitivity rows."""
+    lines, sensitivity = [], []
+    for key in swept_keys(cells):
+        name = key.rsplit(".", 1)[-1]
+        log_x = name == "lr"
+        for group in dict.fromkeys(c["group"] for c in cells):
+            members = [c for c in cells if c["group"] == group and key in c["settings"]]
+            runs = [r for c in members for r in c["runs"]]
+            if not runs:
+                continue
+            metric = "val/loss" if all("val/loss" in r["metrics"] for r in runs) else members[0].get("monitor")
+            logits = ["train/max_attn_logit"] if any("train/max_attn_logit" in r["metrics"] for r in runs) else []
+            for measure in [metric, *logits]:
+                slug = re.sub(r"\W+", "_", f"{group}_{measure}_against_{name}")
+                plots[f"against/{slug}"] = path = out / f"{slug}.png"
+                plot_against(swept_series(members, key, measure), key, f"final {measure}", path, log_x)
+                lines += [f"### {group}: final {measure} against {key}", "", f"![{slug}]({path.name})", ""]
+            if log_x and metric == "val/loss":
+                series = swept_series(members, key, metric)
+                sensitivity += [[label, str(s["n"]), plus_minus(s)] for label, s in sensitivity_rows(series, metric)]
+    if sensitivity:
+        lines += [
+            "### Learning-rate sensitivity (Wortsman et al. 2023)",
+            "",
+            "Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus",
+            "the best final val/loss over the rates (a diverged run counts as the first loss); mean ± the half-width",
+            "of the 95% t-interval over the seeds that ran every rate.",
+            "",
+            markdown_table(["series", "seeds", "LR sensitivity"], sensitivity),
+            "",
+        ]
+    for base, keys in suffixed_metrics(cells).items():
+        metric, unit = base.split("@")
+        slug = re.sub(r"\W+", "_", f"{metric}_at_{unit}")
+        plots[f"against/{slug}"] = path = out / f"{slug}.png"
+        plot_against(suffixed_series(cells, keys), f"evaluated at ({unit})", metric, path)
+        points = ", ".join(k.split("@")[1] for k in keys)
+        lines += [f"### {metric} at {points}", "", f"![{slug}]({path.name})", ""]
+    return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity
 
 
 def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:

@@ -10,6 +10,7 @@ at all; none of these is evidence about the seeds.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 CONFIDENCE = 0.95
@@ -80,3 +81,15 @@ def comparison(cell: dict[str, Any], ref: dict[str, Any], key: str, varying: lis
     return f"{cell['group']}, {cell['settings'][key]} vs {ref['settings'][key]}" + (
         f" ({', '.join(context)})" if context else ""
     )
+
+
+def lr_sensitivity(points: list[tuple[float | None, float]]) -> float:
+    """Learning-rate sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
+    instabilities", §2.2) of one seed's runs over a range of learning rates: E_η[min(ℓ(η), ℓ0) - ℓ*], the mean
+    over the learning rates (the sweep's grid, evenly spaced in log) of the final loss, capped at the loss at
+    initialisation ℓ0, minus the best final loss ℓ* over the range. ``points``: (final loss, initial loss) per
+    learning rate; a run that diverged (None, NaN or inf) counts as ℓ0. 0: the same loss at every rate."""
+    capped = [
+        initial if final is None or not math.isfinite(final) else min(final, initial) for final, initial in points
+    ]
+    return sum(capped) / len(capped) - min(capped)

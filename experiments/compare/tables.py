@@ -119,7 +119,7 @@ def scaling_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
     return columns, rows
 
 
-def _pm(stat: dict[str, Any]) -> str:
+def plus_minus(stat: dict[str, Any]) -> str:
     return _num(stat["mean"]) + (f" ± {_num(stat['half'])}" if stat["half"] is not None else "")
 
 
@@ -130,7 +130,7 @@ def cell_rows(cells: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         row = [cell["label"], cell["modality"], str(len(cell["runs"])), ",".join(str(r["seed"]) for r in cell["runs"])]
         for key in ("best", *(k for k, _ in STATS)):
             values = list(by_seed(cell, key).values())
-            text = _pm(interval(values)) if values else "-"
+            text = plus_minus(interval(values)) if values else "-"
             row.append(f"{cell['monitor']} = {text}" if key == "best" and values and cell.get("monitor") else text)
         rows.append(row)
     return columns, rows

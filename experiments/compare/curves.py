@@ -1,0 +1,123 @@
+"""A metric against a swept number, over seeds: learning rate, evaluation length, image size.
+
+The number comes from a sweep's grid key whose values are all numbers (``model.init_args.lr``: each cell is a
+point), or from metrics named with an ``@`` suffix (``val/loss@2x``, ``val/acc@42px``: each run logs every
+point). A series is one line of the plot: {"label", "points": {x: {seed: value}}}; the value of a run is the last
+one it logged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from experiments.compare.stats import interval, lr_sensitivity
+
+SUFFIXED = re.compile(r"^(?P<base>.+)@(?P<x>\d+(?:\.\d+)?)(?P<unit>[a-z]*)$")  # val/acc@42px -> val/acc, 42, px
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def final_value(run: dict[str, Any], key: str) -> float | None:
+    """The last value of ``key`` in the run's metrics.csv (None when never logged)."""
+    series = run["metrics"].get(key)
+    return series[-1][1] if series else None
+
+
+def initial_loss(run: dict[str, Any]) -> float | None:
+    """The first logged training loss: the loss near initialisation (ℓ0 of the learning-rate sensitivity)."""
+    metrics = run["metrics"]
+    series = metrics.get("train/loss_step") or metrics.get("train/loss") or metrics.get("train/loss_epoch")
+    return series[0][1] if series else None
+
+
+def _one_per_seed(cell: dict[str, Any]) -> list[dict[str, Any]]:
+    seeds = [r["seed"] for r in cell["runs"]]
+    return [r for r in cell["runs"] if seeds.count(r["seed"]) == 1]
+
+
+def swept_keys(cells: list[dict[str, Any]]) -> list[str]:
+    """The grid keys of a sweep whose values are numbers, at least three of them, within one group of cells."""
+    keys = []
+    for key in dict.fromkeys(k for c in cells for k in c["reference"]):
+        for group in {c["group"] for c in cells}:
+            values = [_number(c["settings"].get(key)) for c in cells if c["group"] == group and key in c["settings"]]
+            if len(set(values)) >= 3 and None not in values and key not in keys:
+                keys.append(key)
+    return keys
+
+
+def swept_series(cells: list[dict[str, Any]], key: str, metric: str) -> list[dict[str, Any]]:
+    """One series per group and setting of the other grid keys: x = the cell's value of ``key``."""
+    lines: dict[str, dict[str, Any]] = {}
+    for cell in cells:
+        x = _number(cell["settings"].get(key))
+        if x is None:
+            continue
+        rest = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in cell["settings"].items() if k != key)
+        label = f"{cell['group']}" + (f": {rest}" if rest else "")
+        line = lines.setdefault(label, {"label": label, "points": {}, "runs": {}})
+        line["points"][x] = {r["seed"]: final_value(r, metric) for r in _one_per_seed(cell)}
+        line["runs"][x] = {r["seed"]: r for r in _one_per_seed(cell)}
+    return list(lines.values())
+
+
+def suffixed_metrics(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """ "val/loss@x" -> ["val/loss@1x", "val/loss@2x", ..]: the metrics logged at several points, by base and unit."""
+    found: dict[str, set[str]] = {}
+    for cell in cells:
+        for run in cell["runs"]:
+            for key in run["metrics"]:
+                match = SUFFIXED.match(key)
+                if match:
+                    found.setdefault(f"{match['base']}@{match['unit'] or '-'}", set()).add(key)
+    return {base: sorted(keys, key=lambda k: float(SUFFIXED.match(k)["x"])) for base, keys in found.items()}
+
+
+def suffixed_series(cells: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
+    """One series per cell: x = the number after ``@`` of each of ``keys``."""
+    series = []
+    for cell in cells:
+        runs = _one_per_seed(cell)
+        points = {
+            float(SUFFIXED.match(k)["x"]): {r["seed"]: final_value(r, k) for r in runs if k in r["metrics"]}
+            for k in keys
+        }
+        points = {x: seeds for x, seeds in points.items() if seeds}
+        if points:
+            series.append({"label": cell["label"], "points": points})
+    return series
+
+
+def band(points: dict[float, dict[Any, float | None]]) -> list[tuple[float, dict[str, Any]]]:
+    """(x, the mean and 95% t-interval over the seeds' finite values) for every x with one, in order of x."""
+    out = []
+    for x in sorted(points):
+        values = [v for v in points[x].values() if v is not None and math.isfinite(v)]
+        if values:
+            out.append((x, interval(values)))
+    return out
+
+
+def sensitivity_rows(series: list[dict[str, Any]], metric: str) -> list[tuple[str, dict[str, Any]]]:
+    """Per series of a learning-rate sweep: `lr_sensitivity` of ``metric`` for each seed that ran every learning
+    rate, then its mean and 95% t-interval over those seeds."""
+    rows = []
+    for line in series:
+        rates = sorted(line["runs"])
+        seeds = set.intersection(*(set(line["runs"][x]) for x in rates))
+        per_seed = []
+        for seed in sorted(seeds, key=str):
+            runs = [line["runs"][x][seed] for x in rates]
+            points = [(final_value(r, metric), initial_loss(r)) for r in runs]
+            if all(initial is not None for _, initial in points):
+                per_seed.append(lr_sensitivity(points))
+        if per_seed:
+            rows.append((line["label"], interval(per_seed)))
+    return rows
