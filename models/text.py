@@ -25,8 +25,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from models.attention import KVCache, QKNorm, Similarity, StaticKVCache
+from models.attention import QKNorm, Similarity
 from models.decoding import CacheKind, DecodingStep, check_cache_kind
+from models.kv_cache import KVCache, StaticKVCache
 from models.position import (
     ALiBi,
     LearnedPositionalEncoding,
