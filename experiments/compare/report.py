@@ -141,20 +141,21 @@ def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:
     return where
 
 
-def print_result(result: dict[str, Any]) -> None:
-    """The per-run table (and the √d section), or, when runs share cells, the cells and the paired comparisons."""
+def print_result(result: dict[str, Any], scaling: bool = False) -> None:
+    """The per-run table and the √d section, or, when runs share cells, the cells and the paired comparisons
+    (``scaling``: and the √d section)."""
     if not result["cell_rows"]:
         print(result["table"])
-        if result["scaling"]:
-            print()
-            print(markdown_table(result["scaling_columns"], result["scaling"]))
-        return
-    print("Cells: mean ± half-width of the 95% t-interval over n seeds (scipy.stats.t)")
-    print(markdown_table(result["cell_columns"], result["cell_rows"]))
+    else:
+        print("Cells: mean ± half-width of the 95% t-interval over n seeds (scipy.stats.t)")
+        print(markdown_table(result["cell_columns"], result["cell_rows"]))
     if result["conclusions"]:
         print()
         print("Paired over the same seeds (cell - reference; 95% t-interval, scipy.stats.ttest_rel):")
         print("\n".join(f"- {line}" for line in result["conclusions"]))
+    if result["scaling"] and (scaling or not result["cell_rows"]):
+        print()
+        print(markdown_table(result["scaling_columns"], result["scaling"]))
 
 
 def main(argv: list[str] | None = None) -> int:
