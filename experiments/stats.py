@@ -53,9 +53,6 @@ class FirstCall:
     def _record(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         detach = lambda x: x.detach().clone() if isinstance(x, Tensor) else x  # noqa: E731
         self.args, self.kwargs = tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}
-        self.remove()
-
-    def remove(self) -> None:
         self._handle.remove()
 
 
