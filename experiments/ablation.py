@@ -4,13 +4,9 @@
     python -m experiments.ablation --dry-run              # the 45 runs and their commands
     python -m experiments.ablation --root /tmp/ablation -- --trainer.max_epochs=1   # extra `attnlab fit` arguments
 
-The sweep runs configs/compare/{vision,text,detection}.yaml with similarity scaled_dot, dot and general
-(and the text model's sinusoidal and learned positions) on seeds 0, 1 and 2 through `attnlab sweep`, so
-an interrupted ablation resumes where it stopped and a finished run is never trained again. Then
-`attnlab compare ROOT` writes ``ROOT/report/report.md``: every cell with its mean and 95% interval over
-the seeds, each cell against scaled_dot (and sinusoidal) over the same seeds, stated as e.g.
-"text, dot vs scaled_dot: -8.1 val/bleu (95% CI -10.2 to -6.0, n=3, paired t-test p=0.004)", and the
-"What the √d scaling does" section (logit variance, saturation, gradient norm at init and at the end).
+Through `attnlab sweep` (an interrupted ablation resumes; a finished run is never trained again), then
+``ROOT/report/report.md`` with each cell against scaled_dot over the same seeds, e.g. "text, dot vs
+scaled_dot: -8.1 val/bleu (95% CI -10.2 to -6.0, n=3, paired t-test p=0.004)", and the √d section.
 """
 
 from __future__ import annotations

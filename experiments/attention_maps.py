@@ -36,9 +36,8 @@ Maps = Mapping[str, Sequence[Tensor]] | Sequence[Tensor]
 
 
 def layer_weights(maps: Maps) -> list[Tensor]:
-    """`capture_attention`'s dict (module name -> weights per call) -> the weights (B, H, L, L) of
-    each layer, in the order the layers were registered (the forward order of an encoder), from
-    each layer's last call. A sequence of tensors is returned as it is."""
+    """`capture_attention`'s dict (module name -> weights per call) -> each layer's last weights (B, H, L, L), in
+    the order the layers were registered (an encoder's forward order); a sequence of tensors as it is."""
     weights = [calls[-1] for calls in maps.values() if calls] if isinstance(maps, Mapping) else list(maps)
     if not weights:
         raise ValueError("no attention weights were captured; run the model inside capture_attention(model)")
@@ -115,19 +114,14 @@ def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str =
 
 
 class AttentionMapLogger(pl.Callback):
-    """Render attention maps of a few fixed images during validation (and on request during
-    `attnlab predict`).
+    """Render the attention maps of the first ``num_images`` images of the first validation batch (the same
+    across epochs) every ``every_n_epochs`` epochs, and of the first predicted ones (``predict=True``).
 
-    Validation: the first ``num_images`` images of the first validation batch (the validation
-    loader is not shuffled, so they stay the same across epochs), every ``every_n_epochs``
-    epochs. Prediction (``predict=True``): the first ``num_images`` predicted images.
-    Each image gives one PNG: input, rollout, and the class token's map per head of ``layer``,
-    written under ``<trainer.log_dir or default_root_dir>/attention_maps/epoch_<N>/`` (or
-    ``.../predict/``) and, when a W&B logger is attached, logged as ``val/attention_maps``.
-    The LightningModule's ``model`` (or the module itself) must attend through the shared core;
-    rollout reads the class token, or the patch mean for ``global_pool="avg"``. Every process runs
-    the forward pass on its own images, which FSDP needs (`models.distributed.full_weights`); rank 0
-    draws its own.
+    Each image gives one PNG: input, rollout, and the class token's map per head of ``layer``, under
+    ``<log dir>/attention_maps/epoch_<N>/`` (or ``predict/``), logged to W&B as ``val/attention_maps``.
+    The model must attend through the shared core; rollout reads the patch mean for ``global_pool="avg"``.
+    Every process runs the forward pass on its own images, which FSDP needs (`models.distributed.full_weights`);
+    rank 0 draws its own.
 
     To write maps from a config that lacks this callback::
 

@@ -151,22 +151,14 @@ class AttnlabCLI(LightningCLI):
         if self.subcommand in ("validate", "test", "predict"):
             self.resolve_saved_checkpoint()
 
-    def fit(self, **kwargs) -> None:
-        self.run(self.trainer.fit, kwargs)
-
-    def validate(self, **kwargs) -> None:
-        self.run(self.trainer.validate, kwargs)
-
-    def test(self, **kwargs) -> None:
-        self.run(self.trainer.test, kwargs)
-
-    def predict(self, **kwargs) -> None:
-        self.run(self.trainer.predict, kwargs)
-
-    def run(self, method, kwargs: dict) -> None:
-        """LightningCLI runs the subcommand through the method of this name: the Trainer's, with its errors as lines."""
+    def run(self, **kwargs) -> None:
+        """LightningCLI runs a subcommand through the method of its name: the Trainer's, with its errors as lines."""
         with self.reported_errors():
-            method(**kwargs, weights_only=self.config_init[self.subcommand].weights_only)
+            getattr(self.trainer, self.subcommand)(
+                **kwargs, weights_only=self.config_init[self.subcommand].weights_only
+            )
+
+    fit = validate = test = predict = run
 
     @contextlib.contextmanager
     def reported_errors(self):
@@ -259,8 +251,7 @@ def main(args: list[str] | None = None) -> None:
         },
         save_config_kwargs={"overwrite": True},
         save_config_callback=tracking.LoggedConfig,  # config.yaml in the run folder, and nested in W&B
-        # progress bars only where someone watches; every experiment gets throughput, gradient norm and
-        # summary.json without listing them; the run folder's metrics.csv is the default log (Lightning's default
+        # progress bars only where someone watches; the run folder's metrics.csv is the default log (Lightning's
         # would be TensorBoard when installed); summary.json holds the parameter counts and FLOPs
         trainer_defaults={
             "enable_progress_bar": sys.stderr.isatty(),

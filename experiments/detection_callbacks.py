@@ -46,9 +46,7 @@ class DetectionImages(pl.Callback):
     with the predictions scoring at least ``score_threshold``, and the last decoder layer's
     cross-attention (head mean) of the 3 best queries over the image: one PNG per image,
     ``<log dir>/val_images/epoch<E>_image<id>.png``, also logged to W&B as ``val/detections``.
-
-    The forward pass runs on every process, which FSDP needs (`models.distributed.full_weights`);
-    rank 0 draws.
+    The forward pass runs on every process, which FSDP needs; rank 0 draws.
     """
 
     def __init__(self, num_images: int = 4, score_threshold: float = 0.5):
@@ -105,17 +103,15 @@ class DetectionImages(pl.Callback):
         self, dataset, target: dict, result: dict[str, Tensor], weights: Tensor, padded: Tensor, epoch: int
     ) -> str:
         """One image's PNG: the detections, then one panel per best query with its attention over the image."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # no pyplot: no global backend, nothing to close
 
         image_id = int(target["image_id"])
         with Image.open(dataset.image_path(image_id)) as raw:
             image = raw.convert("RGB")
         top = result["scores"].topk(min(3, len(result["scores"]))).indices
         h, w = int((~padded[:, 0]).sum()), int((~padded[0, :]).sum())  # the image's cells, padding cut off
-        fig, axes = plt.subplots(1, 1 + len(top), figsize=(3 * (1 + len(top)), 3))
+        fig = Figure(figsize=(3 * (1 + len(top)), 3))
+        axes = fig.subplots(1, 1 + len(top), squeeze=False)[0]
         axes[0].imshow(
             draw_detections(image, {k: v.cpu() for k, v in result.items()}, dataset.class_names, self.score_threshold)
         )
@@ -135,7 +131,6 @@ class DetectionImages(pl.Callback):
         self._folder.mkdir(parents=True, exist_ok=True)
         path = self._folder / f"epoch{epoch:04d}_image{image_id}.png"
         fig.savefig(path, dpi=80, bbox_inches="tight")
-        plt.close(fig)
         return str(path)
 
 

@@ -1,20 +1,5 @@
-"""Guards that keep a run's files whole when something goes wrong, and say what went wrong in one line.
-
-- `NonFiniteLoss` (on in every run): stops training at the first NaN/inf loss without updating the
-  weights with it, and refuses to write a checkpoint whose weights are not finite; the last good
-  checkpoint stays.
-- `SafeCheckpointIO` (installed by the CLI): checkpoints are written beside their target and renamed
-  into place, so a full disk or a killed process leaves the previous file whole; they are read as
-  tensors and plain data only (`models.weights`), so a checkpoint holding pickled code is refused.
-- `check_output_folders`: before a fit starts, every folder it will write is created and written
-  to, and the disk must have room for its checkpoints.
-
-No per-step wait for the device from the guards: they keep what they watch on the device and read it
-back once per logging interval (``trainer.log_every_n_steps``), before a validation, at an epoch's end
-and before a checkpoint is written. Under DDP the processes must agree at
-every optimizer step (a NaN on one process, a SIGTERM, the time to save), and they do so in one
-all-reduce of a few flags per step, packed by this guard (`NonFiniteLoss.watch`).
-
+"""Guards that keep a run's files whole when something goes wrong, and say what went wrong in one line:
+`NonFiniteLoss` (every run), `SafeCheckpointIO` (installed by the CLI) and `check_output_folders` (before a fit).
 A `RunError`'s text is the one line the CLI prints after ``attnlab: error:``.
 """
 
@@ -49,26 +34,17 @@ class RunError(RuntimeError):
 class NonFiniteLoss(Callback):
     """Stop training at the first non-finite loss; the weights are never updated with it.
 
-    One device: each loss is tested on the device into a sticky flag (AMP's ``found_inf``); the host keeps
-    each batch's global step, epoch, loss and logged loss terms (references to them, no copies) until the
-    flag is next read, so the first bad one can be named then. While the flag is up the optimizer makes
-    no update from it: an optimizer that takes ``found_inf`` (``fused=True``
-    AdamW, Adam, SGD) skips its whole step on the device, state included, as under AMP's GradScaler;
-    any other gets zero gradients, so nothing non-finite enters the weights or the optimizer's state
-    (its momentum alone may still move them until the stop). The host reads the flag once per logging
-    interval, before a validation, at an epoch's end, at the fit's end, before any checkpoint is written
-    and after `MOST_UNCHECKED` batches, and the run stops there with the step of the first bad loss: no
-    checkpoint is written after it.
+    No per-step wait for the device: each loss goes into a sticky flag on the device (AMP's ``found_inf``),
+    which a ``fused=True`` optimizer reads to skip its whole step, as under GradScaler; any other optimizer
+    gets zero gradients (its momentum alone may still move the weights until the stop). The host reads the
+    flag once per logging interval, before a validation, at an epoch's and the fit's end, before a checkpoint
+    and after `MOST_UNCHECKED` batches, and names the first bad batch from the references it kept (no copies).
+    Under DDP the flag joins one all-reduce per optimizer step, before backward, with the flags other
+    callbacks `watch` (LastCheckpoint's SIGTERM and time to save): every process stops at the same step,
+    where one stopping alone would leave the others waiting in the gradient all-reduce.
 
-    DDP: on the batch that ends an optimizer step, before its backward, the flag joins the step's one
-    all-reduce, with the flags other callbacks `watch` (LastCheckpoint's SIGTERM and time to save), so
-    every process stops at that step before the gradient all-reduce, where one stopping alone would
-    leave the others waiting.
-
-    The error names the step, the epoch and the logged loss terms that are NaN/inf (DETR's
-    ``train/loss_ce``, ``train/loss_bbox``, ``train/loss_giou``; ``train/loss`` for the ViT and the
-    text models). A checkpoint whose weights are not finite (an overflowing gradient that left the
-    loss finite) is refused, so the last checkpoint on disk is always a good one.
+    The error names the step, the epoch and the logged loss terms that are NaN/inf (DETR's ``train/loss_ce``
+    ...). A checkpoint whose weights are not finite is refused: the last one on disk is always good.
     """
 
     def __init__(self):
@@ -134,8 +110,7 @@ class NonFiniteLoss(Callback):
                     p.grad.masked_fill_(skip, 0.0)
 
     def _check(self, trainer: pl.Trainer) -> None:
-        """Read the flag back from the device (a wait for it): stop if a loss was non-finite. Under DDP the step's
-        all-reduce stops every process together instead (one stopping alone would leave the others waiting)."""
+        # a wait for the device; under DDP the step's all-reduce stops every process together instead
         if not (getattr(self, "_active", False) and hasattr(self, "_bad") and trainer.world_size == 1):
             return
         if self._bad.item():
@@ -180,8 +155,7 @@ class NonFiniteLoss(Callback):
                 del optimizer.found_inf
 
     def _error(self, trainer: pl.Trainer, here: bool) -> RunError:
-        """The error naming the first batch since the last check whose loss is not finite (``here``: on this process;
-        otherwise the batch of this step)."""
+        # names the first batch since the last check whose loss is not finite (not ``here``: another process's)
         losses = torch.stack([loss.float() for _, _, loss, _ in self._unchecked]).tolist() if here else []
         first = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), -1)
         step, epoch, _, logged = self._unchecked[first] if self._unchecked else (None, None, None, {})
@@ -233,10 +207,10 @@ def last_checkpoint(trainer: pl.Trainer) -> Path | None:
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint IO, with whole files and safe reading.
 
-    Saving writes ``.<name>.tmp`` beside the target and renames it into place (``os.replace``, atomic
-    on one filesystem). Lightning's own save renames from the system temp folder, which on another
-    filesystem becomes a copy into the target: a full disk or a kill in the middle truncates it.
-    Loading reads tensors and plain data only, unless the caller passes ``weights_only=False``.
+    Saving writes ``.<name>.tmp`` beside the target and renames it into place (atomic on one filesystem);
+    Lightning's own renames from the system temp folder, which on another filesystem is a copy that a full
+    disk or a kill truncates. Loading reads tensors and plain data only (`models.weights`), so a checkpoint
+    holding pickled code is refused, unless the caller passes ``weights_only=False``.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
@@ -288,12 +262,9 @@ def checkpoint_bytes(model: torch.nn.Module) -> int:
 
 
 def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: bool = False) -> None:
-    """Before a fit: create and write to every folder it will write, and check its checkpoint folders have room.
-
-    Room: every checkpoint the ModelCheckpoints keep (top-k and last), one more while a checkpoint is
-    rewritten beside the previous one, and `LOG_MARGIN_BYTES`; a resumed run already holds the files it keeps.
-    Raises RunError naming the folder, the setting it comes from and the numbers.
-    """
+    """Before a fit: create and write to every folder it will write, and check its checkpoint folders have room
+    for every checkpoint the ModelCheckpoints keep (top-k and last; a resumed run holds them already), one more
+    while a checkpoint is rewritten beside the previous one, and `LOG_MARGIN_BYTES`."""
     for folder, setting in _output_folders(trainer).items():
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -337,13 +308,7 @@ def _output_folders(trainer: pl.Trainer) -> dict[Path, str]:
 
 def _checkpoint_folder(trainer: pl.Trainer, callback: ModelCheckpoint) -> Path:
     """Where ``callback`` will write: its dirpath, else below the first logger's folder, else the root (as Lightning resolves it)."""
-    if callback.dirpath:
-        return Path(callback.dirpath)
-    return (
-        Path(trainer.loggers[0].save_dir or trainer.default_root_dir)
-        if trainer.loggers
-        else Path(trainer.default_root_dir)
-    )
+    return Path(callback.dirpath or (trainer.loggers and trainer.loggers[0].save_dir) or trainer.default_root_dir)
 
 
 def _size(n: float) -> str:

@@ -1,21 +1,12 @@
-"""Interrupt and resume: a run stopped by SIGKILL (a crash, the OOM killer, a lost node) or by SIGTERM
-(a scheduler's preemption, ``scancel``, the end of a time slot) continues with
-``attnlab fit ... --ckpt_path last`` as if it had never stopped: the same steps, the same samples in the
-same order, the same dropout.
+"""Interrupt and resume: a run stopped by SIGKILL (a crash, the OOM killer) or SIGTERM (a scheduler's
+preemption) continues with ``attnlab fit ... --ckpt_path last`` as if it had never stopped: the same steps,
+the same samples in the same order, the same dropout.
 
-What Lightning does by itself: ``--ckpt_path`` restores the weights, optimizer, schedulers and the loops'
-progress, so the step count comes out exact even from a checkpoint taken mid-epoch. But a plain
-DataLoader starts a fresh shuffle, of which Lightning takes only as many batches as the epoch had left,
-so the rest of that epoch repeats some samples and skips others; and the random streams (dropout,
-augmentation, later shuffles) restart from the seed. On SIGTERM its loops raise ``SIGTERMException``
-(a ``SystemExit`` with status 0) after the current batch, and nothing is saved.
-
-`ExactResume` closes the first gap: the training sampler's order depends only on (seed, epoch) and can
-start an epoch part-way (`ResumableSampler`), and the random states go into every checkpoint.
-`LastCheckpoint` keeps the run's ``last.ckpt`` fresh (after every validation, and every N steps and/or M
-minutes) and writes it on SIGTERM before exiting with status 143 and a one-line message. Both are in
-every run (`experiments.tracking.default_callbacks`); to checkpoint mid-epoch too, list LastCheckpoint
-in a config (the listed one replaces the default), e.g.::
+Lightning restores the weights, optimizer, schedulers and the loops' progress, but a plain DataLoader starts
+a fresh shuffle of which Lightning takes the batches the epoch had left (some samples repeat, others are
+skipped), the random streams restart from the seed, and on SIGTERM nothing is saved. `ExactResume` closes
+the first two gaps, `LastCheckpoint` the third. Both are in every run; to checkpoint mid-epoch too, list
+LastCheckpoint in a config (the listed one replaces the default), e.g.::
 
     - class_path: experiments.interrupts.LastCheckpoint
       init_args: {every_n_minutes: 30}
@@ -57,14 +48,11 @@ SIGTERM_STATUS = 128 + signal.SIGTERM  # the shell's status for a process stoppe
 
 class ResumableSampler(DistributedSampler):
     """The order of one process's training samples: a function of (seed, epoch) only, able to start an
-    epoch part-way.
+    epoch part-way (`resume`).
 
-    Wraps the loader's own sampler. A ``RandomSampler`` becomes ``DistributedSampler``'s permutation seeded
-    with ``seed + epoch`` (the order Lightning gives multi-process runs); another sampler (length bucketing,
-    say) is run under a torch RNG seeded with ``seed + epoch``. The order is split between ``num_replicas``
-    processes as ``DistributedSampler`` splits it, and Lightning, seeing a ``DistributedSampler``, leaves it
-    in place. `resume` makes the next pass over an epoch leave out the samples already trained on.
-    ``generator`` is for the DataLoader: its worker seeds follow the epoch instead of the global RNG.
+    A ``RandomSampler`` becomes ``DistributedSampler``'s permutation seeded with ``seed + epoch``; another
+    sampler (length bucketing, say) runs under a torch RNG seeded so. Lightning leaves a ``DistributedSampler``
+    in place. ``generator`` is for the DataLoader: its worker seeds follow the epoch, not the global RNG.
     """
 
     def __init__(self, sampler: Sampler, num_replicas: int = 1, rank: int = 0, seed: int = 0):
@@ -130,16 +118,13 @@ def set_rng_states(states: dict[str, Any]) -> None:
 class ExactResume(Callback):
     """Make a resumed fit continue exactly where the checkpoint left it.
 
-    The training loader is rebuilt around a `ResumableSampler` (order from (seed, epoch), where the seed
-    is ``seed_everything``'s); each checkpoint records how far into which epoch training got and the random
-    states of every process, and a resumed fit skips the samples already seen and restores those states
-    before its first batch. The loaders' worker seeds come from their own generators, not from the global
-    RNG: a loader with persistent workers draws that seed at its first pass only, which a resumed process
-    makes at another point of the run. Exact for everything drawn in the training processes (dropout,
-    drop-path, augmentation with ``num_workers: 0``); augmentation drawn in DataLoader workers is not.
-    Training loaders that are not a map-style DataLoader with a plain ``BatchSampler`` are left alone
-    (with a warning): their epoch restarts its order on resume. The number of processes must not change
-    between the interrupted run and the resumed one.
+    The training loader is rebuilt around a `ResumableSampler`; each checkpoint records how far into which
+    epoch training got and the random states of every process, which a resumed fit restores before its first
+    batch. The loaders' worker seeds come from their own generators: a loader with persistent workers draws
+    that seed at its first pass only, which a resumed process makes at another point of the run. Exact for
+    what the training processes draw (dropout, augmentation with ``num_workers: 0``), not for DataLoader
+    workers. A training loader that is not a map-style DataLoader with a plain ``BatchSampler`` is left alone
+    (with a warning). The number of processes must not change between the interrupted run and the resumed one.
     """
 
     def __init__(self):
@@ -205,9 +190,8 @@ class ExactResume(Callback):
         mine = rng_states()
         states = [mine]
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            states = [
-                None
-            ] * trainer.world_size  # every process saves its checkpoint together: gather onto the one that writes
+            # every process saves its checkpoint together: gather onto the one that writes
+            states = [None] * trainer.world_size
             torch.distributed.all_gather_object(states, mine)
         return {"epoch": epoch, "batches": batches, "world_size": trainer.world_size, "rng": states}
 
@@ -234,28 +218,21 @@ def _with_own_generator(loader: DataLoader) -> DataLoader:
 
 
 class LastCheckpoint(Callback):
-    """Keep the run's ``last.ckpt`` fresh, so that ``attnlab fit ... --ckpt_path last`` loses little work.
-
-    Written after every validation of the fit (Lightning 2.6's ModelCheckpoint writes ``last`` only when it
-    also writes a best checkpoint, so it can lag epochs behind; this callback runs before it, so an epoch that
-    improves the best writes the file twice), and besides:
+    """Keep the run's ``last.ckpt`` (the first ModelCheckpoint's) fresh, so that ``--ckpt_path last`` loses
+    little work: after every validation (Lightning's ModelCheckpoint writes ``last`` only with a new best, so it
+    can lag epochs behind), and besides:
 
     Args:
         every_n_train_steps: every this many optimizer steps (None: not by steps).
         every_n_minutes: when this many minutes have passed since it was last written (None: not by time).
         on_sigterm: on SIGTERM, finish the current batch (and a validation under way), write it, print
-            ``attnlab: SIGTERM at step N: saved <path>; resume with `...``` and exit with status 143. A fit
-            without checkpoints (``trainer.enable_checkpointing: false``) stops after the batch, saves nothing
-            and exits with status 143 too.
-    The file is the first ModelCheckpoint's ``last.ckpt`` (``<run>/checkpoints/last.ckpt``), which that
-    callback goes on overwriting at its own saves. Saves and SIGTERM stops happen only after a batch that
-    ends an optimizer step (accumulated gradients are not in a checkpoint), and one that falls on a batch
-    after which validation runs is left to the save after that validation: Lightning, resuming from a
-    checkpoint taken just before a validation, skips that validation (and at an epoch's end the epoch-end
-    hooks). On one device the SIGTERM and the clock are host values: nothing is read from the device.
-    Under DDP the processes agree on both at every optimizer step, so they stop at the same batch: the two
-    flags ride in `NonFiniteLoss`'s all-reduce of the step (one collective per step for both guards), or in
-    one of this callback's own where that guard is absent.
+            ``attnlab: SIGTERM at step N: saved <path>; resume with `...``` and exit with status 143 (without
+            checkpoints: stop after the batch, save nothing, exit with 143).
+    Saves and stops happen only after a batch that ends an optimizer step (accumulated gradients are not in a
+    checkpoint), and not just before a validation (a resumed Lightning would skip it): the save after it serves.
+    Under DDP the processes agree on the SIGTERM and the clock at every optimizer step, in `NonFiniteLoss`'s
+    all-reduce (or one of this callback's own where that guard is absent); on one device nothing is read
+    from the device.
     """
 
     def __init__(
@@ -265,11 +242,8 @@ class LastCheckpoint(Callback):
             raise ValueError(f"LastCheckpoint: every_n_train_steps={every_n_train_steps} must be >= 1 (or null)")
         if every_n_minutes is not None and not every_n_minutes > 0:
             raise ValueError(f"LastCheckpoint: every_n_minutes={every_n_minutes} must be > 0 (or null)")
-        self.every_n_train_steps, self.every_n_minutes, self.on_sigterm = (
-            every_n_train_steps,
-            every_n_minutes,
-            on_sigterm,
-        )
+        self.every_n_train_steps, self.every_n_minutes = every_n_train_steps, every_n_minutes
+        self.on_sigterm = on_sigterm
         self._sigterm = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -1,9 +1,10 @@
 """The run folder's schema: ``summary.json`` (one run) and ``sweep.json`` (one sweep) as dataclasses with read and
 write, the newest checkpoint below a folder, and a setting as it goes on the `attnlab fit` command line.
 
-A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.yaml``, ``metrics.csv``,
-``checkpoints/{best,last}*.ckpt`` and ``summary.json`` (written by `experiments.callbacks.RunSummary`, read by
-`attnlab compare` and `attnlab sweep`). A sweep's root holds ``sweep.json``: the sweep and the state of each run.
+A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.yaml``, ``hparams.yaml``,
+``metrics.csv``, ``checkpoints/{best,last}*.ckpt``, ``attention.png`` and ``summary.json`` (written by
+`experiments.callbacks.RunSummary`, read by `attnlab compare` and `attnlab sweep`). A sweep's root holds
+``sweep.json``: the sweep and the state of each run.
 Both files are written whole (a temporary file renamed into place) and read as empty when missing or unreadable.
 """
 

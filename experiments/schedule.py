@@ -1,14 +1,4 @@
-"""The learning-rate schedule's callbacks: its time budget, and its log.
-
-Time-budgeted training: with ``trainer.max_time`` set, the learning-rate schedule ends when the time does.
-
-`TimeBudget` measures the time per optimizer step (validation and logging included, since they share the
-budget) and sets the horizon of every `models.optim.Schedule` to the step at which the budget will run out,
-or to the step/epoch limit if that comes first. It re-estimates every ``every_n_steps`` steps after the
-first ``probe_steps``, from rank 0's clock broadcast to every rank, so all processes follow the same
-schedule. The horizon lives in the scheduler's state, and Lightning's Timer restores the elapsed time, so a
-resumed run keeps its budget and its place in the schedule.
-"""
+"""The learning-rate schedule's callbacks: its time budget, and its log."""
 
 from __future__ import annotations
 
@@ -19,7 +9,14 @@ from models.optim import Schedule, horizon
 
 
 class TimeBudget(pl.Callback):
-    """Fits the learning-rate schedule to ``trainer.max_time``; does nothing without one."""
+    """With ``trainer.max_time`` set, the learning-rate schedule ends when the time does.
+
+    Measures the time per optimizer step (validation and logging included: they share the budget) and sets
+    the horizon of every `models.optim.Schedule` to the step at which the budget runs out, or to the step/epoch
+    limit if that comes first; re-estimated every ``every_n_steps`` steps after the first ``probe_steps``, from
+    rank 0's clock. The horizon is in the scheduler's state and Lightning's Timer restores the elapsed time,
+    so a resumed run keeps its budget and its place in the schedule.
+    """
 
     def __init__(self, probe_steps: int = 20, every_n_steps: int = 50):
         self.probe_steps, self.every_n_steps = probe_steps, every_n_steps

@@ -13,11 +13,8 @@ Per attention layer and head:
                  place, so they are left out)
     special      attention mass on special tokens: [CLS] for the ViT, BOS/EOS for text (none in DETR)
 Padded queries and blocked keys (padding, the future) are left out of every average.
-
-The modality is read from the model's parts (``patch_embed``: ViT; ``backbone`` and ``transformer``:
-DETR; otherwise text), and its forward inputs are what the LightningModule passed to ``model`` on
-the fixed batch (recorded by `FirstCall`): ViT ``(images,)``, DETR ``(images, mask)``, translation
-``(src, tgt)``, language model ``(tokens,)``.
+The model's inputs are what the LightningModule passed to ``model`` on the fixed batch (`FirstCall`): ViT
+``(images,)``, DETR ``(images, mask)``, translation ``(src, tgt)``, language model ``(tokens,)``.
 """
 
 from __future__ import annotations
@@ -56,9 +53,6 @@ class FirstCall:
     def _record(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         detach = lambda x: x.detach().clone() if isinstance(x, Tensor) else x  # noqa: E731
         self.args, self.kwargs = tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}
-        self.remove()
-
-    def remove(self) -> None:
         self._handle.remove()
 
 
@@ -70,21 +64,13 @@ def modality(model: nn.Module) -> str:
     return "text"
 
 
-def unit(kind: str) -> str:
-    return "tokens" if kind == "text" else "pixels"
-
-
 def _grid(h: int, w: int, stride_h: float, stride_w: float) -> Tensor:
     rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     return torch.stack([(rows.flatten() + 0.5) * stride_h, (cols.flatten() + 0.5) * stride_w], -1).float()  # (h·w, 2)
 
 
 def _special(tokens: Tensor, ids: tuple[int, ...]) -> Tensor:
-    return (
-        torch.isin(tokens, torch.tensor(ids, device=tokens.device))
-        if ids
-        else torch.zeros_like(tokens, dtype=torch.bool)
-    )
+    return torch.isin(tokens, torch.tensor(ids, dtype=tokens.dtype, device=tokens.device))
 
 
 def _sequences(
@@ -221,7 +207,7 @@ def attention_statistics(
         stats.append(layer)
     return {
         "modality": kind,
-        "unit": unit(kind),
+        "unit": "tokens" if kind == "text" else "pixels",
         "batch_size": int(args[0].shape[0]) if args and isinstance(args[0], Tensor) else None,
         "layers": stats,
     }

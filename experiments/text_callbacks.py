@@ -9,6 +9,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
+from experiments.compare.tables import markdown_table
 from models.distributed import full_weights
 
 
@@ -18,10 +19,7 @@ def log_table(trainer: pl.Trainer, key: str, columns: list[str], rows: list[list
     logger = trainer.logger
     if logger is None or not rows or not trainer.is_global_zero:
         return
-    markdown = "\n".join(
-        ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        + ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows]
-    )
+    markdown = markdown_table(columns, [[c.replace("\n", " ") for c in r] for r in rows])
     if hasattr(logger, "log_text"):  # WandbLogger
         logger.log_text(key=key, columns=columns, data=rows, step=trainer.global_step)
     elif hasattr(logger.experiment, "add_text"):  # TensorBoard

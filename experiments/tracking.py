@@ -1,15 +1,5 @@
-"""Experiment tracking: W&B that never blocks on the network, the local run folder, and resuming.
-
-The run folder of an experiment is ``<trainer.default_root_dir>/lightning_logs/version_N/``:
-``config.yaml`` (the resolved LightningCLI config), ``hparams.yaml``, ``metrics.csv``,
-``checkpoints/{best,last}.ckpt``, ``summary.json`` (`experiments.callbacks.RunSummary`) and
-``attention.png``; offline W&B runs sit beside it in ``<default_root_dir>/wandb/offline-run-*``.
-
-W&B mode (`wandb_mode`): ``WANDB_MODE`` when set (online, offline, disabled); otherwise online when
-W&B credentials exist (``WANDB_API_KEY`` or an api.wandb.ai entry in ~/.netrc), else offline. So a
-machine without an account never waits on the network; upload later with ``wandb sync <run dir>``.
-An online run that cannot start (no network, a bad API key, entity or project) gives up after
-``init_timeout`` seconds and the run logs offline instead, saying so once on stderr.
+"""Experiment tracking: W&B that never blocks on the network, the run folder's loggers (`experiments.runfolder`
+describes the folder; offline W&B runs sit in ``<default_root_dir>/wandb/offline-run-*``), and resuming.
 
 `prepare` runs on the parsed config before LightningCLI instantiates anything: loggers of this
 module without ``save_dir`` get ``trainer.default_root_dir``, and ``fit --ckpt_path last`` resumes the
@@ -41,7 +31,8 @@ Mode = Literal["online", "offline", "disabled"]
 
 
 def wandb_mode(environ: dict[str, str] | None = None, netrc_file: str | None = None) -> Mode:
-    """The W&B mode this process should use (see the module docstring)."""
+    """``WANDB_MODE`` when set; otherwise online when W&B credentials exist (``WANDB_API_KEY`` or an api.wandb.ai
+    entry in ~/.netrc), else offline: a machine without an account never waits on the network."""
     environ = os.environ if environ is None else environ
     env = environ.get("WANDB_MODE", "").strip().lower()
     if env:
@@ -61,15 +52,13 @@ class WandbLogger(_WandbLogger):
     """Lightning's WandbLogger with attnlab's defaults.
 
     Args:
-        project, entity, name, group, tags: the W&B run's place and labels.
         save_dir: where ``wandb/`` goes; default ``trainer.default_root_dir`` (filled in by `prepare`).
         mode: "online", "offline" or "disabled"; default from the environment (`wandb_mode`).
         id: the run to continue (filled in on ``fit --ckpt_path last``).
         log_model: upload checkpoints as artifacts (online only).
-        init_timeout: seconds an online start may take before the run falls back to offline (wandb
-            may add up to 10 s of grace; its own default, 90 s, would hold a machine without network that long).
-    The run config is the resolved LightningCLI config, nested (logged by `LoggedConfig`);
-    Lightning's flat hyper-parameter dump is not logged a second time.
+        init_timeout: seconds an online start may take before the run logs offline instead, saying so once
+            on stderr (wandb's own default, 90 s, would hold a machine without network that long).
+    The run config is the nested LightningCLI config (`LoggedConfig`), not Lightning's flat hyper-parameters.
     """
 
     def __init__(
@@ -111,9 +100,7 @@ class WandbLogger(_WandbLogger):
         """The W&B run, started on first use; offline when an online start fails (told once, on stderr)."""
         try:
             return super().experiment
-        except (
-            Exception
-        ) as err:  # wandb.errors.CommError/AuthenticationError/UsageError and whatever else the start raises
+        except Exception as err:  # wandb's CommError, AuthenticationError, UsageError, anything the start raises
             if self.mode != "online":
                 raise
             cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -138,8 +125,8 @@ class WandbLogger(_WandbLogger):
 
 
 class CSVLogger(_CSVLogger):
-    """Lightning's CSVLogger whose ``save_dir`` defaults to ``trainer.default_root_dir`` and which, when
-    given an existing ``version``, appends to that run's metrics.csv instead of deleting it."""
+    """Lightning's CSVLogger whose ``save_dir`` defaults to ``trainer.default_root_dir`` and which, given an
+    existing ``version``, appends to that run's metrics.csv instead of deleting it."""
 
     def __init__(
         self,
@@ -155,8 +142,7 @@ class CSVLogger(_CSVLogger):
 
     @property
     def experiment(self) -> ExperimentWriter:
-        """Lightning's writer, which deletes the folder's metrics.csv when it starts; the rows of the run this one
-        resumes are put back before any new row is written."""
+        # Lightning's writer deletes the folder's metrics.csv when it starts: the resumed run's rows are put back
         if self.rows_restored:
             return super().experiment
         path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
@@ -260,10 +246,8 @@ def _resume_last(cfg: Namespace, root: Path, entries: list[Namespace]) -> None:
 
 
 def default_callbacks() -> list:
-    """The callbacks every experiment gets without listing them: throughput, gradient norm, run summary, the
-    guard that stops at a non-finite loss before it reaches the weights, the learning rate's log and time
-    budget, and interrupt safety (a resumed fit
-    continues exactly; SIGTERM writes ``last.ckpt`` and exits with status 143)."""
+    """The callbacks every experiment gets without listing them: monitors, the run summary, the guards, interrupt
+    safety and the learning rate's time budget and log."""
     from experiments.callbacks import GradientNorm, RunSummary, Throughput
     from experiments.guards import NonFiniteLoss
     from experiments.interrupts import ExactResume, LastCheckpoint

@@ -1,9 +1,8 @@
 """Callbacks shared by every experiment, one job per module; the class paths in configs name them from here
 (``experiments.callbacks.PredictionWriter``, ``experiments.callbacks.LearningRateScaling`` ...)."""
 
-from experiments.callbacks.attention_figure import plot_attention_maps
 from experiments.callbacks.attention_logits import MaxAttentionLogit
-from experiments.callbacks.base import batch_size, shadowed
+from experiments.callbacks.base import shadowed
 from experiments.callbacks.compile import Compile
 from experiments.callbacks.monitors import GradientNorm, Throughput
 from experiments.callbacks.predictions import PredictionWriter
@@ -18,7 +17,5 @@ __all__ = [
     "PredictionWriter",
     "RunSummary",
     "Throughput",
-    "batch_size",
-    "plot_attention_maps",
     "shadowed",
 ]

@@ -9,15 +9,13 @@ import torch
 
 def plot_attention_maps(maps: dict[str, torch.Tensor], path: Path, columns: int = 4) -> None:
     """One heat map per layer: ``maps`` name -> (Lq, Lk) weights (e.g. the head mean of one sample)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global backend, nothing to close
 
     names = list(maps)
     cols = min(columns, len(names)) or 1
     rows = max(1, -(-len(names) // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3 * rows), squeeze=False)
+    fig = Figure(figsize=(3 * cols, 3 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, name in zip(axes.flat, names):
@@ -29,4 +27,3 @@ def plot_attention_maps(maps: dict[str, torch.Tensor], path: Path, columns: int 
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
-    plt.close(fig)

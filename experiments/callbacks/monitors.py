@@ -14,13 +14,11 @@ from experiments.callbacks.base import batch_size, shadowed
 class Throughput(Callback):
     """Log training throughput over all devices: ``perf/samples_per_s`` and ``perf/tokens_per_s``, once per epoch.
 
-    Time is wall-clock over spans of training batches (data loading included): a span ends, after one wait
-    for the device, before a validation and at an epoch's end; the first batch of every epoch and the first
-    after a validation only start a span (warm-up, loader start), and validation is left out. Tokens are the
-    positions, padding excluded, that enter the first attention layer of each Transformer stack: patches +
-    [CLS] for the ViT, source + target tokens for translation, feature-map cells + object queries for DETR;
-    they are summed on the device and read when a span ends. ``fit_samples_per_s`` / ``fit_tokens_per_s``
-    hold the whole fit's figures for the run summary.
+    Wall-clock time over spans of training batches (data loading included, validation not); the first batch of
+    an epoch and after a validation only starts a span (warm-up). Tokens are the positions, padding excluded,
+    that enter the first attention layer of each Transformer stack (patches + [CLS] for the ViT, source +
+    target tokens for translation, feature-map cells + object queries for DETR), summed on the device.
+    ``fit_samples_per_s`` / ``fit_tokens_per_s`` hold the whole fit's figures for the run summary.
     """
 
     def __init__(self):
@@ -126,12 +124,9 @@ def _device_done(pl_module: pl.LightningModule) -> float:
 
 
 class GradientNorm(Callback):
-    """Log ``train/grad_norm``, the L2 norm of all gradients before clipping (after AMP unscaling), with
-    ``LightningModule.log`` at each optimizer step (written at Lightning's logging steps).
-
-    Keeps ``first`` (the norm at the first step, i.e. at initialisation) and ``mean`` (over the fit's steps)
-    for the run summary: the gradient side of the √d argument.
-    """
+    """Log ``train/grad_norm``, the L2 norm of all gradients before clipping (after AMP unscaling), at each
+    optimizer step; ``first`` (at initialisation) and ``mean`` (over the fit) go to the run summary: the
+    gradient side of the √d argument."""
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._active = stage == "fit" and not shadowed(trainer, self)

@@ -25,18 +25,14 @@ from models.distributed import full_weights
 
 
 class RunSummary(Callback):
-    """Write ``summary.json`` into the run folder (``trainer.log_dir``): what `attnlab compare` reads.
+    """Write ``summary.json`` (`experiments.runfolder.Summary`) into the run folder: at fit start (``status:
+    running``) and again when training ends (``finished``) or fails.
 
-    Written at fit start (``status: running``) and again when training ends (``finished``) or fails:
-    modality, dataset, model class and hyper-parameters, parameters, FLOPs per sample (one forward pass,
-    counted by ``torch.utils.flop_counter``), throughput (from `Throughput`), gradient norms (from
-    `GradientNorm`), the best value of the ModelCheckpoint monitor, the last value of every logged
-    metric, attention statistics at initialisation and at the end (`experiments.stats`, on the
-    fixed batch: the inputs of the model's first call in the fit, i.e. the first validation batch of
-    the sanity check, or the first training batch when the sanity check is off), hardware and versions.
-    Also saves ``attention.png`` (each layer's head-mean attention on the first sample) and logs it
-    to image-capable loggers (W&B) as ``val/attention``. Every process runs the measuring forward passes
-    on its own fixed batch, which FSDP needs (`models.distributed.full_weights`); only rank 0 writes.
+    FLOPs per sample and the attention statistics at initialisation and at the end are measured on the fixed
+    batch: the inputs of the model's first call in the fit (the sanity check's first validation batch, or the
+    first training batch without one). Also saves ``attention.png`` (each layer's head-mean attention on the
+    first sample), logged to W&B as ``val/attention``. Every process runs the measuring forward passes on its
+    own fixed batch, which FSDP needs (`models.distributed.full_weights`); only rank 0 writes.
     """
 
     def __init__(self, filename: str = "summary.json", attention_figure: bool = True):
@@ -85,17 +81,15 @@ class RunSummary(Callback):
             "wandb": _wandb_runs(trainer),
         }
 
-    def _special_ids(self, pl_module: pl.LightningModule) -> tuple[int, ...]:
-        return tuple(int(pl_module.hparams[k]) for k in ("bos_id", "eos_id") if k in pl_module.hparams)
-
     def _measure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any] | None:
         """The attention statistics on the fixed batch; a forward pass on every process (FSDP)."""
         if self._inputs is None or self._inputs.args is None:
             return None
         try:
             with full_weights(trainer.model):
+                special_ids = tuple(int(pl_module.hparams[k]) for k in ("bos_id", "eos_id") if k in pl_module.hparams)
                 return summary_stats.attention_statistics(
-                    self._model, self._inputs.args, self._inputs.kwargs, self._special_ids(pl_module)
+                    self._model, self._inputs.args, self._inputs.kwargs, special_ids
                 )
         except Exception as err:  # statistics must never cost a finished training run
             rank_zero_warn(f"attention statistics failed: {err!r}")
@@ -159,9 +153,8 @@ class RunSummary(Callback):
                 if isinstance(v, torch.Tensor) and v.numel() == 1
             },
         )
-        init = self._init_stats or (previous.get("attention") or {}).get(
-            "init"
-        )  # a resumed run keeps its first start's
+        # a resumed run keeps its first start's
+        init = self._init_stats or (previous.get("attention") or {}).get("init")
         self._summary["attention"] = {"init": init, "final": final}
         self._write()
         if figure is not None:
@@ -246,13 +239,7 @@ def _hardware(trainer: pl.Trainer) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import pytorch_lightning
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "pytorch_lightning": pytorch_lightning.__version__,
-    }
+    return {"python": platform.python_version(), "torch": torch.__version__, "pytorch_lightning": pl.__version__}
 
 
 def _wandb_runs(trainer: pl.Trainer) -> list[dict[str, Any]]:

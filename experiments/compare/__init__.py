@@ -5,14 +5,12 @@ from experiments.compare.plots import panel_title
 from experiments.compare.report import build_report, main, print_result
 from experiments.compare.runs import find_runs
 from experiments.compare.stats import interval, paired
-from experiments.compare.tables import markdown_table
 
 __all__ = [
     "build_report",
     "find_runs",
     "interval",
     "main",
-    "markdown_table",
     "paired",
     "panel_title",
     "print_result",

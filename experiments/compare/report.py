@@ -1,32 +1,16 @@
 """`attnlab compare RUN_DIR... [--out DIR] [--wandb ENTITY/PROJECT]`: one report across runs and modalities.
 
-Each RUN_DIR is a run folder holding ``summary.json`` (written by `experiments.callbacks.RunSummary`),
-or any folder above run folders (an experiment's ``default_root_dir``, or ``runs/`` itself): then the
-newest finished run of every experiment below it is taken. The report (``report.md`` + PNG plots,
-in ``--out``, default ``runs/compare/report``) has, per run, modality, dataset, parameters, FLOPs per
-sample, throughput, the best value of the checkpoint monitor and attention statistics on the run's
-fixed batch; plots of the training loss on a common axis (fraction of training, loss relative to its
-first value) and of attention entropy and distance by layer, one panel per run. When runs of one
-modality differ in the similarity function, a section measures what the √d scaling does: logit
-variance and softmax saturation at initialisation and at the end, gradient norm, final metric.
-``--wandb ENTITY/PROJECT`` (or just PROJECT) also logs the table and plots to a W&B run (offline
-unless W&B is configured, like training runs).
-
-Runs that differ only in their seed form a cell: the runs of one cell of an `attnlab sweep` (read from the
-sweep's ``sweep.json``), or else runs whose resolved ``config.yaml`` is the same but for
-``seed_everything`` and the output folders. Each cell gets a row with the mean over its seeds, n and the
-half-width of the 95% t-interval (scipy.stats.ttest_1samp, n - 1 degrees of freedom) of the best metric and each
-attention statistic, and each cell is compared with its reference over the seeds both ran (the mean
-difference, its 95% t-interval and the p-value of a paired t-test, scipy.stats.ttest_rel). The reference
-of a cell is the same cell with one setting at its first grid value (outside a sweep: the value in the
-first cell), or the value ``--baseline KEY=VALUE`` names. A plot shows every seed's value and the
-intervals.
-
-"Against the swept numbers": when a sweep's grid key takes three or more numbers (a learning rate), each group's
-final val/loss (and ``train/max_attn_logit``, when logged) is plotted against it, one line per setting of the other
-keys, the mean over the seeds with its 95% interval as a band; for a learning rate, with a log axis and each line's
-learning-rate sensitivity (Wortsman et al. 2023). Metrics logged at several points (``val/loss@2x``,
-``val/acc@42px``) are plotted against the number after ``@`` the same way.
+Each RUN_DIR is a run folder holding ``summary.json``, or any folder above run folders: then the newest
+finished run of every experiment below it is taken. The report (``report.md`` + PNG plots in ``--out``) has
+a row per run (modality, dataset, parameters, FLOPs per sample, throughput, best metric, attention
+statistics), the training loss and attention by layer; when runs of one modality differ in the similarity
+function, what the √d scaling does; when runs differ only in their seed (`experiments.compare.runs`), each
+cell's mean over seeds with its 95% interval and each cell against its reference (`experiments.compare.stats`).
+``--wandb ENTITY/PROJECT`` (or just PROJECT) also logs the tables and plots to a W&B run (offline unless W&B
+is configured, like training runs).
+Against the swept numbers: a grid key of three or more numbers (a learning rate) gets each group's final
+val/loss (and ``train/max_attn_logit``) against it with the 95% band, and a learning rate each line's
+sensitivity (Wortsman et al. 2023); metrics logged at several points (``val/loss@2x``) are plotted against theirs.
 """
 
 from __future__ import annotations
@@ -132,31 +116,11 @@ def build_report(
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))
-    (out / "table.json").write_text(
-        json.dumps(
-            {
-                "columns": columns,
-                "rows": rows,
-                "scaling_columns": scale_columns,
-                "scaling_rows": scale,
-                "cell_columns": cell_columns,
-                "cell_rows": cell_table,
-                "paired_columns": paired_columns,
-                "paired_rows": paired_table,
-                "conclusions": conclusions,
-                "lr_sensitivity": sensitivity,
-            },
-            indent=1,
-        )
-    )
-    return {
-        "report": report,
-        "table": table,
+    tables = {
         "columns": columns,
         "rows": rows,
-        "scaling": scale,
         "scaling_columns": scale_columns,
-        "plots": plots,
+        "scaling_rows": scale,
         "cell_columns": cell_columns,
         "cell_rows": cell_table,
         "paired_columns": paired_columns,
@@ -164,6 +128,8 @@ def build_report(
         "conclusions": conclusions,
         "lr_sensitivity": sensitivity,
     }
+    (out / "table.json").write_text(json.dumps(tables, indent=1))
+    return {**tables, "report": report, "table": table, "scaling": scale, "plots": plots}
 
 
 def against_numbers(
@@ -240,20 +206,21 @@ def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:
     return where
 
 
-def print_result(result: dict[str, Any]) -> None:
-    """The per-run table (and the √d section), or, when runs share cells, the cells and the paired comparisons."""
+def print_result(result: dict[str, Any], scaling: bool = False) -> None:
+    """The per-run table and the √d section, or, when runs share cells, the cells and the paired comparisons
+    (``scaling``: and the √d section)."""
     if not result["cell_rows"]:
         print(result["table"])
-        if result["scaling"]:
-            print()
-            print(markdown_table(result["scaling_columns"], result["scaling"]))
-        return
-    print("Cells: mean ± half-width of the 95% t-interval over n seeds (scipy.stats.t)")
-    print(markdown_table(result["cell_columns"], result["cell_rows"]))
+    else:
+        print("Cells: mean ± half-width of the 95% t-interval over n seeds (scipy.stats.t)")
+        print(markdown_table(result["cell_columns"], result["cell_rows"]))
     if result["conclusions"]:
         print()
         print("Paired over the same seeds (cell - reference; 95% t-interval, scipy.stats.ttest_rel):")
         print("\n".join(f"- {line}" for line in result["conclusions"]))
+    if result["scaling"] and (scaling or not result["cell_rows"]):
+        print()
+        print(markdown_table(result["scaling_columns"], result["scaling"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,11 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         "(default: each key's first grid value)",
     )
     args = parser.parse_args(argv)
-    if args.baseline is not None and "=" not in args.baseline:
-        message = f"--baseline {args.baseline!r}: expected KEY=VALUE, e.g. similarity=scaled_dot"
-        print(f"attnlab: error: {message}", file=sys.stderr)
-        sys.exit(2)
     try:
+        if args.baseline is not None and "=" not in args.baseline:
+            raise ValueError(f"--baseline {args.baseline!r}: expected KEY=VALUE, e.g. similarity=scaled_dot")
         runs = find_runs(args.runs)
     except ValueError as err:
         print(f"attnlab: error: {err}", file=sys.stderr)

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from experiments.runfolder import SUMMARY, Summary, SweepRun, SweepStatus, cli_value
+from experiments.runfolder import SUMMARY, Summary, SweepRun, SweepStatus, cli_value, newest
 
 POSITION_KEYS = (
     "positions",
@@ -58,19 +58,15 @@ def find_runs(paths: list[str]) -> list[Path]:
             continue
         if not path.is_dir():
             raise ValueError(f"{raw}: no such run folder")
-        newest: dict[Path, tuple[float, Path]] = {}
+        finished: dict[Path, list[Path]] = {}  # experiment folder -> its finished runs' summaries
         for summary in path.rglob(SUMMARY):
-            if Summary.read(summary).status != "finished":
-                continue
-            experiment = (
-                summary.parent.parent.parent if summary.parent.parent.name == "lightning_logs" else summary.parent
-            )
-            stamp = summary.stat().st_mtime
-            if experiment not in newest or stamp > newest[experiment][0]:
-                newest[experiment] = (stamp, summary.parent)
-        if not newest:
+            if Summary.read(summary).status == "finished":
+                run = summary.parent
+                experiment = run.parent.parent if run.parent.name == "lightning_logs" else run
+                finished.setdefault(experiment, []).append(summary)
+        if not finished:
             raise ValueError(f"{raw}: no finished run (summary.json) below it; run `attnlab fit` first")
-        runs += [run for _, run in sorted(newest.values(), key=lambda item: str(item[1]))]
+        runs += sorted((newest(summaries).parent for summaries in finished.values()), key=str)
     return list(dict.fromkeys(runs))
 
 
@@ -88,10 +84,6 @@ def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
                     continue
                 series.setdefault(key, {})[step] = float(value)
     return {key: sorted(values.items()) for key, values in series.items()}
-
-
-def _position_kind(hparams: dict[str, Any]) -> str | None:
-    return next((str(hparams[k]) for k in POSITION_KEYS if k in hparams), None)
 
 
 def _labels(experiments: list[Path]) -> list[str]:
@@ -120,7 +112,7 @@ def load_run(run: Path) -> dict[str, Any]:
         "summary": summary,
         "metrics": read_metrics(run),
         "similarity": hp.get("similarity"),
-        "positions": _position_kind(hp),
+        "positions": next((str(hp[k]) for k in POSITION_KEYS if k in hp), None),
         "final": summarize(attention["final"]) if attention.get("final") else {},
         "init": summarize(attention["init"]) if attention.get("init") else {},
     }

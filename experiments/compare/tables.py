@@ -28,95 +28,67 @@ def _best(summary: Summary) -> str:
     return f"{best['monitor']} = {best['value']:.4g}" if best.get("value") is not None else "-"
 
 
+def _distance(r: dict[str, Any]) -> str:
+    unit = ((r["summary"].attention or {}).get("final") or {}).get("unit", "")
+    return f"{_num(r['final']['distance'])} {unit}" if r["final"].get("distance") is not None else "-"
+
+
+# a table's columns: name -> its text for a loaded run (`experiments.compare.runs.load_run`)
+RUN_COLUMNS = {
+    "run": lambda r: r["label"],
+    "modality": lambda r: r["summary"].modality or "-",
+    "dataset": lambda r: r["summary"].dataset or "-",
+    "similarity": lambda r: r["similarity"] or "-",
+    "positions": lambda r: r["positions"] or "-",
+    "params": lambda r: _num((r["summary"].params or {}).get("total")),
+    "FLOPs/sample": lambda r: _num(r["summary"].flops_per_sample),
+    "samples/s": lambda r: _num((r["summary"].throughput or {}).get("samples_per_s")),
+    "tokens/s": lambda r: _num((r["summary"].throughput or {}).get("tokens_per_s")),
+    "best": lambda r: _best(r["summary"]),
+    "entropy (nats)": lambda r: _num(r["final"].get("entropy")),
+    "distance": _distance,
+    "special share": lambda r: _num(r["final"].get("special")),
+    "logit var": lambda r: _num(r["final"].get("logit_var")),
+    "max weight": lambda r: _num(r["final"].get("max_weight")),
+}
+SCALING_COLUMNS = {
+    "modality": RUN_COLUMNS["modality"],
+    "similarity": RUN_COLUMNS["similarity"],
+    "positions": RUN_COLUMNS["positions"],
+    "run": RUN_COLUMNS["run"],
+    "logit var init": lambda r: _num(r["init"].get("logit_var")),
+    "logit var end": lambda r: _num(r["final"].get("logit_var")),
+    "max weight init": lambda r: _num(r["init"].get("max_weight")),
+    "max weight end": lambda r: _num(r["final"].get("max_weight")),
+    "saturated init": lambda r: _num(r["init"].get("saturated")),
+    "saturated end": lambda r: _num(r["final"].get("saturated")),
+    "grad norm step 1": lambda r: _num((r["summary"].grad_norm or {}).get("first")),
+    "grad norm mean": lambda r: _num((r["summary"].grad_norm or {}).get("mean")),
+    "best": RUN_COLUMNS["best"],
+}
+
+
+def _table(columns: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    return list(columns), [[text(r) for text in columns.values()] for r in runs]
+
+
 def run_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    columns = [
-        "run",
-        "modality",
-        "dataset",
-        "similarity",
-        "positions",
-        "params",
-        "FLOPs/sample",
-        "samples/s",
-        "tokens/s",
-        "best",
-        "entropy (nats)",
-        "distance",
-        "special share",
-        "logit var",
-        "max weight",
-    ]
-    rows = []
-    for r in runs:
-        s, f = r["summary"], r["final"]
-        unit = ((s.attention or {}).get("final") or {}).get("unit", "")
-        rows.append(
-            [
-                r["label"],
-                s.modality or "-",
-                s.dataset or "-",
-                r["similarity"] or "-",
-                r["positions"] or "-",
-                _num((s.params or {}).get("total")),
-                _num(s.flops_per_sample),
-                _num((s.throughput or {}).get("samples_per_s")),
-                _num((s.throughput or {}).get("tokens_per_s")),
-                _best(s),
-                _num(f.get("entropy")),
-                f"{_num(f.get('distance'))} {unit}" if f.get("distance") is not None else "-",
-                _num(f.get("special")),
-                _num(f.get("logit_var")),
-                _num(f.get("max_weight")),
-            ]
-        )
-    return columns, rows
+    return _table(RUN_COLUMNS, runs)
 
 
 def scaling_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """The √d section: runs of one modality that differ in similarity (all of them, sorted)."""
-    columns = [
-        "modality",
-        "similarity",
-        "positions",
-        "run",
-        "logit var init",
-        "logit var end",
-        "max weight init",
-        "max weight end",
-        "saturated init",
-        "saturated end",
-        "grad norm step 1",
-        "grad norm mean",
-        "best",
-    ]
     by_modality: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_modality.setdefault(r["summary"].modality or "-", []).append(r)
-    rows = []
     order = {"scaled_dot": 0, "dot": 1, "general": 2}
-    for modality_, group in sorted(by_modality.items()):
-        if len({r["similarity"] for r in group}) < 2:
-            continue
-        for r in sorted(group, key=lambda r: (order.get(r["similarity"], 9), str(r["positions"]), r["label"])):
-            i, f, g = r["init"], r["final"], r["summary"].grad_norm or {}
-            rows.append(
-                [
-                    modality_,
-                    r["similarity"] or "-",
-                    r["positions"] or "-",
-                    r["label"],
-                    _num(i.get("logit_var")),
-                    _num(f.get("logit_var")),
-                    _num(i.get("max_weight")),
-                    _num(f.get("max_weight")),
-                    _num(i.get("saturated")),
-                    _num(f.get("saturated")),
-                    _num(g.get("first")),
-                    _num(g.get("mean")),
-                    _best(r["summary"]),
-                ]
-            )
-    return columns, rows
+    shown = [
+        r
+        for _, group in sorted(by_modality.items())
+        if len({r["similarity"] for r in group}) > 1
+        for r in sorted(group, key=lambda r: (order.get(r["similarity"], 9), str(r["positions"]), r["label"]))
+    ]
+    return _table(SCALING_COLUMNS, shown)
 
 
 def plus_minus(stat: dict[str, Any]) -> str:

@@ -51,17 +51,14 @@ def no_run_finished(sweep: Sweep, code: int) -> int:
 def report(sweep: Sweep, title: str | None = None, scaling: bool = False) -> bool:
     """The cells of the finished runs (mean ± 95% CI, n) and the paired comparisons, as `attnlab compare` gives
     them (``scaling``: and the √d table); the report goes to ``<root>/report``. False when no run finished."""
-    from experiments.compare import build_report, find_runs, markdown_table, print_result
+    from experiments.compare import build_report, find_runs, print_result
 
     try:
         runs = find_runs([str(sweep.root)])
     except ValueError:  # no finished run below the root
         return False
     result = build_report(runs, sweep.root / "report", title or f"attnlab: sweep {sweep.name}")
-    print_result(result)
-    if scaling and result["scaling"]:
-        print()
-        print(markdown_table(result["scaling_columns"], result["scaling"]))
+    print_result(result, scaling)
     print(f"attnlab: report written to {result['report']}")
     return True
 

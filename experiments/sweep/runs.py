@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import re
 import sys
@@ -50,7 +51,7 @@ class Sweep:
         runs = []
         for config, grid in self.configs:
             short = _short_keys(list(grid))
-            for cell in _product(grid):
+            for cell in (dict(zip(grid, values)) for values in itertools.product(*grid.values())):
                 label = ",".join(f"{short[k]}={_folder_value(v)}" for k, v in cell.items()) or "base"
                 for seed in self.seeds:
                     name = f"{Path(config).stem}/{label}/seed={seed}"
@@ -98,13 +99,6 @@ class Sweep:
         """The W&B job type: experiments.tracking.WandbLogger takes none, so it goes by the environment every process
         of the run inherits."""
         return {"WANDB_JOB_TYPE": run.cell_name[:64]} if self.wandb is not None else {}
-
-
-def _product(grid: dict[str, list]) -> list[dict[str, Any]]:
-    cells: list[dict[str, Any]] = [{}]
-    for key, values in grid.items():
-        cells = [{**cell, key: value} for cell in cells for value in values]
-    return cells
 
 
 def _short_keys(keys: list[str]) -> dict[str, str]:
