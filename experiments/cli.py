@@ -218,11 +218,14 @@ def _fail(err: object) -> None:
 
 def quiet_lightning_notes() -> None:
     """Leave out of the output what concerns neither the run nor the user: Lightning's advertisement of its cloud
-    logger at every start, and torch's deprecation warning about Lightning's own use of torch's pytree ``LeafSpec``."""
+    logger at every start, torch's deprecation warning about Lightning's own use of torch's pytree ``LeafSpec``, and
+    ModelCheckpoint's note that a checkpoint tested or resumed into a new version folder does not bring its top-k
+    bookkeeping (`attnlab test --ckpt_path best` reads the weights, which is all it needs)."""
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(
         lambda record: "litlogger" not in record.getMessage()
     )
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
 
 
 def hub_offline_unless_asked() -> None:
