@@ -33,6 +33,7 @@ in benchmarks/RESULTS.md (one current table per subject) replace them there by h
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -270,7 +271,7 @@ def fmt_mib(value: float | None) -> str:
 
 def attention_kernels(events: list) -> str:
     """Which attention kernels a profiled step ran: SDPA's (`scaling.sdpa_kernels`) and the padding-free path's."""
-    counts = {e.key: e.count for e in events}
+    counts = collections.Counter(e.key for e in events)
     names = [name for key, name in scaling.SDPA_KERNELS.items() if key in counts]
     names += [name for key, (sdpa, name) in VARLEN_KERNELS.items() if counts.get(key, 0) > counts.get(sdpa, 0)]
     return ", ".join(names) or "none"

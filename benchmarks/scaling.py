@@ -2,7 +2,7 @@
 
 Scaling: how our training step's time and memory grow with the sequence length (text), the image
 size (ViT) and the number of queries / targets (DETR), and which share of the step the attention
-kernels take (from the profiler: `F.scaled_dot_product_attention` forward and backward), so the
+kernels take (from the profiler: SDPA and the padding-free kernels, forward and backward), so the
 point where quadratic attention starts to dominate is visible.
 
 Data pipeline: for each experiment config, samples/s of the DataModule's training loader alone,
@@ -23,7 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from benchmarks.harness import Step
-from benchmarks.peers import QUICK_VIT, VIT_SHAPES, Bench, Settings, detr_bench, train_step, training_flops, vit_pair
+from benchmarks.peers.bench import Bench, Settings, train_step, training_flops
+from benchmarks.peers.detr import detr_bench
+from benchmarks.peers.vit import QUICK_VIT, VIT_SHAPES, vit_pair
 from experiments.links import LINKED_ATTRIBUTES, init_options
 from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
@@ -40,14 +42,36 @@ SDPA_KERNELS = {
 }
 
 
+# Where attention runs, as the profiler names the ops: SDPA on dense tensors (forward; its backward is the
+# autograd nodes below), varlen_attn's custom ops (torch.nn.attention.varlen), and the kernels that SDPA on
+# nested jagged tensors calls without `aten::scaled_dot_product_attention` (torch.nested._internal.sdpa: flash,
+# memory-efficient, cuDNN on CUDA, the math kernel on the CPU): the padding-free path of `models.padding_free`.
+ATTENTION_OPS = frozenset(
+    {
+        "aten::scaled_dot_product_attention",
+        "torch_attn::_varlen_attn",
+        "torch_attn::_varlen_attn_backward",
+        "aten::_flash_attention_forward",
+        "aten::_flash_attention_backward",
+        "aten::_efficient_attention_forward",
+        "aten::_efficient_attention_backward",
+        "aten::_cudnn_attention_forward",
+        "aten::_cudnn_attention_backward",
+        "aten::_scaled_dot_product_attention_math",
+    }
+)
+SDPA_BACKWARD = "autograd::engine::evaluate_function: ScaledDotProduct"
+
+
 def profile_step(step: Step) -> list[Any]:
-    """One step under the PyTorch profiler -> its key-averaged events."""
+    """One step under the PyTorch profiler -> its events, each call one event that knows its caller
+    (``cpu_parent``)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         step()
-    return list(prof.key_averages())
+    return list(prof.events())
 
 
 def sdpa_kernels(events: list[Any]) -> str:
@@ -57,17 +81,26 @@ def sdpa_kernels(events: list[Any]) -> str:
     return ", ".join(seen) or "none"
 
 
+def _is_attention(event: Any) -> bool:
+    return event.key in ATTENTION_OPS or event.key.startswith(SDPA_BACKWARD)
+
+
 def attention_share(events: list[Any]) -> float:
-    """Share of the step's CPU time inside SDPA, forward (``aten::scaled_dot_product_attention``) and
-    backward (autograd nodes ``ScaledDotProduct*Backward``). Exact for the fused kernels; the math
+    """Share of the step's CPU time inside attention: the outermost calls of `ATTENTION_OPS` (those inside
+    another, as SDPA's flash kernel inside ``aten::scaled_dot_product_attention``, are counted once) and
+    SDPA's backward (autograd nodes ``ScaledDotProduct*Backward``). Exact for the fused kernels; the math
     fallback's backward is spread over generic ops and is not counted."""
+
+    def outermost(event: Any) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if _is_attention(parent):
+                return False
+            parent = parent.cpu_parent
+        return True
+
     total = sum(e.self_cpu_time_total for e in events)
-    inside = sum(
-        e.cpu_time_total
-        for e in events
-        if e.key == "aten::scaled_dot_product_attention"
-        or (e.key.startswith("autograd::engine::evaluate_function: ScaledDotProduct"))
-    )
+    inside = sum(e.cpu_time_total for e in events if _is_attention(e) and outermost(e))
     return inside / total if total else 0.0
 
 
