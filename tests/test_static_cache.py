@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from benchmarks import peers
-from benchmarks.run import GPU_DECODING, static_cache_case
+from benchmarks.cases import GPU_DECODING, static_cache_case
 from datamodules.text import BOS_ID, EOS_ID, PAD_ID
 from models import decoding, text
 from models.attention import KVCache, MultiHeadAttention, StaticKVCache
