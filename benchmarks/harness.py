@@ -1,5 +1,5 @@
 """Measuring for `python -m benchmarks`: interleaved timing, peak memory in a fresh process, the
-machine's description, Markdown tables.
+machine's description, a bare Trainer.
 
 Timing. Every side of a comparison runs in the same process, interleaved (A B, B A, A B, ...: the
 order alternates so that neither side always runs right after the other), after warm-up steps;
@@ -33,8 +33,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
 
 Step = Callable[[], object]
 REPO_ROOT = Path(__file__).resolve().parents[1]  # `python -m benchmarks` runs from here: it is not installed
@@ -205,7 +209,20 @@ def machine(device: torch.device) -> dict[str, str]:
     return info
 
 
-def markdown_table(header: list[str], rows: list[list[object]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+def bare_trainer(accelerator: str, root: str, **options: Any) -> pl.Trainer:
+    """A `pl.Trainer` on one device that adds nothing of its own to a step (no logger, checkpoint, progress bar,
+    model summary or validation), so that what is timed is the loop and ``options`` (``max_steps``, callbacks)."""
+    import pytorch_lightning as pl
+
+    return pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        **options,
+    )

@@ -46,6 +46,9 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
+from benchmarks.harness import bare_trainer
+from experiments.compare.tables import markdown_table
+
 TASKS = {
     "vit": "configs/vision/digits.yaml",
     "seq2seq": "configs/text/toy_en_de.yaml",
@@ -122,19 +125,12 @@ def _lightning_alone(config: str, args: argparse.Namespace, root: str) -> None:
     """Fit the config's module and data with a bare `pl.Trainer`: no callback but `Interleave`, no logger, no
     checkpoint, and the config's logging interval, clipping, accumulation and precision."""
     module, data, configured = _build(config, args, root)
-    pl.Trainer(
-        accelerator="gpu" if args.device == "cuda" else "cpu",
-        devices=1,
+    bare_trainer(
+        "gpu" if args.device == "cuda" else "cpu",
+        root,
         max_epochs=args.epochs + 1,
         limit_train_batches=args.batches,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-        enable_checkpointing=False,
         callbacks=[Interleave()],
-        default_root_dir=root,
         log_every_n_steps=configured.log_every_n_steps,
         gradient_clip_val=configured.gradient_clip_val,
         accumulate_grad_batches=configured.accumulate_grad_batches,
@@ -302,9 +298,16 @@ def main(argv: list[str] | None = None) -> None:
                 ratios = [t[clock] / p[clock] - 1 for t, p in zip(times[loop]["trainer"], times[loop]["plain"])]
                 low, median, high = statistics.quantiles(ratios, n=4)
                 rows.append(
-                    f"| {task} ({TASKS[task]}) | {LOOPS[loop]} | {name} | {trainer * 1e3:.2f} | {plain * 1e3:.2f} | "
-                    f"{100 * (trainer - plain) / plain:+.1f} % | {(trainer - plain) * 1e3:+.2f} | "
-                    f"{100 * median:+.1f} % ({100 * low:+.1f} .. {100 * high:+.1f}) |"
+                    [
+                        f"{task} ({TASKS[task]})",
+                        LOOPS[loop],
+                        name,
+                        f"{trainer * 1e3:.2f}",
+                        f"{plain * 1e3:.2f}",
+                        f"{100 * (trainer - plain) / plain:+.1f} %",
+                        f"{(trainer - plain) * 1e3:+.2f}",
+                        f"{100 * median:+.1f} % ({100 * low:+.1f} .. {100 * high:+.1f})",
+                    ]
                 )
     device = (
         torch.cuda.get_device_name()
@@ -320,12 +323,17 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.repeats} runs of each loop of {args.epochs} counted epochs x {args.batches} batches (after 1 warm-up "
         "epoch), each against the plain loop in alternating steps; step time: the mean over the counted steps.\n"
     )
-    print(
-        "| task | loop | time | loop step (ms) | plain loop step (ms) | overhead | overhead (ms) "
-        "| per-step ratio: median (quartiles) |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    header = [
+        "task",
+        "loop",
+        "time",
+        "loop step (ms)",
+        "plain loop step (ms)",
+        "overhead",
+        "overhead (ms)",
+        "per-step ratio: median (quartiles)",
+    ]
+    print(markdown_table(header, rows))
 
 
 if __name__ == "__main__":

@@ -39,122 +39,22 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from benchmarks import peers, scaling
-from benchmarks.harness import Ratio, Timing, interleaved, machine, markdown_table, measure_in_subprocess, step_peak_mib
+from benchmarks import peers
+from benchmarks.cases import cases
+from benchmarks.harness import machine, step_peak_mib
+from benchmarks.measure import log
+from benchmarks.report import method_text
+from benchmarks.sections import case_parts, data_part, gpu_parts, padding_report
 from experiments.cli import hub_offline_unless_asked
-from models import attention
+from experiments.compare.tables import markdown_table
 
 SECTIONS = ("core", "attention", "vit", "text", "decoding", "detr", "scaling", "data", "padding", "gpu")
-PADDED_LENGTHS, QUICK_PADDED_LENGTHS = (64, 256, 1024), (16, 32)
-# the variable-length kernels the padding-free path calls without SDPA -> (SDPA's kernel that calls the same op
-# inside, short name): the op ran padding-free when it ran more often than that SDPA kernel
-VARLEN_KERNELS = {
-    "aten::_flash_attention_forward": ("aten::_scaled_dot_product_flash_attention", "flash varlen"),
-    "aten::_efficient_attention_forward": ("aten::_scaled_dot_product_efficient_attention", "memory-efficient varlen"),
-    "aten::_cudnn_attention_forward": ("aten::_scaled_dot_product_cudnn_attention", "cuDNN varlen"),
-}
 DATA_CONFIGS = ("configs/vision/digits.yaml", "configs/text/toy_en_de.yaml", "configs/detection/shapes.yaml")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One benchmark row group. ``targets``: peer side -> the largest acceptable ratio ours/peer of
-    step time (None: no target, reported only). A case without targets measures ours alone."""
-
-    key: str
-    section: str
-    label: str
-    build: Callable[[peers.Settings], peers.Bench]
-    targets: dict[str, float | None] = field(default_factory=dict)
-
-
-def cases(quick: bool) -> list[Case]:
-    """Every case, in report order; keys are stable so a memory probe in a fresh process finds its case."""
-    out = []
-    for length in (16, 32) if quick else (64, 256, 1024):
-        for masked in (False, True):
-            out.append(
-                Case(
-                    f"core/L={length}/{'padded' if masked else 'full'}",
-                    "core",
-                    f"L={length}" + (", key padding" if masked else ""),
-                    partial(peers.core_bench, length, masked),
-                    {"sdpa": 1.05},
-                )
-            )
-            out.append(
-                Case(
-                    f"attention/L={length}/{'padded' if masked else 'full'}",
-                    "attention",
-                    f"L={length}" + (", key padding" if masked else ""),
-                    partial(peers.attention_bench, length, masked),
-                    {"sdpa": 1.05, "nn.MHA": 1.0},
-                )
-            )
-    for name in ("vit_tiny", "vit_small"):
-        out.append(Case(f"vit/{name}", "vit", name, partial(peers.vit_bench, name), {"timm": 1.0}))
-    out.append(
-        Case(
-            "vit/vit_dispatch",
-            "vit",
-            "vit_dispatch (tiny tensors)",
-            partial(peers.vit_bench, "vit_dispatch", batch=2),
-            {"timm": 1.0},
-        )
-    )
-    for size in ("small", "base"):
-        out.append(
-            Case(f"text/{size}", "text", f"seq2seq {size}", partial(peers.seq2seq_bench, size), {"nn.Transformer": 1.0})
-        )
-    out.append(
-        Case(
-            "decoding/beam", "decoding", "beam search, beam 5", partial(peers.decoding_bench, "beam"), {"no cache": 0.2}
-        )
-    )
-    out.append(
-        Case("decoding/greedy", "decoding", "greedy", partial(peers.decoding_bench, "greedy"), {"no cache": None})
-    )
-    out.append(static_cache_case("beam", 64))
-    for size in ("small", "r50"):
-        out.append(Case(f"detr/{size}", "detr", f"DETR {size}", partial(peers.detr_bench, size), {"HF DETR": 1.0}))
-    for shape in peers.MATCHING_SHAPES:
-        out.append(
-            Case(
-                f"detr/matching/{shape}",
-                "detr",
-                f"matching, {shape}",
-                partial(peers.matching_bench, shape),
-                {"HF matcher": 1.0},
-            )
-        )
-    out.append(Case("scaling/text", "scaling", "text", scaling.text_scaling_bench))
-    out.append(Case("scaling/vit", "scaling", "ViT tiny", scaling.vit_scaling_bench))
-    out.append(Case("scaling/detr", "scaling", "DETR small", scaling.detr_scaling_bench))
-    return out
-
-
-def static_cache_case(search: str, sentences: int, prefix: str = "decoding") -> Case:
-    """Decoding on the static cache (a CUDA graph per step on CUDA) vs the dynamic cache, Multi30k-shaped; a
-    decoding case (timed without profiling) also where the gpu section runs it."""
-    label = f"{'beam 5' if search == 'beam' else 'greedy'}, {sentences} sentences, static cache"
-    return Case(
-        f"{prefix}/static_cache/{search}/{sentences}",
-        "decoding",
-        label,
-        partial(peers.static_cache_bench, search, sentences),
-        {"dynamic cache": None},
-    )
-
-
-# `--only gpu`: the CUDA-graph rows, at the sizes of Multi30k's validation (64 sentences, the whole val set)
-GPU_DECODING = (("beam", 64), ("beam", 1014), ("greedy", 1014))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -215,22 +115,6 @@ def settings_of(args: argparse.Namespace) -> peers.Settings:
     )
 
 
-def probe_argv(args: argparse.Namespace, s: peers.Settings) -> list[str]:
-    """The flags a memory probe needs to rebuild the same case."""
-    return (["--quick"] if s.quick else []) + [
-        "--threads",
-        str(args.threads),
-        "--device",
-        s.device.type,
-        "--amp",
-        "on" if s.amp else "off",
-        "--channels-last",
-        "on" if s.channels_last else "off",
-        "--compile",
-        "on" if s.compile else "off",
-    ]
-
-
 def memory_probe(args: argparse.Namespace) -> None:
     """Child process: build one case, warm one side up, print the step's peak memory as JSON."""
     key, side = args.memory_probe
@@ -241,249 +125,6 @@ def memory_probe(args: argparse.Namespace) -> None:
     for _ in range(1 if bench.inference else 2):
         step()
     print(json.dumps({"key": key, "side": side, "peak_mib": step_peak_mib(step, s.device)}))
-
-
-# ----------------------------------------------------------------------------- running the cases
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def verdict(ratio: Ratio, target: float | None) -> str:
-    """yes: the ratio of medians meets the target; no: even the 25th percentile of the per-round ratios
-    misses it; within noise: between the two."""
-    if target is None:
-        return "-"
-    if ratio.median <= target:
-        return "yes"
-    return "no" if ratio.p25 > target else "within noise"
-
-
-def fmt_rate(items: int, seconds: float, unit: str) -> str:
-    return f"{items / seconds:,.0f} {unit}/s" if items else "-"
-
-
-def fmt_mib(value: float | None) -> str:
-    return "-" if value is None else f"{max(value, 0.0):,.0f}"
-
-
-def attention_kernels(events: list) -> str:
-    """Which attention kernels a profiled step ran: SDPA's (`scaling.sdpa_kernels`) and the padding-free path's."""
-    counts = {e.key: e.count for e in events}
-    names = [name for key, name in scaling.SDPA_KERNELS.items() if key in counts]
-    names += [name for key, (sdpa, name) in VARLEN_KERNELS.items() if counts.get(key, 0) > counts.get(sdpa, 0)]
-    return ", ".join(names) or "none"
-
-
-@dataclass
-class Outcome:
-    case: Case
-    bench: peers.Bench
-    timings: dict[str, Timing]
-    memory: dict[str, float | None]
-    kernels: dict[str, str]
-    notes: list[str]
-    shares: dict[str, float] = field(default_factory=dict)
-    extra_figures: dict[str, dict[str, str]] = field(default_factory=dict)
-
-
-def run_case(
-    case: Case, s: peers.Settings, args: argparse.Namespace, profile_sides: tuple[str, ...] = ("ours",)
-) -> Outcome:
-    log(f"{case.key}: building")
-    bench = case.build(s)
-    repeats = bench.repeats or args.repeats
-    if not case.targets:
-        repeats = max(2, repeats // 2)  # scaling: many sides (points), fewer rounds suffice
-    log(f"{case.key}: timing {', '.join(bench.steps)} x {repeats}")
-    timings = interleaved(
-        bench.steps, s.device, repeats=repeats, warmup=args.warmup, min_sample_s=0.01 if s.quick else 0.2
-    )
-    notes = [bench.check] if bench.check else []
-    extra_figures = {side: extra() for side, extra in bench.extra.items()}
-    for side, figures in extra_figures.items():
-        notes += [f"{side}: {k} {v}" for k, v in figures.items()]
-    kernels, shares = {}, {}
-    if case.section != "decoding":
-        for side in [p for p in profile_sides if p in bench.steps] if case.targets else bench.steps:
-            events = scaling.profile_step(bench.steps[side])
-            kernels[side] = attention_kernels(events)
-            shares[side] = scaling.attention_share(events)
-        if (
-            s.device.type == "cuda" and "ours" in bench.steps and not s.compile
-        ):  # under sdpa_kernel a compiled step recompiles
-            notes.append("ours, SDPA kernels allowed one at a time: " + scaling.verify_gpu_kernels(bench.steps["ours"]))
-    memory: dict[str, float | None] = {}
-    if args.memory:
-        for side in bench.steps:
-            log(f"{case.key}: peak memory of {side}")
-            # CUDA's allocator counts exactly what a step allocates, other sides' tensors aside: no fresh process needed
-            memory[side] = (
-                step_peak_mib(bench.steps[side], s.device)
-                if s.device.type == "cuda"
-                else measure_in_subprocess(case.key, side, probe_argv(args, s))
-            )
-    bench.steps, bench.extra = {}, {}  # free the models before the next case
-    return Outcome(case, bench, timings, memory, kernels, notes, shares, extra_figures)
-
-
-def comparison_table(outcomes: list[Outcome]) -> str:
-    header = [
-        "case",
-        "peer",
-        "ours ms",
-        "peer ms",
-        "time ours/peer [p25-p75]",
-        "wall-clock ratio",
-        "target",
-        "met",
-        "ours throughput",
-        "peer throughput",
-        "ours MiB",
-        "peer MiB",
-        "memory met",
-        "SDPA kernel (ours)",
-    ]
-    rows = []
-    for o in outcomes:
-        ours = o.timings["ours"]
-        for peer, target in o.case.targets.items():
-            if peer not in o.timings:
-                continue
-            theirs, ratio = o.timings[peer], Ratio.of(ours, o.timings[peer])
-            mem_ours, mem_peer = o.memory.get("ours"), o.memory.get(peer)
-            mem_met = (
-                "-" if mem_ours is None or mem_peer is None else ("yes" if mem_ours <= mem_peer * 1.02 + 1 else "no")
-            )
-            rows.append(
-                [
-                    o.case.label,
-                    peer,
-                    f"{ours.median * 1e3:,.1f}",
-                    f"{theirs.median * 1e3:,.1f}",
-                    str(ratio),
-                    f"{ratio.wall:.2f}",
-                    "-" if target is None else f"<= {target:g}",
-                    verdict(ratio, target),
-                    fmt_rate(o.bench.items, ours.median, o.bench.unit),
-                    fmt_rate(o.bench.items, theirs.median, o.bench.unit),
-                    fmt_mib(mem_ours),
-                    fmt_mib(mem_peer),
-                    mem_met,
-                    o.kernels.get("ours", "-"),
-                ]
-            )
-    return markdown_table(header, rows)
-
-
-def scaling_table(outcomes: list[Outcome]) -> str:
-    header = ["model", "point", "shape", "step ms", "throughput", "peak MiB", "attention share", "SDPA kernel", "notes"]
-    rows = []
-    for o in outcomes:
-        for side, timing in o.timings.items():
-            t = timing.median
-            extra = [f"{k} {v}" for k, v in o.extra_figures.get(side, {}).items()]
-            rows.append(
-                [
-                    o.case.label,
-                    side,
-                    o.bench.side_info.get(side, "-"),
-                    f"{t * 1e3:,.1f}",
-                    fmt_rate(o.bench.items, t, o.bench.unit),
-                    fmt_mib(o.memory.get(side)),
-                    f"{100 * o.shares[side]:.0f}%" if side in o.shares else "-",
-                    o.kernels.get(side, "-"),
-                    "; ".join(extra) or "-",
-                ]
-            )
-    return markdown_table(header, rows)
-
-
-def notes_list(outcomes: list[Outcome]) -> str:
-    lines = []
-    for o in outcomes:
-        extra = [n for n in o.notes] + [f"{side} SDPA kernel: {k}" for side, k in o.kernels.items() if side != "ours"]
-        if extra:
-            lines.append(f"- {o.case.label}: " + "; ".join(extra))
-    return "\n".join(lines)
-
-
-def padding_report(s: peers.Settings, args: argparse.Namespace) -> str:
-    """Issue 28's rows: padded self-attention by each padding path against the same layer without a mask, and
-    the Multi30k-shaped training step by each path against nn.Transformer, on the same padded batches."""
-    benches = [
-        (f"self-attention, L={n}", "no mask", partial(peers.padded_attention_bench, n))
-        for n in (QUICK_PADDED_LENGTHS if s.quick else PADDED_LENGTHS)
-    ] + [(f"Multi30k step, dropout {p}", "nn.Transformer", partial(peers.padded_seq2seq_bench, p)) for p in (0.3, 0.0)]
-    rows, checks = [], []
-    for label, reference, build in benches:
-        log(f"gpu: padded batches, {label}")
-        bench = build(s)
-        timings = interleaved(
-            bench.steps, s.device, repeats=args.repeats, warmup=args.warmup, min_sample_s=0.01 if s.quick else 0.2
-        )
-        for side, timing in timings.items():
-            rows.append(
-                [
-                    label,
-                    side,
-                    f"{timing.median * 1e3:,.2f}",
-                    str(Ratio.of(timing, timings[reference])),
-                    fmt_rate(bench.items, timing.median, bench.unit),
-                    attention_kernels(scaling.profile_step(bench.steps[side])),
-                ]
-            )
-        checks.append(f"- {label}: {bench.check}")
-    header = ["case", "side", "ms", "time / reference [p25-p75]", "valid tokens/s", "attention kernels"]
-    return (
-        f"### Padded batches: our attention's padding paths ({'bf16 autocast' if s.amp else 'fp32'}; issue 28)\n\n"
-        "Self-attention: D=256, 8 heads, B·L = 4096, lengths uniform in [L/2, L], forward + backward, against "
-        "the same layer unmasked at the padded length ('no mask', the reference). Multi30k step: the model of "
-        "configs/text/multi30k_en_de.yaml, 128 sentences of 8-32 tokens, against nn.Transformer (the reference); "
-        "with dropout, varlen_attn (it has none) is not a side. The default path on CUDA: "
-        f"`models.attention.PADDING_FREE['cuda'] = {attention.PADDING_FREE.get('cuda')!r}`.\n\n"
-        + markdown_table(header, rows)
-        + "\n\nChecks:\n"
-        + "\n".join(checks)
-    )
-
-
-# ----------------------------------------------------------------------------- the report
-
-SECTION_TITLES = {
-    "core": "Shared attention core, function level: merge_masks + attention_fast vs F.scaled_dot_product_attention on the same "
-    "projected (B, 8, L, 32) tensors, forward + backward (B·L = 4096)",
-    "attention": "Shared attention core: self-attention forward + backward (D=256, 8 heads, B·L = 4096 tokens)",
-    "vit": "ViT training step (AdamW) vs timm: timm's shapes (batch 8, 224 px), and the same depth on tiny tensors",
-    "text": "Seq2seq training step (random sentences of 16-40 tokens, label smoothing, AdamW) vs torch.nn.Transformer",
-    "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none; "
-    "static cache vs dynamic (the multi30k_en_de model: d=256, 4+4 layers, vocabulary 10000, max_len 1.5·|source| + 10)",
-    "gpu/decoding": "Decoding on the static cache, each step one CUDA graph, vs the dynamic cache (the multi30k_en_de model, "
-    "random weights, sources of 6-30 tokens, max_len 1.5·|source| + 10; sentences/s)",
-    "detr": "DETR training step (set loss with auxiliary losses, AdamW) vs Hugging Face DetrForObjectDetection, and the "
-    "Hungarian matching of one step (every decoder layer) vs Hugging Face's matcher",
-    "scaling": "Scaling of our training step",
-}
-
-
-def method_text(args: argparse.Namespace, s: peers.Settings) -> str:
-    clock = "process CPU time" if s.device.type == "cpu" else "wall time after torch.cuda.synchronize"
-    return (
-        f"Method: the sides of a row run in one process, interleaved (A B, B A, ...), after {args.warmup} warm-up steps each; "
-        f"{args.repeats} samples per side (3 for decoding, half for scaling points), each sample at least "
-        f"{0.01 if s.quick else 0.2} s of steps; clock: {clock}. 'ours ms' and 'peer ms' are medians; the ratio is the ratio of "
-        "the medians, with the 25th-75th percentiles of the per-round ratios; 'met': yes when the ratio meets the target, "
-        "'within noise' when the 25th percentile does, no otherwise. Peak memory: the extra memory one step needs above what "
-        + (
-            "is resident before it (VmHWM after resetting it, minus VmRSS), in a fresh process per side, after warm-up steps; "
-            if s.device.type == "cpu"
-            else "is allocated before it (torch.cuda.max_memory_allocated after resetting it), in the same process after the timed steps; "
-        )
-        + "'memory met': ours <= peer (+2% + 1 MiB). Precision: "
-        + ("bf16 autocast" if s.amp else "fp32")
-        + f"; torch.compile {'on' if s.compile else 'off'}; channels-last DETR backbone {'on' if s.channels_last else 'off'}."
-    )
 
 
 def run(args: argparse.Namespace) -> str:
@@ -530,73 +171,16 @@ def run(args: argparse.Namespace) -> str:
                     file=sys.stderr,
                 )
                 continue
-            log("gpu: ViT-B/16 MFU")
-            rows = [scaling.vit_b16_mfu(base, compile_model=c, batch=b) for c in (False, True) for b in (64, 256)]
-            rows += [
-                scaling.vit_b16_mfu(base, compile_model=True, batch=256, side="timm"),
-                scaling.vit_b16_mfu(base, compile_model=True, batch=256, precision="bf16 weights"),
-            ]
-            parts.append(
-                "### ViT-B/16 training step, model FLOPs utilisation (fused AdamW)\n\n"
-                + markdown_table(list(rows[0]), [list(r.values()) for r in rows])
-            )
-            parts.append(
-                "### SDPA on this GPU: a query row whose keys are all blocked (2 x 4 heads x L x 64)\n\n"
-                + markdown_table(
-                    ["backend", "dtype", "L", "output of the empty row", "gradients"],
-                    scaling.empty_row_rows(base.device),
-                )
-            )
-            log("gpu: decoding on the static cache with CUDA graphs")
-            outcomes = [run_case(static_cache_case(*shape, "gpu"), base, args) for shape in GPU_DECODING]
-            parts.append(
-                f"### {SECTION_TITLES['gpu/decoding']}\n\n{comparison_table(outcomes)}\n\n"
-                f"Checks and notes:\n{notes_list(outcomes)}"
-            )
-            if "padding" not in only:  # else its own section has run them
-                parts.append(padding_report(base, args))
+            parts += gpu_parts(base, args, with_padding="padding" not in only)  # else its own section has run them
             continue
         if section == "data":
-            log("data pipeline")
-            rows = []
-            for config in args.data_configs.split(","):
-                if not Path(config).is_file():
-                    skipped.append(f"data: {config} does not exist")
-                    continue
-                rows += scaling.data_pipeline_rows(
-                    config, (0,) if base.quick else (0, 2), 3 if base.quick else 30, base.device
-                )
-            parts.append(
-                "### Data pipeline: DataModule alone vs training step (samples/s, wall time)\n\n"
-                + markdown_table(
-                    [
-                        "config",
-                        "num_workers",
-                        "loader alone",
-                        "step alone (batches in memory)",
-                        "fit (loader + step)",
-                        "model busy",
-                    ],
-                    rows,
-                )
-                + "\n\n'model busy' = fit rate / step rate: below 100% the model waits for data. Every DataModule takes "
-                "`num_workers`, `persistent_workers` (default on) and `pin_memory` (default: on with CUDA)."
-            )
+            parts.append(data_part(base, args, skipped))
             continue
-        for settings in variants if section in ("vit", "text") else [base]:
-            chosen = [c for c in all_cases if c.section == section]
-            if section == "detr" and not _has_transformers():
-                skipped.append(
-                    "detr vs Hugging Face: transformers is not installed (`pip install transformers`); ours is measured alone"
-                )
-            outcomes = [
-                run_case(c, settings, args, ("ours", "sdpa", "nn.MHA") if section == "attention" else ("ours",))
-                for c in chosen
-            ]
-            title = SECTION_TITLES[section] + (" (torch.compile on)" if settings.compile and not base.compile else "")
-            table = scaling_table(outcomes) if section == "scaling" else comparison_table(outcomes)
-            notes = "" if section == "scaling" else f"\n\nChecks and notes:\n{notes_list(outcomes)}"
-            parts.append(f"### {title}\n\n{table}{notes}")
+        if section == "detr" and not _has_transformers():
+            skipped.append(
+                "detr vs Hugging Face: transformers is not installed (`pip install transformers`); ours is measured alone"
+            )
+        parts += case_parts(section, variants, base, [c for c in all_cases if c.section == section], args)
     wall = time.perf_counter() - wall_start
     info["load average at end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     command = "python -m benchmarks " + " ".join(

@@ -1,21 +1,13 @@
-"""Scaling, data pipeline and GPU-only figures for `python -m benchmarks`.
+"""Scaling and GPU-only figures for `python -m benchmarks`.
 
 Scaling: how our training step's time and memory grow with the sequence length (text), the image
 size (ViT) and the number of queries / targets (DETR), and which share of the step the attention
-kernels take (from the profiler: `F.scaled_dot_product_attention` forward and backward), so the
+kernels take (from the profiler: SDPA and the padding-free kernels, forward and backward), so the
 point where quadratic attention starts to dominate is visible.
-
-Data pipeline: for each experiment config, samples/s of the DataModule's training loader alone,
-of the training step alone (Lightning fit on batches already in memory), and of the real fit,
-for several ``num_workers``; "model busy" is the step's share of the fit's time per batch.
 """
 
 from __future__ import annotations
 
-import importlib
-import statistics
-import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,8 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from benchmarks.harness import Step
-from benchmarks.peers import QUICK_VIT, VIT_SHAPES, Bench, Settings, detr_bench, train_step, training_flops, vit_pair
-from experiments.links import LINKED_ATTRIBUTES, init_options
+from benchmarks.peers.bench import Bench, Settings, train_step, training_flops
+from benchmarks.peers.detr import detr_bench
+from benchmarks.peers.vit import QUICK_VIT, VIT_SHAPES, vit_pair
 from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
 # ----------------------------------------------------------------------------- attention kernels
@@ -40,14 +33,36 @@ SDPA_KERNELS = {
 }
 
 
+# Where attention runs, as the profiler names the ops: SDPA on dense tensors (forward; its backward is the
+# autograd nodes below), varlen_attn's custom ops (torch.nn.attention.varlen), and the kernels that SDPA on
+# nested jagged tensors calls without `aten::scaled_dot_product_attention` (torch.nested._internal.sdpa: flash,
+# memory-efficient, cuDNN on CUDA, the math kernel on the CPU): the padding-free path of `models.padding_free`.
+ATTENTION_OPS = frozenset(
+    {
+        "aten::scaled_dot_product_attention",
+        "torch_attn::_varlen_attn",
+        "torch_attn::_varlen_attn_backward",
+        "aten::_flash_attention_forward",
+        "aten::_flash_attention_backward",
+        "aten::_efficient_attention_forward",
+        "aten::_efficient_attention_backward",
+        "aten::_cudnn_attention_forward",
+        "aten::_cudnn_attention_backward",
+        "aten::_scaled_dot_product_attention_math",
+    }
+)
+SDPA_BACKWARD = "autograd::engine::evaluate_function: ScaledDotProduct"
+
+
 def profile_step(step: Step) -> list[Any]:
-    """One step under the PyTorch profiler -> its key-averaged events."""
+    """One step under the PyTorch profiler -> its events, each call one event that knows its caller
+    (``cpu_parent``)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         step()
-    return list(prof.key_averages())
+    return list(prof.events())
 
 
 def sdpa_kernels(events: list[Any]) -> str:
@@ -57,17 +72,26 @@ def sdpa_kernels(events: list[Any]) -> str:
     return ", ".join(seen) or "none"
 
 
+def _is_attention(event: Any) -> bool:
+    return event.key in ATTENTION_OPS or event.key.startswith(SDPA_BACKWARD)
+
+
 def attention_share(events: list[Any]) -> float:
-    """Share of the step's CPU time inside SDPA, forward (``aten::scaled_dot_product_attention``) and
-    backward (autograd nodes ``ScaledDotProduct*Backward``). Exact for the fused kernels; the math
+    """Share of the step's CPU time inside attention: the outermost calls of `ATTENTION_OPS` (those inside
+    another, as SDPA's flash kernel inside ``aten::scaled_dot_product_attention``, are counted once) and
+    SDPA's backward (autograd nodes ``ScaledDotProduct*Backward``). Exact for the fused kernels; the math
     fallback's backward is spread over generic ops and is not counted."""
+
+    def outermost(event: Any) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if _is_attention(parent):
+                return False
+            parent = parent.cpu_parent
+        return True
+
     total = sum(e.self_cpu_time_total for e in events)
-    inside = sum(
-        e.cpu_time_total
-        for e in events
-        if e.key == "aten::scaled_dot_product_attention"
-        or (e.key.startswith("autograd::engine::evaluate_function: ScaledDotProduct"))
-    )
+    inside = sum(e.cpu_time_total for e in events if _is_attention(e) and outermost(e))
     return inside / total if total else 0.0
 
 
@@ -250,142 +274,4 @@ def empty_row_rows(device: torch.device) -> list[list[str]]:
                 verdict = "NaN" if empty.isnan().any() else ("zeros" if (empty == 0).all() else "finite, not zero")
                 grads = "finite" if all(torch.isfinite(t.grad).all() for t in (q, k, v)) else "NaN/inf"
                 rows.append([name, str(dtype).removeprefix("torch."), str(length), verdict, grads])
-    return rows
-
-
-# ----------------------------------------------------------------------------- data pipeline
-
-
-def batch_size_of(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (tuples, lists and dicts searched in order)."""
-    if isinstance(batch, Tensor):
-        return batch.size(0)
-    values = batch.values() if isinstance(batch, dict) else batch
-    for value in values:
-        if isinstance(value, (Tensor, dict, list, tuple)):
-            return batch_size_of(value)
-    raise ValueError("no tensor in the batch")
-
-
-def _instantiate(spec: dict[str, Any], **extra: Any) -> Any:
-    module, _, name = spec["class_path"].rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    return cls(**{**spec.get("init_args", {}), **extra})
-
-
-def from_config(path: str | Path, num_workers: int) -> tuple[Any, Any]:
-    """The DataModule (with ``num_workers``) and the LightningModule of an experiment YAML, the
-    DataModule's facts linked into the model as `attnlab` links them."""
-    import yaml
-
-    config = yaml.safe_load(Path(path).read_text())
-    data = _instantiate(config["data"], num_workers=num_workers)
-    module, _, name = config["model"]["class_path"].rpartition(".")
-    model_cls_args = init_options(getattr(importlib.import_module(module), name))
-    linked = {name: getattr(data, name) for name in LINKED_ATTRIBUTES if name in model_cls_args and hasattr(data, name)}
-    return data, _instantiate(config["model"], **linked)
-
-
-class BatchTimer:
-    """A Lightning callback recording, per training batch, the time from one batch's start to the next
-    (the loop's time per batch, data loading included) and from start to end (the step alone)."""
-
-    def __init__(self):
-        self.starts: list[float] = []
-        self.steps: list[float] = []
-        self.samples: list[int] = []
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        self.starts.append(time.perf_counter())
-        self.samples.append(batch_size_of(batch))
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        self.steps.append(time.perf_counter() - self.starts[-1])
-
-    def rates(self, skip: int) -> tuple[float, float]:
-        """(samples/s of the loop, samples/s of the step alone), leaving out the first ``skip`` batches."""
-        intervals = [b - a for a, b in zip(self.starts[skip:], self.starts[skip + 1 :])]
-        per_batch = statistics.mean(self.samples[skip:])
-        return per_batch / statistics.median(intervals), per_batch / statistics.median(self.steps[skip:])
-
-
-class InMemory:
-    """Batches held in memory, iterated like a DataLoader (a plain list would be taken by Lightning for
-    a collection of loaders)."""
-
-    def __init__(self, batches: list[Any]):
-        self.batches = batches
-
-    def __iter__(self):
-        return iter(self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
-def _fit(model: Any, loader: Any, batches: int, device: torch.device) -> BatchTimer:
-    import pytorch_lightning as pl
-    from pytorch_lightning.callbacks import Callback
-
-    timer = BatchTimer()
-    callback = type(
-        "Timer",
-        (Callback,),
-        {"on_train_batch_start": timer.on_train_batch_start, "on_train_batch_end": timer.on_train_batch_end},
-    )()
-    trainer = pl.Trainer(
-        accelerator=device.type,
-        devices=1,
-        max_steps=batches,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-        default_root_dir="runs/benchmark",
-    )
-    trainer.fit(model, train_dataloaders=loader)
-    return timer
-
-
-def loader_rate(loader: Any, batches: int) -> float:
-    """samples/s of iterating ``loader`` for ``batches`` batches after the first (wall time)."""
-    iterator = iter(loader)
-    next(iterator)  # workers start, first batch
-    start, samples = time.perf_counter(), 0
-    for _ in range(batches):
-        try:
-            samples += batch_size_of(next(iterator))
-        except StopIteration:
-            iterator = iter(loader)
-    return samples / (time.perf_counter() - start)
-
-
-def data_pipeline_rows(config: str, workers: tuple[int, ...], batches: int, device: torch.device) -> list[list[str]]:
-    """Rows: config, num_workers, loader alone, step alone, fit, model busy (all samples/s, wall time)."""
-    import pytorch_lightning as pl
-
-    rows = []
-    for num_workers in workers:
-        pl.seed_everything(0, verbose=False)
-        data, model = from_config(config, num_workers)
-        data.prepare_data()
-        data.setup("fit")
-        alone = loader_rate(data.train_dataloader(), batches)
-        cached = InMemory([b for b, _ in zip(data.train_dataloader(), range(batches + 3))])
-        step_rate = _fit(model, cached, len(cached), device).rates(skip=3)[1]
-        data, model = from_config(config, num_workers)
-        fit_rate, _ = _fit(model, data, batches + 3, device).rates(skip=3)
-        rows.append(
-            [
-                config,
-                str(num_workers),
-                f"{alone:,.0f}",
-                f"{step_rate:,.0f}",
-                f"{fit_rate:,.0f}",
-                f"{100 * fit_rate / step_rate:.0f}%",
-            ]
-        )
     return rows

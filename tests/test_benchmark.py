@@ -12,9 +12,12 @@ import torch
 from torch import nn
 
 from benchmarks import peers
+from benchmarks.cases import cases
+from benchmarks.data_pipeline import batch_size_of
 from benchmarks.harness import Ratio, Timing, interleaved, quantile
-from benchmarks.run import cases, main, verdict
-from benchmarks.scaling import attention_share, batch_size_of, profile_step, sdpa_kernels
+from benchmarks.report import verdict
+from benchmarks.run import main
+from benchmarks.scaling import attention_share, profile_step, sdpa_kernels
 from models.attention import MultiHeadAttention
 from models.decoding import beam_search
 from models.text import Seq2SeqTransformer

@@ -356,7 +356,8 @@ def test_padding_rows_skip_without_cuda_with_a_line(capsys):
 def test_padding_report_runs_every_row_on_the_smallest_shapes():
     """The report a GPU session reads (`python -m benchmarks --only padding`), here on the CPU's kernels."""
     from benchmarks import peers
-    from benchmarks.run import padding_report, parse_args
+    from benchmarks.run import parse_args
+    from benchmarks.sections import padding_report
 
     report = padding_report(peers.Settings(quick=True), parse_args(["--quick"]))
     rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| ") and "---" not in line][1:]

@@ -6,7 +6,7 @@ import torch
 from builders import padded_batch, tiny_lm, tiny_seq2seq
 
 from benchmarks import peers
-from benchmarks.run import GPU_DECODING, static_cache_case
+from benchmarks.cases import GPU_DECODING, static_cache_case
 from datamodules.text import BOS_ID, EOS_ID, PAD_ID
 from models import decoding, text
 from models.attention import MultiHeadAttention
