@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from models.text import IN_ATTENTION, DecoderOnlyLM, Seq2SeqTransformer
+from models.position import IN_ATTENTION
+from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.weights import load_checked, read_state, resolve
 
 KEY = "model.init_from"

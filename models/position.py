@@ -336,3 +336,53 @@ class RelativePositionBias2D(nn.Module):
 
     def forward(self) -> Tensor:
         return self.relative_position_bias_table[self.relative_position_index].permute(2, 0, 1)  # (H, N, N)
+
+
+# The text models' positions: added to the token embeddings, or acting inside self-attention.
+Positions = Literal["sinusoidal", "sinusoidal_concat", "learned", "rope", "alibi", "t5"]
+POSITIONS = ("sinusoidal", "sinusoidal_concat", "learned", "rope", "alibi", "t5")
+IN_ATTENTION = ("rope", "alibi", "t5")
+
+
+def positional_encoding(kind: Positions, d_model: int, max_len: int, interpolate: bool = False) -> nn.Module | None:
+    """The encoding added to the token embeddings; None when positions act inside attention. Sines are defined
+    for every position; a learned table ends at ``max_len``, unless ``interpolate`` (`LearnedPositionalEncoding`)."""
+    if kind in IN_ATTENTION:
+        return None
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len)
+    if kind == "sinusoidal_concat":  # the same waves, all sines first, then all cosines (tensor2tensor, Marian)
+        return SinusoidalPositionalEncoding(d_model, max_len, concat=True)
+    if kind == "learned":
+        return LearnedPositionalEncoding(d_model, max_len, interpolate)
+    raise ValueError(f"model.positions={kind!r} is not known; choose one of {', '.join(POSITIONS)}")
+
+
+class SelfAttentionPositions(nn.Module):
+    """The positions one stack's self-attention sees: RoPE angles, or an ALiBi or T5 bias.
+
+    (length, start) -> the stack's keyword arguments for new tokens at positions start..start + length - 1,
+    attending to keys 0..start + length - 1 (a cached step has start > 0): {"rope": Rotation} or
+    {"position_bias": (H, length, start + length)}; {} for positions added to the embeddings.
+    """
+
+    def __init__(self, kind: Positions, d_model: int, nhead: int, causal: bool, rope_theta: float):
+        super().__init__()
+        self.rope = self.bias = None
+        if kind == "rope":
+            if (d_model // nhead) % 2:
+                raise ValueError(
+                    f"model.positions=rope needs an even head size, got model.d_model/model.nhead = {d_model // nhead}"
+                )
+            self.rope = RotaryEmbedding(d_model // nhead, rope_theta)
+        elif kind == "alibi":
+            self.bias = ALiBi(nhead)
+        elif kind == "t5":
+            self.bias = T5RelativePositionBias(nhead, bidirectional=not causal)
+
+    def forward(self, length: int, start: int = 0) -> dict:
+        if self.rope is not None:
+            return {"rope": self.rope(length, start)}
+        if self.bias is not None:
+            return {"position_bias": self.bias(length, start + length)}
+        return {}

@@ -20,7 +20,6 @@ symmetric, -m·|i - j| (as MosaicBERT's): it tells near from far but not left fr
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -28,18 +27,8 @@ from torch import Tensor, nn
 from models.attention import QKNorm, Similarity
 from models.decoding import CacheKind, DecodingStep, check_cache_kind
 from models.kv_cache import KVCache, StaticKVCache
-from models.position import (
-    ALiBi,
-    LearnedPositionalEncoding,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    T5RelativePositionBias,
-)
+from models.position import Positions, SelfAttentionPositions, positional_encoding
 from models.transformer import Activation, DecoderLayerCache, Norm, TransformerDecoder, TransformerEncoder
-
-Positions = Literal["sinusoidal", "sinusoidal_concat", "learned", "rope", "alibi", "t5"]
-POSITIONS = ("sinusoidal", "sinusoidal_concat", "learned", "rope", "alibi", "t5")
-IN_ATTENTION = ("rope", "alibi", "t5")
 
 
 def teacher_forcing(tgt: Tensor) -> tuple[Tensor, Tensor]:
@@ -92,50 +81,6 @@ def check_heads(d_model: int, nhead: int) -> None:
     """The heads split the width evenly; refused with the option names, where the values enter."""
     if nhead < 1 or d_model % nhead:
         raise ValueError(f"model.nhead={nhead} does not divide model.d_model={d_model}; choose a divisor of {d_model}")
-
-
-def positional_encoding(kind: Positions, d_model: int, max_len: int, interpolate: bool = False) -> nn.Module | None:
-    """The encoding added to the token embeddings; None when positions act inside attention. Sines are defined
-    for every position; a learned table ends at ``max_len``, unless ``interpolate`` (`LearnedPositionalEncoding`)."""
-    if kind in IN_ATTENTION:
-        return None
-    if kind == "sinusoidal":
-        return SinusoidalPositionalEncoding(d_model, max_len)
-    if kind == "sinusoidal_concat":  # the same waves, all sines first, then all cosines (tensor2tensor, Marian)
-        return SinusoidalPositionalEncoding(d_model, max_len, concat=True)
-    if kind == "learned":
-        return LearnedPositionalEncoding(d_model, max_len, interpolate)
-    raise ValueError(f"model.positions={kind!r} is not known; choose one of {', '.join(POSITIONS)}")
-
-
-class SelfAttentionPositions(nn.Module):
-    """The positions one stack's self-attention sees: RoPE angles, or an ALiBi or T5 bias.
-
-    (length, start) -> the stack's keyword arguments for new tokens at positions start..start + length - 1,
-    attending to keys 0..start + length - 1 (a cached step has start > 0): {"rope": Rotation} or
-    {"position_bias": (H, length, start + length)}; {} for positions added to the embeddings.
-    """
-
-    def __init__(self, kind: Positions, d_model: int, nhead: int, causal: bool, rope_theta: float):
-        super().__init__()
-        self.rope = self.bias = None
-        if kind == "rope":
-            if (d_model // nhead) % 2:
-                raise ValueError(
-                    f"model.positions=rope needs an even head size, got model.d_model/model.nhead = {d_model // nhead}"
-                )
-            self.rope = RotaryEmbedding(d_model // nhead, rope_theta)
-        elif kind == "alibi":
-            self.bias = ALiBi(nhead)
-        elif kind == "t5":
-            self.bias = T5RelativePositionBias(nhead, bidirectional=not causal)
-
-    def forward(self, length: int, start: int = 0) -> dict:
-        if self.rope is not None:
-            return {"rope": self.rope(length, start)}
-        if self.bias is not None:
-            return {"position_bias": self.bias(length, start + length)}
-        return {}
 
 
 class Seq2SeqTransformer(nn.Module):
