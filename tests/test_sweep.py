@@ -402,7 +402,7 @@ def test_digits_sweep_end_to_end_then_compare_gives_a_row_per_cell(attnlab, tmp_
 
 
 @pytest.mark.slow
-def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(tmp_path):
+def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(attnlab, tmp_path):
     """SIGTERM to the sweep stops its running fit (which saves last.ckpt); the next start resumes that run.
     The signal goes when the long run's first epoch (one batch) has saved last.ckpt: 9 epochs are left to stop in."""
     path = _tiny_sweep(
@@ -434,10 +434,10 @@ def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(tmp_pat
     assert stopped["status"] == "interrupted"
     stamp = (first / "lightning_logs" / "version_0" / "summary.json").stat().st_mtime
 
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "digits/max_epochs=1/seed=0 is done, skipped" in resumed.stdout
-    assert f"digits/max_epochs=10/seed=0 started (resume from {run / 'checkpoints' / 'last.ckpt'})" in resumed.stdout
+    code, out, err = attnlab("sweep", str(path))  # the second start in-process: its run is a subprocess all the same
+    assert code == 0, out + err
+    assert "digits/max_epochs=1/seed=0 is done, skipped" in out
+    assert f"digits/max_epochs=10/seed=0 started (resume from {run / 'checkpoints' / 'last.ckpt'})" in out
     summary = json.loads((run / "summary.json").read_text())
     assert (
         summary["status"] == "finished"
