@@ -75,8 +75,12 @@ def val_column(run: Path, key: str) -> list[float]:
     return [float(r[key]) for r in csv.DictReader((run / "metrics.csv").open()) if r.get(key)]
 
 
-def test_vit_two_processes_with_half_batches_follow_one_process_with_full_batches(tmp_path):
+def test_vit_two_processes_with_half_batches_follow_one_process_with_full_batches(attnlab, tmp_path, monkeypatch):
+    """The one-process run is in-process (`strategy: auto`, the same ResumableSampler order as DDP's
+    DistributedSampler); the two-process one is a DDP launch of the CLI."""
     (tmp_path / "ddp_probe.py").write_text(PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(ROOT)
     common = (
         "--config",
         "configs/vision/digits.yaml",
@@ -90,17 +94,20 @@ def test_vit_two_processes_with_half_batches_follow_one_process_with_full_batche
         probe = (
             f"--trainer.callbacks+={{class_path: ddp_probe.GlobalLoss, init_args: {{output: {root / 'losses.json'}}}}}"
         )
-        extra = ("--config", "configs/logger/wandb.yaml") if devices == 2 else ()
-        proc = run_cli(
-            tmp_path,
+        args = (
             *common,
-            *extra,
+            *(("--config", "configs/logger/wandb.yaml") if devices == 2 else ("--trainer.strategy=auto",)),
             f"--trainer.default_root_dir={root}",
             f"--trainer.devices={devices}",
             f"--data.init_args.batch_size={batch}",
             probe,
-            wandb="offline" if devices == 2 else "disabled",
         )
+        if devices == 1:
+            code, _, err = attnlab("fit", *args)
+            assert code == 0, err[-3000:]
+            proc = None
+        else:
+            proc = run_cli(tmp_path, *args, wandb="offline")
         runs[devices] = (root, json.loads((root / "losses.json").read_text()), proc)
     (one, curve1, _), (two, curve2, proc) = runs[1], runs[2]
     assert curve1["world_size"] == 1 and curve2["world_size"] == 2 and len(curve1["losses"]) == 4

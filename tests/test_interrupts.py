@@ -11,6 +11,7 @@ thread) to keep the file quick.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def fit_in_process(root: Path, *args: str) -> None:
     )
 
 
-def start_fit(root: Path, *args: str) -> subprocess.Popen:
+def start_fit(root: Path, *args: str, last: str = EVERY_3_STEPS) -> subprocess.Popen:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
@@ -124,7 +125,7 @@ def start_fit(root: Path, *args: str) -> subprocess.Popen:
         "experiments.cli",
         "fit",
         *TINY,
-        EVERY_3_STEPS,
+        last,
         f"--trainer.default_root_dir={root}",
         probe(BatchLog, path=str(root / "batches.jsonl")),
         *args,
@@ -213,21 +214,39 @@ def test_sigterm_saves_last_checkpoint_exits_143_and_resume_matches(reference, t
     assert_continues_exactly(run, reference, checkpoint_step=step)
 
 
+DDP = ("--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32")
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory) -> Path:
+    """An uninterrupted two-process run of 2 epochs (10 steps), shared by the DDP tests: the weights a stopped and
+    resumed DDP run must reach, the checkpoint a one-process resume starts from, and rank 0's count of collectives
+    per batch (collectives.json). Its LastCheckpoint saves by the clock (every 30 minutes: never here), so that
+    the time-to-save flag is agreed on at every step and no save adds a barrier to a step's count."""
+    root = tmp_path_factory.mktemp("ddp_uninterrupted")
+    by_time = (
+        "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 30}}"
+    )
+    job = start_fit(
+        root, *DDP, "--trainer.max_epochs=2", probe(Collectives, path=str(root / "collectives.json")), last=by_time
+    )
+    _, err = job.communicate(timeout=180)
+    assert job.returncode == 0, err[-3000:]
+    return root
+
+
 @pytest.mark.slow
-def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch(tmp_path):
-    """Two CPU processes (gloo) and a SIGTERM to rank 0 only: rank 1 learns of it from the per-batch all-reduce,
-    both save together and exit. (Lightning alone raises on rank 0 and leaves rank 1 in its next collective:
-    a gloo error or, with a checkpoint saved on the exception, a hang.)"""
+def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch_and_resumes_to_the_uninterrupted_weights(
+    ddp_reference, tmp_path
+):
+    """Two CPU processes (gloo) and a SIGTERM to rank 0 only, at step 2 of 10: rank 1 learns of it from the
+    per-batch all-reduce, both save together and exit (Lightning alone raises on rank 0 and leaves rank 1 in its
+    next collective: a gloo error or, with a checkpoint saved on the exception, a hang). `--ckpt_path last` under
+    DDP again: the same 10 steps end at the weights and validation metrics of a DDP run that never stopped (each
+    process's random state and its share of the epoch's order come back)."""
     run = tmp_path / "run"
     ready = run / "ready"
-    job = start_fit(
-        run,
-        "--trainer.strategy=ddp",
-        "--trainer.devices=2",
-        "--data.init_args.batch_size=32",
-        "--trainer.max_epochs=1",
-        probe(AwaitSigterm, step=2, ready=str(ready)),
-    )
+    job = start_fit(run, *DDP, "--trainer.max_epochs=2", probe(AwaitSigterm, step=2, ready=str(ready)))
     while not ready.exists() and job.poll() is None:
         time.sleep(0.05)
     job.send_signal(signal.SIGTERM)
@@ -239,31 +258,15 @@ def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch(tmp_path):
         saved["global_step"] in (2, 3) and len(saved["callbacks"]["ExactResume"]["rng"]) == 2
     )  # both processes' random states
 
-
-@pytest.mark.slow
-def test_a_ddp_run_stopped_by_sigterm_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
-    """Two processes, SIGTERM to rank 0 at step 2 of 10, `--ckpt_path last` under DDP again: the same 10 steps
-    end at the weights and validation metrics of a DDP run that never stopped (each process's random state and
-    its share of the epoch's order come back)."""
-    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32", "--trainer.max_epochs=2"]
-    run, reference = tmp_path / "run", tmp_path / "reference"
-    ready = run / "ready"
-    jobs = [start_fit(run, *ddp, probe(AwaitSigterm, step=2, ready=str(ready))), start_fit(reference, *ddp)]
-    while not ready.exists() and jobs[0].poll() is None:
-        time.sleep(0.05)
-    jobs[0].send_signal(signal.SIGTERM)
-    for job, status in zip(jobs, (SIGTERM_STATUS, 0)):
-        _, err = job.communicate(timeout=180)
-        assert job.returncode == status, err[-3000:]
-    resumed = start_fit(run, *ddp, "--ckpt_path", "last")
+    resumed = start_fit(run, *DDP, "--trainer.max_epochs=2", "--ckpt_path", "last")
     _, err = resumed.communicate(timeout=180)
     assert resumed.returncode == 0, err[-3000:]
-    ours, theirs = load(run / "checkpoints" / "last.ckpt"), load(reference / "checkpoints" / "last.ckpt")
+    ours, theirs = load(run / "checkpoints" / "last.ckpt"), load(ddp_reference / "checkpoints" / "last.ckpt")
     assert ours["global_step"] == theirs["global_step"] == 10
     assert (
         max((ours["state_dict"][k] - theirs["state_dict"][k]).abs().max().item() for k in theirs["state_dict"]) <= 1e-6
     )
-    ours, theirs = (json.loads((root / "summary.json").read_text())["metrics"] for root in (run, reference))
+    ours, theirs = (json.loads((root / "summary.json").read_text())["metrics"] for root in (run, ddp_reference))
     for key in ("val/loss", "val/acc"):
         assert ours[key] == pytest.approx(theirs[key], abs=1e-6)
 
@@ -345,29 +348,13 @@ class Collectives(pl.Callback):
             Path(self.path).write_text(json.dumps(self.per_batch))
 
 
-def test_ddp_processes_agree_in_one_collective_per_optimizer_step(tmp_path):
+@pytest.mark.slow
+def test_ddp_processes_agree_in_one_collective_per_optimizer_step(ddp_reference):
     """Two processes: the NaN guard's flag and LastCheckpoint's SIGTERM and time-to-save flags travel in one all-reduce
     per step, and on one device the guards make none."""
-    counts = tmp_path / "collectives.json"
-    command = [
-        sys.executable,
-        "-m",
-        "experiments.cli",
-        "fit",
-        *TINY,
-        "--trainer.strategy=ddp",
-        "--trainer.devices=2",
-        "--trainer.max_epochs=1",
-        "--data.init_args.batch_size=32",
-        f"--trainer.default_root_dir={tmp_path / 'run'}",
-        probe(Collectives, path=str(counts)),
-        "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 30}}",
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), "OMP_NUM_THREADS": "1"}
-    job = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
-    assert job.returncode == 0, job.stderr[-3000:]
-    per_batch = json.loads(counts.read_text())
-    assert per_batch[1:] == [1, 1, 1, 1]  # batch 0's count holds the fit's setup
+    per_batch = json.loads((ddp_reference / "collectives.json").read_text())
+    # batch 0's count holds the fit's setup, batch 5's the validation and the epoch change before it
+    assert len(per_batch) == 10 and per_batch[1:5] == per_batch[6:] == [1, 1, 1, 1]
 
 
 class GlobalRandomOrder(Sampler):
@@ -536,20 +523,16 @@ def test_sigterm_without_checkpointing_stops_after_the_batch_and_saves_nothing(t
 
 
 @pytest.mark.slow
-def test_resuming_with_another_number_of_processes_warns(tmp_path):
+def test_resuming_with_another_number_of_processes_warns(ddp_reference, tmp_path):
     """A last.ckpt written by two DDP processes, resumed by one: the run goes on, and says that its sample order
     and random draws will differ from an uninterrupted run."""
     run = tmp_path / "run"
-    job = start_fit(
-        run, "--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=32", "--trainer.max_epochs=1"
-    )
-    _, err = job.communicate(timeout=180)
-    assert job.returncode == 0, err[-3000:]
+    shutil.copytree(ddp_reference, run)
     assert load(run / "checkpoints" / "last.ckpt")["callbacks"]["ExactResume"]["world_size"] == 2
     warning = (
         "checkpoint was written by 2 processes, this run has 1: "
         "the sample order and random streams after resuming differ"
     )
     with pytest.warns(UserWarning, match=warning):
-        fit_in_process(run, "--data.init_args.batch_size=32", "--trainer.max_epochs=2", "--ckpt_path", "last")
-    assert load(run / "checkpoints" / "last.ckpt")["global_step"] == 10
+        fit_in_process(run, "--data.init_args.batch_size=32", "--trainer.max_epochs=3", "--ckpt_path", "last")
+    assert load(run / "checkpoints" / "last.ckpt")["global_step"] == 15
