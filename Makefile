@@ -43,9 +43,10 @@ findings: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-# One pytest worker a core (pytest-xdist): the suite's many small processes (CLI, DDP, sweeps) fill both.
+# One pytest worker a core (pytest-xdist), a file to a worker (module fixtures such as one DDP reference run are
+# made once): the suite's many small processes (CLI, DDP, sweeps) fill every core.
 test: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest -n auto
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest -n auto --dist loadfile
 
 # The wheels a lent GPU machine (Python 3.12, torch and Lightning installed, no registry) lacks for `attnlab fit`
 # and `python -m benchmarks`: carry .whl and start the command with
