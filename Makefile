@@ -30,8 +30,8 @@ demo: $(STAMP)
 ablation: $(STAMP)
 	$(BIN)/python -m experiments.ablation
 
-# Three findings reproduced in every modality, 3 seeds each, one sweep after the other (each about 45 minutes on a
-# 2-core CPU, resumable: run it again after an interruption), each with its report in runs/sweeps/<name>/report:
+# Three findings reproduced in every modality, 3 seeds each, one sweep after the other (each estimated at about 45
+# minutes on a 2-core CPU, resumable: run it again after an interruption), each with its report in runs/sweeps/<name>/report:
 # train short, test long (Press et al. 2022), QK-norm against the learning rate (Wortsman et al. 2023), DETR's
 # encoder with 2D RoPE against sine positions.
 findings: $(STAMP)
