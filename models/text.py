@@ -296,6 +296,8 @@ class DecoderOnlyLM(nn.Module):
         layer_norm_eps: the norms' ε.
         bias: biases on the attention's and the MLP's projections (GPT: true, Llama: false).
         num_kv_heads: key/value heads, a divisor of ``nhead`` (grouped-query attention); None: ``nhead``.
+        scale_embeddings: token embeddings start at N(0, d_model^-1/2) and are multiplied by √d_model (fairseq's
+            LM, as in Press et al. 2022), so they keep pace with unit-amplitude sines; false: GPT-2's N(0, 0.02).
     Shapes: tokens (B, T) -> logits (B, T, vocab_size).
     """
 
@@ -322,6 +324,7 @@ class DecoderOnlyLM(nn.Module):
         bias: bool = True,
         num_kv_heads: int | None = None,
         resample_positions: bool = False,
+        scale_embeddings: bool = False,
     ):
         super().__init__()
         check_heads(d_model, nhead)
@@ -330,7 +333,7 @@ class DecoderOnlyLM(nn.Module):
                 f"model.num_kv_heads={num_kv_heads} does not divide model.nhead={nhead}; choose a divisor of {nhead}"
             )
         self.max_positions = max_positions
-        self.tok_embed = TokenEmbedding(vocab_size, d_model, scale=False)
+        self.tok_embed = TokenEmbedding(vocab_size, d_model, scale=scale_embeddings)
         self.pos = positional_encoding(positions, d_model, max_positions, resample_positions)
         self.attn_positions = SelfAttentionPositions(positions, d_model, nhead, True, rope_theta)
         self.dropout = nn.Dropout(dropout)

@@ -48,6 +48,10 @@ def test_embeddings_are_scaled_by_sqrt_d_model():
     model = tiny_seq2seq(V)
     tokens = torch.tensor([[5, 6]])
     torch.testing.assert_close(model.src_embed(tokens), model.src_embed.weight[tokens] * math.sqrt(32))
+    lm = DecoderOnlyLM(V, d_model=64, nhead=4, num_layers=1, scale_embeddings=True)
+    torch.testing.assert_close(lm.tok_embed(tokens), lm.tok_embed.weight[tokens] * 8.0)
+    assert lm.lm_head.weight is lm.tok_embed.weight and 0.1 < lm.tok_embed.weight.std() < 0.15  # N(0, 64^-1/2)
+    assert DecoderOnlyLM(V, d_model=64, nhead=4, num_layers=1).tok_embed.scale == 1.0  # GPT-2: unscaled by default
 
 
 def test_no_position_attends_to_padding_or_to_the_future():
