@@ -1,5 +1,5 @@
 """Measuring for `python -m benchmarks`: interleaved timing, peak memory in a fresh process, the
-machine's description, a bare Trainer.
+machine's description, a bare Trainer (and the quiet one it is built on, which the tests use).
 
 Timing. Every side of a comparison runs in the same process, interleaved (A B, B A, A B, ...: the
 order alternates so that neither side always runs right after the other), after warm-up steps;
@@ -209,20 +209,23 @@ def machine(device: torch.device) -> dict[str, str]:
     return info
 
 
-def bare_trainer(accelerator: str, root: str, **options: Any) -> pl.Trainer:
-    """A `pl.Trainer` on one device that adds nothing of its own to a step (no logger, checkpoint, progress bar,
-    model summary or validation), so that what is timed is the loop and ``options`` (``max_steps``, callbacks)."""
+def quiet_trainer(**options: Any) -> pl.Trainer:
+    """A `pl.Trainer` that logs, saves and prints nothing of its own (no logger, checkpoint, progress bar or model
+    summary); ``options`` add to these or replace them. The base of `bare_trainer`, and the tests' Trainer."""
     import pytorch_lightning as pl
 
-    return pl.Trainer(
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    return pl.Trainer(**quiet | options)
+
+
+def bare_trainer(accelerator: str, root: str, **options: Any) -> pl.Trainer:
+    """A `quiet_trainer` on one device that adds nothing of its own to a step (no validation either), so that what
+    is timed is the loop and ``options`` (``max_steps``, callbacks)."""
+    return quiet_trainer(
         accelerator=accelerator,
         devices=1,
         limit_val_batches=0,
         num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=root,
         **options,
     )

@@ -4,6 +4,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
+from benchmarks.harness import quiet_trainer
 from datamodules.text import TextCorpusDataModule
 from datamodules.vision import DigitsDataModule
 from experiments.callbacks import MaxAttentionLogit
@@ -11,18 +12,10 @@ from models.text_module import LanguageModelModule
 from models.vit_module import ImageClassifier
 
 
-def _trainer(tmp_path, **kw) -> pl.Trainer:
-    options = dict(
-        max_steps=2,
-        limit_train_batches=2,
-        limit_val_batches=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
+def _trainer(tmp_path, max_steps=2, **kw) -> pl.Trainer:
+    return quiet_trainer(
+        max_steps=max_steps, limit_train_batches=2, limit_val_batches=2, default_root_dir=tmp_path, **kw
     )
-    return pl.Trainer(**{**options, **kw})
 
 
 def _corpus(tmp_path, val_block_size=32) -> TextCorpusDataModule:

@@ -17,6 +17,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.harness import quiet_trainer
 from experiments import guards, tracking
 from experiments.guards import NonFiniteLoss, RunError, SafeCheckpointIO
 from models.attention import MultiHeadAttention
@@ -214,13 +215,8 @@ class _TwoTerms(pl.LightningModule):
 def _fit(module: pl.LightningModule, folder: Path) -> None:
     # save_on_exception would write the failed state over last.ckpt: the guard must keep it from doing so
     checkpoints = ModelCheckpoint(dirpath=folder, save_last=True, save_on_exception=True)
-    trainer = pl.Trainer(
-        max_epochs=3,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[NonFiniteLoss(), checkpoints],
-        default_root_dir=folder,
+    trainer = quiet_trainer(
+        max_epochs=3, enable_checkpointing=True, callbacks=[NonFiniteLoss(), checkpoints], default_root_dir=folder
     )
     trainer.fit(module)
 
@@ -269,11 +265,9 @@ def test_a_non_finite_loss_never_reaches_the_weights_and_stops_at_the_next_loggi
     """No per-step read of the loss: from the bad step on the updates are skipped on the device (fused optimizers
     take AMP's found_inf; others get zero gradients), and the run stops at the next logging step naming the bad one."""
     module, before = _TwoTerms(diverge_at=3, samples=40, optimizer=optimizer), _WeightsAt(3)  # 10 steps an epoch
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        enable_checkpointing=True,
         log_every_n_steps=6,
         callbacks=[NonFiniteLoss(), before, ModelCheckpoint(dirpath=tmp_path)],
         default_root_dir=tmp_path,

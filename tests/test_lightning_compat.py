@@ -10,6 +10,7 @@ import torch
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
 
+from benchmarks.harness import quiet_trainer
 from experiments import lightning_compat as compat
 
 
@@ -39,8 +40,7 @@ class _Tiny(pl.LightningModule):
 
 
 def _fit(module: pl.LightningModule, callback: pl.Callback, **trainer) -> pl.Trainer:
-    options = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    fit = pl.Trainer(**{**options, **trainer}, enable_model_summary=False, callbacks=[callback])
+    fit = quiet_trainer(max_epochs=1, callbacks=[callback], **trainer)
     fit.fit(module)
     return fit
 
@@ -56,7 +56,7 @@ def test_stop_as_on_sigterm_raises_sigterm_after_the_batch():
                 compat.stop_as_on_sigterm(trainer)
                 assert trainer.received_sigterm, _changed("Trainer.received_sigterm", "stop_as_on_sigterm")
 
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = quiet_trainer(max_epochs=1)
     trainer.callbacks.append(Stop())
     with pytest.raises(SIGTERMException):
         trainer.fit(_Tiny())

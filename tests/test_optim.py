@@ -9,6 +9,7 @@ import torch
 from pytorch_lightning.callbacks import Timer
 from torch import nn
 
+from benchmarks.harness import quiet_trainer
 from experiments.schedule import LearningRateLog, TimeBudget
 from models import optim
 
@@ -60,9 +61,7 @@ class Tiny(pl.LightningModule):
 
 
 def fit(module, **trainer_args) -> pl.Trainer:
-    trainer = pl.Trainer(
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **trainer_args
-    )
+    trainer = quiet_trainer(**trainer_args)
     trainer.fit(module)
     return trainer
 
@@ -165,10 +164,7 @@ def test_a_resumed_budget_keeps_its_horizon(monkeypatch, tmp_path):
             if trainer.global_step == 12:
                 trainer.should_stop = True
 
-    first = pl.Trainer(
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    first = quiet_trainer(
         callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5), StopAt12()],
         **common,
     )
@@ -177,10 +173,7 @@ def test_a_resumed_budget_keeps_its_horizon(monkeypatch, tmp_path):
     first.save_checkpoint(path)
     saved = torch.load(path, weights_only=True)
     assert saved["lr_schedulers"][0]["lr_lambdas"][0]["total_steps"] == 30
-    second = pl.Trainer(
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    second = quiet_trainer(
         callbacks=[clock.callback(), TimeBudget(probe_steps=5, every_n_steps=5)],
         **common,
     )

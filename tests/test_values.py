@@ -8,6 +8,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from benchmarks.harness import quiet_trainer
 from experiments.callbacks import LearningRateScaling, RunSummary
 from models import optim
 
@@ -36,14 +37,7 @@ class Linear(pl.LightningModule):
 
 
 def fit(module, tmp_path, **kwargs) -> pl.Trainer:
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
+    trainer = quiet_trainer(default_root_dir=tmp_path, **kwargs)
     trainer.fit(module)
     return trainer
 

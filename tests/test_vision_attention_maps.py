@@ -2,12 +2,12 @@
 that writes maps during validation and `attnlab predict`."""
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from builders import tiny_vit
 from PIL import Image
 from pytorch_lightning.loggers import WandbLogger
 
+from benchmarks.harness import quiet_trainer
 from datamodules.vision import DigitsDataModule
 from experiments.attention_maps import AttentionMapLogger, attention_rollout, cls_attention, render_attention
 from models.attention import capture_attention
@@ -81,15 +81,12 @@ def test_callback_writes_maps_at_validation_and_logs_them_to_wandb(tmp_path, mon
     # WandbLogger(offline=True) sets WANDB_MODE for the whole process: set here, it is restored after the test
     monkeypatch.setenv("WANDB_MODE", "offline")
     module = ImageClassifier(num_classes=10, in_chans=1, img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=2,
         limit_train_batches=1,
         limit_val_batches=1,
         num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
-        enable_model_summary=False,
         logger=WandbLogger(save_dir=str(tmp_path), offline=True),
         callbacks=[AttentionMapLogger(num_images=3, every_n_epochs=2)],
     )
