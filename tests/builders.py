@@ -1,6 +1,9 @@
 """Tiny models and batches that several test files build (`from builders import tiny_seq2seq`, as
 `from conftest import TINY_TRUNK`: pytest puts tests/ on sys.path)."""
 
+from collections.abc import Callable, Iterable
+
+import pytorch_lightning as pl
 import torch
 
 from datamodules.text_tokenizers import PAD_ID
@@ -56,3 +59,23 @@ def tiny_vit(embed_dim: int = 16, depth: int = 2, num_heads: int = 2, **kw) -> V
     """A ViT of 8x8 one-channel images in 2x2 patches (16 of them), 10 classes; ``kw`` overrides or adds arguments."""
     size = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10)
     return VisionTransformer(**size | dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads) | kw)
+
+
+class CallCounter(pl.Callback):
+    """A callback that counts, in ``calls``, the calls to the functions that `count` wraps in place (the host's
+    reads of tensor values, torch.distributed's collectives): a subclass says when to read and reset it."""
+
+    calls = 0
+
+    def count(self, owner: object, names: Iterable[str], patch: Callable = setattr) -> None:
+        """Count the calls to ``owner``'s functions ``names`` from now on; ``patch``: `setattr`, or pytest's
+        ``monkeypatch.setattr``, which puts them back after the test."""
+        for name in names:
+            patch(owner, name, self._counted(getattr(owner, name)))
+
+    def _counted(self, function: Callable) -> Callable:
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return function(*args, **kwargs)
+
+        return counted

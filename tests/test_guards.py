@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from builders import CallCounter
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
@@ -295,28 +296,20 @@ def test_a_non_finite_loss_never_reaches_the_weights_and_stops_at_the_next_loggi
 _READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
 
 
-class _Reads(pl.Callback):
+class _Reads(CallCounter):
     """Count the host's reads of tensor values (and CUDA synchronizations) between the ends of consecutive training batches."""
 
     def __init__(self, monkeypatch):
-        self.reads, self.per_batch, self.logged = 0, [], []
-        for name in _READS:
-            monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name)))
-        monkeypatch.setattr(torch.cuda, "synchronize", self._counted(torch.cuda.synchronize))
-
-    def _counted(self, read):
-        def counted(*args, **kwargs):
-            self.reads += 1
-            return read(*args, **kwargs)
-
-        return counted
+        self.per_batch, self.logged = [], []
+        self.count(torch.Tensor, _READS, monkeypatch.setattr)
+        self.count(torch.cuda, ["synchronize"], monkeypatch.setattr)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.logged.append(trainer.global_step % trainer.log_every_n_steps == 0)  # Lightning logs this step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.per_batch.append(self.reads)  # reads since the previous batch started: that batch's
-        self.reads = 0
+        self.per_batch.append(self.calls)  # reads since the previous batch started: that batch's
+        self.calls = 0
 
 
 class _Attending(pl.LightningModule):
@@ -354,7 +347,7 @@ def test_the_default_callbacks_read_nothing_back_from_the_device_between_logging
         default_root_dir=tmp_path,
     )
     trainer.fit(_Attending())
-    per_batch = reads.per_batch[1:] + [reads.reads]  # per_batch[k]: the reads of batch k
+    per_batch = reads.per_batch[1:] + [reads.calls]  # per_batch[k]: the reads of batch k
     assert len(per_batch) == len(reads.logged) == 16 and reads.logged.count(True) == 2
     assert [n for n, logged in zip(per_batch[1:], reads.logged[1:]) if not logged] == [0] * 13
     assert max(per_batch) > 0  # the counting works: the logging steps read their values back

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from builders import CallCounter
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
 from experiments.cli import main
@@ -313,7 +314,7 @@ def test_a_nan_loss_on_one_ddp_process_stops_both_and_keeps_the_last_checkpoint(
     )
 
 
-class Collectives(pl.Callback):
+class Collectives(CallCounter):
     """Count calls to torch.distributed's collectives from one training batch's end to the next; rank 0 writes the
     counts. Lightning's own per-batch ``broadcast`` of rank 0's SIGTERM flag is not counted: it is not the guards'."""
 
@@ -328,16 +329,8 @@ class Collectives(pl.Callback):
     )
 
     def __init__(self, path: str):
-        self.path, self.calls, self.per_batch = path, 0, []
-        for name in self.NAMES:
-            setattr(torch.distributed, name, self._counted(getattr(torch.distributed, name)))
-
-    def _counted(self, collective):
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return collective(*args, **kwargs)
-
-        return counted
+        self.path, self.per_batch = path, []
+        self.count(torch.distributed, self.NAMES)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.per_batch.append(self.calls)

@@ -40,7 +40,7 @@ def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, .
     for h in handles:
         h.remove()
     enc, dec = stats._sequences(kind, model, args, feature_hw[0] if feature_hw else None, special_ids)
-    dec_valid, out = None, []
+    out = []
     for name, m in layers.items():
         (a, kw), weights = calls[name], maps[name][0]
         query = a[0] if a else kw["query"]
@@ -71,20 +71,16 @@ def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, .
             if mask.dtype == torch.bool
             else torch.isneginf(mask)
         )
-        kpm, cross = kw.get("key_padding_mask"), name.endswith("multihead_attn")
-        in_decoder = "decoder" in name.split(".")
+        # the queries that count are those the layer's own self-attention does not pad: a cross-attention's queries
+        # are its decoder layer's tokens, whose padding mask that layer's self_attn was given
+        cross = name.endswith("multihead_attn")
+        own = name.removesuffix("multihead_attn") + "self_attn" if cross else name
+        padded = calls[own][1].get("key_padding_mask")
+        valid_q = torch.ones(b, lq, dtype=torch.bool) if padded is None else ~padded
         if cross:
             q_seq, k_seq = dec, enc
-            valid_q = (
-                dec_valid
-                if dec_valid is not None and dec_valid.shape == (b, lq)
-                else torch.ones(b, lq, dtype=torch.bool)
-            )
         else:
-            q_seq = k_seq = dec if in_decoder and dec is not None else enc
-            valid_q = ~kpm if kpm is not None else torch.ones(b, lq, dtype=torch.bool)
-            if in_decoder:
-                dec_valid = valid_q
+            q_seq = k_seq = dec if "decoder" in name.split(".") and dec is not None else enc
         if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:
             q_seq = None
         if k_seq is not None and k_seq.positions is not None and len(k_seq.positions) != lk:

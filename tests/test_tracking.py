@@ -16,6 +16,21 @@ from experiments.tracking import WandbLogger, prepare, wandb_mode
 DIGITS = "configs/vision/digits.yaml"
 
 
+def _fit_digits(attnlab, root, *args: str, batches: int, val_batches: int = 1) -> tuple[int, str, str]:
+    """`attnlab fit` of the digits config in ``root`` for one epoch of ``batches`` training and ``val_batches``
+    validation batches, then ``args``: (exit code, stdout, stderr)."""
+    return attnlab(
+        "fit",
+        "--config",
+        DIGITS,
+        f"--trainer.default_root_dir={root}",
+        "--trainer.max_epochs=1",
+        f"--trainer.limit_train_batches={batches}",
+        f"--trainer.limit_val_batches={val_batches}",
+        *args,
+    )
+
+
 def test_wandb_mode_is_offline_unless_the_user_configured_wandb(tmp_path):
     empty = tmp_path / "none"
     assert wandb_mode({}, netrc_file=str(empty)) == "offline"
@@ -62,16 +77,7 @@ def test_the_resolved_config_reaches_wandb_nested_with_linked_values(attnlab, tm
     run = _Run()
     monkeypatch.setattr(WandbLogger, "experiment", property(lambda self: run))
     logger = "--trainer.logger=[{class_path: experiments.tracking.WandbLogger, init_args: {mode: offline}}]"  # the run is the stub above
-    code, _, err = attnlab(
-        "fit",
-        "--config",
-        DIGITS,
-        f"--trainer.default_root_dir={tmp_path}",
-        logger,
-        "--trainer.max_epochs=1",
-        "--trainer.limit_train_batches=1",
-        "--trainer.limit_val_batches=1",
-    )
+    code, _, err = _fit_digits(attnlab, tmp_path, logger, batches=1)
     assert code == 0, err
     assert set(run.config) >= {"trainer", "model", "data", "seed_everything"} and "lr" not in run.config
     init_args = run.config["model"]["init_args"]
@@ -100,16 +106,7 @@ def test_an_unreachable_wandb_server_falls_back_to_offline_and_says_so_once(attn
     logger = "--trainer.logger=[{class_path: experiments.tracking.WandbLogger, init_args: {init_timeout: 1}}]"
     wandb.teardown()  # wandb reads the environment once per process: from here on, this test's
     try:
-        code, out, err = attnlab(
-            "fit",
-            "--config",
-            DIGITS,
-            f"--trainer.default_root_dir={tmp_path}",
-            logger,
-            "--trainer.max_epochs=1",
-            "--trainer.limit_train_batches=2",
-            "--trainer.limit_val_batches=1",
-        )
+        code, out, err = _fit_digits(attnlab, tmp_path, logger, batches=2)
     finally:
         wandb.finish()  # Lightning leaves the run open: later tests would reuse it
         wandb.teardown()  # and read their own environment
@@ -176,16 +173,7 @@ def test_default_callbacks_are_fresh_objects():
 
 
 def test_summary_of_a_tiny_run(attnlab, tmp_path):
-    code, _, err = attnlab(
-        "fit",
-        "--config",
-        DIGITS,
-        f"--trainer.default_root_dir={tmp_path}",
-        "--trainer.max_epochs=1",
-        "--trainer.limit_train_batches=4",
-        "--trainer.limit_val_batches=2",
-        "--trainer.log_every_n_steps=1",
-    )
+    code, _, err = _fit_digits(attnlab, tmp_path, "--trainer.log_every_n_steps=1", batches=4, val_batches=2)
     assert code == 0, err
     run = tmp_path / "lightning_logs" / "version_0"
     s = json.loads((run / "summary.json").read_text())
