@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +32,12 @@ LM_SMALL = (
     "--trainer.check_val_every_n_epoch=1",
     "--trainer.precision=32-true",
 )
+
+
+def config_args(config: str, root: Path | str, *overrides: str) -> tuple[str, ...]:
+    """The `attnlab` arguments of a run of ``config`` whose run folder (``trainer.default_root_dir``) is ``root``,
+    then ``overrides`` (`from conftest import config_args`)."""
+    return ("--config", config, f"--trainer.default_root_dir={root}", *overrides)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from conftest import TINY_TRUNK
+from conftest import TINY_TRUNK, config_args
 from jsonargparse import ArgumentParser
 
 from models.detr import DETR, build_detr
@@ -32,10 +32,9 @@ TINY = dict(
 
 @pytest.mark.slow
 def test_fit_test_predict_on_tiny_shapes(attnlab, tmp_path):
-    common = (
-        "--config",
+    common = config_args(
         SHAPES,
-        f"--trainer.default_root_dir={tmp_path / 'run'}",
+        tmp_path / "run",
         f"--data.data_dir={tmp_path / 'data'}",
         "--data.num_train=8",
         "--data.num_val=4",
@@ -116,7 +115,7 @@ def test_print_config_shows_the_networks_keys_flat(attnlab):
     ],
 )
 def test_a_bad_detector_option_is_one_line(attnlab, tmp_path, override, expected):
-    code, _, err = attnlab("fit", "--config", SHAPES, f"--trainer.default_root_dir={tmp_path}", override)
+    code, _, err = attnlab("fit", *config_args(SHAPES, tmp_path, override))
     assert code == 2 and [line for line in err.splitlines() if line.startswith("attnlab: error:")] == [
         f"attnlab: error: {expected}"
     ], err

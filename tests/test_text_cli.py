@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import LM_SMALL
+from conftest import LM_SMALL, config_args
 from tokenizers import Tokenizer
 
 TOY = "configs/text/toy_en_de.yaml"
@@ -21,10 +21,8 @@ def metric(run, key):
 
 @pytest.mark.slow
 def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
-    root, cache = f"--trainer.default_root_dir={tmp_path}", f"--data.init_args.cache_dir={tmp_path / 'data'}"
-    code, out, err = attnlab(
-        "fit", "--config", TOY, root, cache, "--trainer.max_epochs=3", "--trainer.limit_val_batches=2"
-    )
+    toy = config_args(TOY, tmp_path, f"--data.init_args.cache_dir={tmp_path / 'data'}")
+    code, out, err = attnlab("fit", *toy, "--trainer.max_epochs=3", "--trainer.limit_val_batches=2")
     assert code == 0, err
     run = tmp_path / "lightning_logs" / "version_0"
     bleu = metric(run, "val/bleu")
@@ -39,17 +37,13 @@ def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
         == saved
     )
 
-    code, out, err = attnlab(
-        "test", "--config", TOY, root, cache, "--ckpt_path", "best", "--trainer.limit_test_batches=2"
-    )
+    code, out, err = attnlab("test", *toy, "--ckpt_path", "best", "--trainer.limit_test_batches=2")
     assert code == 0, err
     assert "test/bleu" in out and "best.ckpt" in err
 
     sentences = tmp_path / "in.en"
     sentences.write_text("A dog sleeps in the park.\n\nTwo cats see a red ball.\n")
-    code, out, err = attnlab(
-        "predict", "--config", TOY, root, cache, "--ckpt_path", "best", f"--data.init_args.predict_file={sentences}"
-    )
+    code, out, err = attnlab("predict", *toy, "--ckpt_path", "best", f"--data.init_args.predict_file={sentences}")
     assert code == 0, err
     rows = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     assert [r["source"] for r in rows] == ["A dog sleeps in the park.", "", "Two cats see a red ball."] and rows[1][
@@ -58,14 +52,12 @@ def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
     assert all(r["translation"] in out for r in rows)  # printed too, one per line
 
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A cat sits.\n")))
-    code, out, err = attnlab(
-        "predict", "--config", TOY, root, cache, "--ckpt_path", "best", "--data.init_args.predict_file=-"
-    )
+    code, out, err = attnlab("predict", *toy, "--ckpt_path", "best", "--data.init_args.predict_file=-")
     assert code == 0, err
     assert json.loads((tmp_path / "predictions.jsonl").read_text())["source"] == "A cat sits."
 
     other_vocab = ("--data.init_args.tokenizer=bpe", "--data.init_args.vocab_size=90")
-    code, _, err = attnlab("test", "--config", TOY, root, cache, "--ckpt_path", "best", *other_vocab)
+    code, _, err = attnlab("test", *toy, "--ckpt_path", "best", *other_vocab)
     assert code == 2
     assert re.search(
         r"attnlab: error: .*vocabulary does not match the data's tokenizer \(src_vocab_size=\d+ in the checkpoint but 90",
@@ -75,14 +67,8 @@ def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_language_model_fit_and_complete_a_prompt(attnlab, tmp_path):
-    args = (
-        "--config",
-        LM,
-        f"--trainer.default_root_dir={tmp_path}",
-        f"--data.init_args.cache_dir={tmp_path / 'data'}",
-        "--data.init_args.path=null",
-        *LM_SMALL,
-    )
+    cache = f"--data.init_args.cache_dir={tmp_path / 'data'}"
+    args = config_args(LM, tmp_path, cache, "--data.init_args.path=null", *LM_SMALL)
     code, out, err = attnlab("fit", *args, "--trainer.max_steps=40", "--trainer.val_check_interval=20")
     assert code == 0, err
     loss = metric(tmp_path / "lightning_logs" / "version_0", "val/loss")
@@ -111,12 +97,7 @@ def test_parallel_files_of_different_lengths_fail_with_one_line(attnlab, tmp_pat
         (data / f"{split}.en").write_text("A dog.\nA cat.\n")
         (data / f"{split}.de").write_text(german)
     code, _, err = attnlab(
-        "fit",
-        "--config",
-        TOY,
-        f"--trainer.default_root_dir={tmp_path}",
-        f"--data.init_args.data_dir={data}",
-        "--data.init_args.test_split=null",
+        "fit", *config_args(TOY, tmp_path, f"--data.init_args.data_dir={data}", "--data.init_args.test_split=null")
     )
     lines = [line for line in err.splitlines() if line.startswith("attnlab: error:")]
     assert code == 2 and len(lines) == 1, err

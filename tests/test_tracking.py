@@ -8,6 +8,7 @@ import socket
 
 import pytest
 import yaml
+from conftest import config_args
 from jsonargparse import Namespace
 
 from experiments import tracking
@@ -19,16 +20,8 @@ DIGITS = "configs/vision/digits.yaml"
 def _fit_digits(attnlab, root, *args: str, batches: int, val_batches: int = 1) -> tuple[int, str, str]:
     """`attnlab fit` of the digits config in ``root`` for one epoch of ``batches`` training and ``val_batches``
     validation batches, then ``args``: (exit code, stdout, stderr)."""
-    return attnlab(
-        "fit",
-        "--config",
-        DIGITS,
-        f"--trainer.default_root_dir={root}",
-        "--trainer.max_epochs=1",
-        f"--trainer.limit_train_batches={batches}",
-        f"--trainer.limit_val_batches={val_batches}",
-        *args,
-    )
+    limits = (f"--trainer.limit_train_batches={batches}", f"--trainer.limit_val_batches={val_batches}")
+    return attnlab("fit", *config_args(DIGITS, root, "--trainer.max_epochs=1", *limits, *args))
 
 
 def test_wandb_mode_is_offline_unless_the_user_configured_wandb(tmp_path):
