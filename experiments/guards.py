@@ -39,23 +39,21 @@ class NonFiniteLoss(Callback):
     gets zero gradients (its momentum alone may still move the weights until the stop). The host reads the
     flag once per logging interval, before a validation, at an epoch's and the fit's end, before a checkpoint
     and after `MOST_UNCHECKED` batches, and names the first bad batch from the references it kept (no copies).
-    Under DDP the flag joins one all-reduce per optimizer step, before backward, with the flags other
-    callbacks `watch` (LastCheckpoint's SIGTERM and time to save): every process stops at the same step,
-    where one stopping alone would leave the others waiting in the gradient all-reduce.
-
-    The error names the step, the epoch and the logged loss terms that are NaN/inf (DETR's ``train/loss_ce``
-    ...). A checkpoint whose weights are not finite is refused: the last one on disk is always good.
+    Under DDP the flag joins one all-reduce per optimizer step, before backward, with the host flags another
+    callback `watch`-es: every process stops at the same step (one alone would hang the gradient all-reduce).
+    A checkpoint whose weights are not finite is refused: the last one on disk is always good.
     """
 
     def __init__(self):
-        self._watched: dict[str, Callable[[], bool]] = {}
-        self._agreed: tuple[int, dict[str, bool]] | None = None
+        self._active = False
+        self._watched: Callable[[], tuple[bool, ...]] = lambda: ()
+        self._agreed: tuple[int, tuple[bool, ...]] | None = None
 
-    def watch(self, name: str, flag: Callable[[], bool]) -> None:
-        """Add a host flag to the per-step all-reduce under DDP; `agreed` gives its value on any process."""
-        self._watched[name] = flag
+    def watch(self, flags: Callable[[], tuple[bool, ...]]) -> None:
+        """Add host flags to the per-step all-reduce under DDP; `agreed` gives their maximum over the processes."""
+        self._watched = flags
 
-    def agreed(self, trainer: pl.Trainer) -> dict[str, bool] | None:
+    def agreed(self, trainer: pl.Trainer) -> tuple[bool, ...] | None:
         """The watched flags as all processes agreed on them during this batch, or None if no all-reduce ran in it."""
         if self._agreed is not None and self._agreed[0] == _batch_number(trainer):
             return self._agreed[1]
@@ -63,8 +61,6 @@ class NonFiniteLoss(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._active = stage == "fit" and not shadowed(trainer, self)
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # 1.0 from the first non-finite loss on (float: optimizers read it as found_inf)
         self._bad = torch.zeros((), device=trainer.strategy.root_device)
         self._unchecked: list[_Batch] = []
@@ -84,13 +80,11 @@ class NonFiniteLoss(Callback):
 
     def _agree(self, trainer: pl.Trainer) -> None:
         """The step's one collective: [this process's flag, then max over processes of: the flag, each watched flag]."""
-        names = list(self._watched)
-        packed = torch.stack(
-            [self._bad, self._bad, *(torch.full((), float(self._watched[n]()), device=self._bad.device) for n in names)]
-        )
+        watched = torch.tensor(self._watched(), dtype=self._bad.dtype, device=self._bad.device)
+        packed = torch.cat([self._bad.expand(2), watched])
         torch.distributed.all_reduce(packed[1:], op=torch.distributed.ReduceOp.MAX)
         mine, anyone, *flags = packed.tolist()
-        self._agreed = (_batch_number(trainer), {name: flag > 0 for name, flag in zip(names, flags)})
+        self._agreed = (_batch_number(trainer), tuple(flag > 0 for flag in flags))
         if anyone:
             raise self._error(trainer, here=mine > 0)
         self._unchecked = []
@@ -111,7 +105,7 @@ class NonFiniteLoss(Callback):
 
     def _check(self, trainer: pl.Trainer) -> None:
         # a wait for the device; under DDP the step's all-reduce stops every process together instead
-        if not (getattr(self, "_active", False) and hasattr(self, "_bad") and trainer.world_size == 1):
+        if not self._active or trainer.world_size > 1:
             return
         if self._bad.item():
             raise self._error(trainer, here=True)
@@ -151,7 +145,7 @@ class NonFiniteLoss(Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for optimizer in trainer.optimizers:
-            if getattr(optimizer, "found_inf", None) is getattr(self, "_bad", False):
+            if getattr(optimizer, "found_inf", None) is self._bad:
                 del optimizer.found_inf
 
     def _error(self, trainer: pl.Trainer, here: bool) -> RunError:
@@ -254,13 +248,6 @@ def disk_full_message(err: OSError, trainer: pl.Trainer) -> str:
     return f"no space left on the disk while writing {err.filename or 'a file of the run'}; {kept}; free space, then resume with --ckpt_path last"
 
 
-def checkpoint_bytes(model: torch.nn.Module) -> int:
-    """About the size of one training checkpoint: the state dict plus AdamW's two moments per trainable parameter."""
-    state = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, Tensor))
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return state + 2 * trainable
-
-
 def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: bool = False) -> None:
     """Before a fit: create and write to every folder it will write, and check its checkpoint folders have room
     for every checkpoint the ModelCheckpoints keep (top-k and last; a resumed run holds them already), one more
@@ -278,10 +265,14 @@ def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: 
     callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
     if not callbacks:
         return
-    one = checkpoint_bytes(model)
+    # one training checkpoint: about the state dict plus AdamW's two moments per trainable parameter
+    one = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, Tensor))
+    one += 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     kept = 0 if resuming else sum(_files_kept(cb) for cb in callbacks)
     needed = (kept + 1) * one + LOG_MARGIN_BYTES
-    for folder in {_checkpoint_folder(trainer, cb) for cb in callbacks}:
+    # each writes in its dirpath, else below the first logger's folder, else the root (as Lightning resolves it)
+    logs = trainer.loggers and trainer.loggers[0].save_dir
+    for folder in {Path(cb.dirpath or logs or trainer.default_root_dir) for cb in callbacks}:
         free = shutil.disk_usage(folder).free
         if free < needed:
             raise RunError(
@@ -304,11 +295,6 @@ def _output_folders(trainer: pl.Trainer) -> dict[Path, str]:
     for callback in trainer.checkpoint_callbacks:
         folders.setdefault(getattr(callback, "dirpath", None), "ModelCheckpoint dirpath")
     return {Path(f): setting for f, setting in folders.items() if f and "://" not in str(f)}
-
-
-def _checkpoint_folder(trainer: pl.Trainer, callback: ModelCheckpoint) -> Path:
-    """Where ``callback`` will write: its dirpath, else below the first logger's folder, else the root (as Lightning resolves it)."""
-    return Path(callback.dirpath or (trainer.loggers and trainer.loggers[0].save_dir) or trainer.default_root_dir)
 
 
 def _size(n: float) -> str:
