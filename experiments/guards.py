@@ -39,31 +39,28 @@ class NonFiniteLoss(Callback):
     gets zero gradients (its momentum alone may still move the weights until the stop). The host reads the
     flag once per logging interval, before a validation, at an epoch's and the fit's end, before a checkpoint
     and after `MOST_UNCHECKED` batches, and names the first bad batch from the references it kept (no copies).
-    Under DDP the flag joins one all-reduce per optimizer step, before backward, with the host flags another
-    callback `watch`-es: every process stops at the same step (one alone would hang the gradient all-reduce).
+    Under DDP the flag joins one all-reduce per optimizer step, before backward, with the host flags of
+    ``watched``: every process stops at the same step (one stopping alone would hang the gradient all-reduce).
     A checkpoint whose weights are not finite is refused: the last one on disk is always good.
     """
 
     def __init__(self):
         self._active = False
-        self._watched: Callable[[], tuple[bool, ...]] = lambda: ()
-        self._agreed: tuple[int, tuple[bool, ...]] | None = None
-
-    def watch(self, flags: Callable[[], tuple[bool, ...]]) -> None:
-        """Add host flags to the per-step all-reduce under DDP; `agreed` gives their maximum over the processes."""
-        self._watched = flags
-
-    def agreed(self, trainer: pl.Trainer) -> tuple[bool, ...] | None:
-        """The watched flags as all processes agreed on them during this batch, or None if no all-reduce ran in it."""
-        if self._agreed is not None and self._agreed[0] == _batch_number(trainer):
-            return self._agreed[1]
-        return None
+        # host flags another callback (LastCheckpoint) adds to the all-reduce under DDP, and their maximum over
+        # the processes during the batch under way (None when no all-reduce ran in it)
+        self.watched: Callable[[], tuple[bool, ...]] = lambda: ()
+        self.agreed: tuple[bool, ...] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._active = stage == "fit" and not shadowed(trainer, self)
         # 1.0 from the first non-finite loss on (float: optimizers read it as found_inf)
         self._bad = torch.zeros((), device=trainer.strategy.root_device)
-        self._unchecked: list[_Batch] = []
+        self._unchecked = []  # (global step, epoch, loss, logged loss terms) of each batch since the last check
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.agreed = None
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor) -> None:
         if not self._active:
@@ -80,11 +77,11 @@ class NonFiniteLoss(Callback):
 
     def _agree(self, trainer: pl.Trainer) -> None:
         """The step's one collective: [this process's flag, then max over processes of: the flag, each watched flag]."""
-        watched = torch.tensor(self._watched(), dtype=self._bad.dtype, device=self._bad.device)
+        watched = torch.tensor(self.watched(), dtype=self._bad.dtype, device=self._bad.device)
         packed = torch.cat([self._bad.expand(2), watched])
         torch.distributed.all_reduce(packed[1:], op=torch.distributed.ReduceOp.MAX)
         mine, anyone, *flags = packed.tolist()
-        self._agreed = (_batch_number(trainer), tuple(flag > 0 for flag in flags))
+        self.agreed = tuple(flag > 0 for flag in flags)
         if anyone:
             raise self._error(trainer, here=mine > 0)
         self._unchecked = []
@@ -149,16 +146,16 @@ class NonFiniteLoss(Callback):
                 del optimizer.found_inf
 
     def _error(self, trainer: pl.Trainer, here: bool) -> RunError:
-        # names the first batch since the last check whose loss is not finite (not ``here``: another process's)
-        losses = torch.stack([loss.float() for _, _, loss, _ in self._unchecked]).tolist() if here else []
+        # names the first batch since the last check whose loss is not finite (not ``here``: the batch under way)
+        losses = torch.stack([loss.float() for _, _, loss, _ in self._unchecked]).tolist()
         first = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), -1)
-        step, epoch, _, logged = self._unchecked[first] if self._unchecked else (None, None, None, {})
+        step, epoch, _, logged = self._unchecked[first]
         if not here:
             what = "a non-finite loss on another process"
         else:
-            terms = dict(zip(logged, torch.stack([t.float() for t in logged.values()]).tolist())) if logged else {}
-            bad = {name: term for name, term in terms.items() if not math.isfinite(term)}
-            what = f"non-finite loss ({', '.join(f'{name}={term}' for name, term in bad.items()) or 'loss=nan'})"
+            terms = torch.stack([t.float() for t in logged.values()]).tolist()
+            bad = ", ".join(f"{name}={term}" for name, term in zip(logged, terms) if not math.isfinite(term))
+            what = f"non-finite loss ({bad or 'loss=nan'})"
             if trainer.world_size > 1:
                 what += f" on process {trainer.global_rank} of {trainer.world_size}"
         return _stopped(trainer, f"{what}; the weights were not updated with it", step, epoch)
@@ -166,13 +163,6 @@ class NonFiniteLoss(Callback):
 
 # a check (a read of the flag) at the latest after this many batches: the references kept stay few
 MOST_UNCHECKED = 1000
-
-_Batch = tuple[int, int, Tensor, dict[str, Tensor]]  # (global step, epoch, loss, logged loss terms) of a batch
-
-
-def _batch_number(trainer: pl.Trainer) -> int:
-    """The training batches started in this fit: the same during one batch's hooks on every process."""
-    return trainer.fit_loop.epoch_loop.batch_progress.total.ready
 
 
 def _stopped(trainer: pl.Trainer, what: str, step: int | None = None, epoch: int | None = None) -> RunError:

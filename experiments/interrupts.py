@@ -246,7 +246,7 @@ class LastCheckpoint(Callback):
             signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "_sigterm", True))
         self._guard = next((cb for cb in trainer.callbacks if isinstance(cb, NonFiniteLoss) and cb._active), None)
         if self._guard is not None:
-            self._guard.watch(self._flags)
+            self._guard.watched = self._flags
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -281,7 +281,7 @@ class LastCheckpoint(Callback):
             return False, False  # nothing to agree on: no collective
         if trainer.world_size == 1:
             return self._flags()
-        agreed = None if fresh or self._guard is None else self._guard.agreed(trainer)
+        agreed = None if fresh or self._guard is None else self._guard.agreed
         if agreed is None:
             flags = torch.tensor(self._flags(), dtype=torch.float32, device=trainer.strategy.root_device)
             agreed = trainer.strategy.reduce(flags, reduce_op="max").bool().tolist()
