@@ -258,7 +258,8 @@ def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: 
     # one training checkpoint: about the state dict plus AdamW's two moments per trainable parameter
     one = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, Tensor))
     one += 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    kept = 0 if resuming else sum(_files_kept(cb) for cb in callbacks)
+    # top-k (-1 keeps them all: at least one) and last
+    kept = 0 if resuming else sum((cb.save_top_k if cb.save_top_k >= 0 else 1) + bool(cb.save_last) for cb in callbacks)
     needed = (kept + 1) * one + LOG_MARGIN_BYTES
     # each writes in its dirpath, else below the first logger's folder, else the root (as Lightning resolves it)
     logs = trainer.loggers and trainer.loggers[0].save_dir
@@ -270,11 +271,6 @@ def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: 
                 f"{_size(one)} (weights and AdamW's two moments) and {_size(LOG_MARGIN_BYTES)} for logs; "
                 "free space or choose another trainer.default_root_dir"
             )
-
-
-def _files_kept(callback: ModelCheckpoint) -> int:
-    top_k = 1 if callback.save_top_k < 0 else callback.save_top_k  # -1 keeps them all: at least one
-    return top_k + bool(callback.save_last)
 
 
 def _output_folders(trainer: pl.Trainer) -> dict[Path, str]:

@@ -256,9 +256,10 @@ class LastCheckpoint(Callback):
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-way through a gradient accumulation, which a checkpoint does not hold: wait for the step
         sigterm, time_due = self._agree(trainer)
+        n = self.every_n_train_steps
         if sigterm:
             stop_as_on_sigterm(trainer)  # on every process at this batch
-        elif time_due or self._steps_due(trainer):
+        elif time_due or (n is not None and trainer.global_step // n > self._saved_step // n):
             self.save(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -286,10 +287,6 @@ class LastCheckpoint(Callback):
             flags = torch.tensor(self._flags(), dtype=torch.float32, device=trainer.strategy.root_device)
             agreed = trainer.strategy.reduce(flags, reduce_op="max").bool().tolist()
         return tuple(agreed)
-
-    def _steps_due(self, trainer: pl.Trainer) -> bool:
-        n = self.every_n_train_steps
-        return n is not None and trainer.global_step // n > self._saved_step // n
 
     def save(self, trainer: pl.Trainer) -> Path:
         """Write the run's last checkpoint now (every process calls this together)."""

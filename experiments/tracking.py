@@ -169,8 +169,10 @@ class LoggedConfig(SaveConfigCallback):
                 logger.experiment.save(str(path), base_path=str(path.parent), policy="now")
 
 
-def _is(entry: Namespace, cls: type) -> bool:
-    return entry.class_path in (f"{cls.__module__}.{cls.__qualname__}", cls.__qualname__)
+def _is(entry: Any, *classes: type) -> bool:
+    """Whether ``entry`` is a parsed trainer.logger entry (with init_args) of one of ``classes``."""
+    names = {name for cls in classes for name in (f"{cls.__module__}.{cls.__qualname__}", cls.__qualname__)}
+    return isinstance(entry, Namespace) and entry.get("class_path") in names and entry.get("init_args") is not None
 
 
 def prepare(config: Namespace, subcommand: str | None) -> None:
@@ -183,15 +185,7 @@ def prepare(config: Namespace, subcommand: str | None) -> None:
         return
     root = cfg.trainer.get("default_root_dir") or os.getcwd()
     loggers = cfg.trainer.get("logger")
-    loggers = [loggers] if isinstance(loggers, Namespace) else loggers if isinstance(loggers, list) else []
-    ours = [
-        lg
-        for lg in loggers
-        if isinstance(lg, Namespace)
-        and "class_path" in lg
-        and (_is(lg, WandbLogger) or _is(lg, CSVLogger))
-        and lg.get("init_args") is not None
-    ]
+    ours = [lg for lg in (loggers if isinstance(loggers, list) else [loggers]) if _is(lg, WandbLogger, CSVLogger)]
     for entry in ours:
         entry.init_args.save_dir = entry.init_args.get("save_dir") or str(root)
     if subcommand == "fit" and cfg.get("ckpt_path") == "last":
