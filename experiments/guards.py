@@ -34,14 +34,12 @@ class RunError(RuntimeError):
 class NonFiniteLoss(Callback):
     """Stop training at the first non-finite loss; the weights are never updated with it.
 
-    No per-step wait for the device: each loss goes into a sticky flag on the device (AMP's ``found_inf``),
-    which a ``fused=True`` optimizer reads to skip its whole step, as under GradScaler; any other optimizer
-    gets zero gradients (its momentum alone may still move the weights until the stop). The host reads the
-    flag once per logging interval, before a validation, at an epoch's and the fit's end, before a checkpoint
-    and after `MOST_UNCHECKED` batches, and names the first bad batch from the references it kept (no copies).
-    Under DDP the flag joins one all-reduce per optimizer step, before backward, with the host flags of
-    ``watched``: every process stops at the same step (one stopping alone would hang the gradient all-reduce).
-    A checkpoint whose weights are not finite is refused: the last one on disk is always good.
+    No per-step wait for the device: each loss goes into a sticky flag on the device, which a ``fused=True``
+    optimizer reads as AMP's ``found_inf`` to skip its whole step; any other gets zero gradients (its momentum may
+    still move the weights until the stop). The host reads the flag at logging steps, before a validation or a
+    checkpoint, at an epoch's and the fit's end and after `MOST_UNCHECKED` batches, and names the first bad batch.
+    Under DDP the flag joins one all-reduce per optimizer step, before backward, so that every process stops at
+    the same step. A checkpoint of non-finite weights is refused: the last one on disk is always good.
     """
 
     def __init__(self):
@@ -189,12 +187,11 @@ def last_checkpoint(trainer: pl.Trainer) -> Path | None:
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint IO, with whole files and safe reading.
+    """Lightning's checkpoint IO, writing whole files and reading tensors only.
 
-    Saving writes ``.<name>.tmp`` beside the target and renames it into place (atomic on one filesystem);
-    Lightning's own renames from the system temp folder, which on another filesystem is a copy that a full
-    disk or a kill truncates. Loading reads tensors and plain data only (`models.weights`), so a checkpoint
-    holding pickled code is refused, unless the caller passes ``weights_only=False``.
+    Saving writes ``.<name>.tmp`` beside the target and renames it into place (Lightning's own moves a file from
+    the system temp folder: across filesystems a copy, which a full disk or a kill truncates). Loading reads
+    tensors and plain data only (`models.weights`), refusing pickled code, unless given ``weights_only=False``.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:

@@ -1,9 +1,7 @@
 """Interrupt and resume: a run stopped by SIGKILL or SIGTERM continues with ``attnlab fit ... --ckpt_path last``
-as if it had never stopped: the same steps, samples in the same order, the same dropout (docs/faults.md).
-
-Lightning restores weights, optimizer, schedulers and loop progress, but a resumed epoch takes its remaining
-batches from a fresh shuffle, the random streams restart from the seed, and SIGTERM saves nothing. `ExactResume`
-closes the first two gaps, `LastCheckpoint` the third; both are in every run (a listed one replaces the default).
+as if it had never stopped (docs/faults.md). Lightning restores weights, optimizer and loop progress, but a resumed
+epoch takes its remaining batches from a fresh shuffle, the random streams restart from the seed, and SIGTERM
+saves nothing: `ExactResume` closes the first two gaps, `LastCheckpoint` the third (both are in every run).
 """
 
 from __future__ import annotations
@@ -43,9 +41,9 @@ SIGTERM_STATUS = 128 + signal.SIGTERM  # the shell's status for a process stoppe
 class ResumableSampler(DistributedSampler):
     """One process's training order, a function of (seed, epoch) only, able to start an epoch part-way (`resume`).
 
-    A ``RandomSampler`` becomes ``DistributedSampler``'s permutation seeded with ``seed + epoch`` (which Lightning
-    leaves in place); another sampler (length bucketing, say) runs under a torch RNG seeded so. ``generator``
-    seeds the DataLoader's workers by epoch, not from the global RNG.
+    A ``RandomSampler`` becomes ``DistributedSampler``'s permutation of ``seed + epoch`` (which Lightning leaves in
+    place); another sampler (length bucketing, say) runs under a torch RNG seeded so. ``generator``, seeded so too,
+    seeds the DataLoader's workers.
     """
 
     def __init__(self, sampler: Sampler, num_replicas: int = 1, rank: int = 0, seed: int = 0):
@@ -83,8 +81,7 @@ class ResumableSampler(DistributedSampler):
 
 
 def rng_states() -> dict[str, Any]:
-    """The global random states of this process, torch (CPU and every CUDA device), numpy and Python, as
-    tensors and plain values (checkpoints are read with ``weights_only``)."""
+    """This process's torch (CPU, CUDA), numpy and Python random states in tensors and plain values (weights_only)."""
     _, keys, pos, has_gauss, gauss = np.random.get_state()
     states = {
         "torch": torch.get_rng_state(),
@@ -109,13 +106,12 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 
 class ExactResume(Callback):
-    """Make a resumed fit continue exactly where the checkpoint left it.
+    """Make a resumed fit continue exactly where the checkpoint left it: the training loader is rebuilt around a
+    `ResumableSampler`, checkpoints hold the position in the epoch and every process's random states (restored
+    before the first batch), and every loader seeds its workers from its own generator, not the global RNG.
 
-    The training loader is rebuilt around a `ResumableSampler`; checkpoints record the position in the epoch
-    and every process's random states, restored before the first batch. Every loader draws worker seeds from
-    its own generator, not the global RNG (which a resumed run draws at other points). Exact for what the
-    training processes draw (dropout, augmentation with ``num_workers: 0``), not for DataLoader workers. A
-    training loader that is not a map-style DataLoader with a plain ``BatchSampler`` is left alone (with a
+    Exact for what the training processes draw (dropout, augmentation with ``num_workers: 0``), not for workers.
+    A training loader that is not a map-style DataLoader with a plain ``BatchSampler`` is left alone (with a
     warning). The number of processes must not change between the interrupted run and the resumed one.
     """
 
@@ -211,9 +207,8 @@ class LastCheckpoint(Callback):
     Args:
         every_n_train_steps: every this many optimizer steps (None: not by steps).
         every_n_minutes: when this many minutes have passed since it was last written (None: not by time).
-        on_sigterm: on SIGTERM, finish the current batch (and a validation under way), write it, print
-            ``attnlab: SIGTERM at step N: saved <path>; resume with `...``` and exit with status 143 (without
-            checkpoints: stop after the batch, save nothing, exit with 143).
+        on_sigterm: on SIGTERM, finish the current batch (and a validation under way), write it, print how to
+            resume and exit with status 143 (without checkpoints: stop after the batch, save nothing, exit 143).
     Saves and stops come only after a batch that ends an optimizer step (a checkpoint holds no accumulated
     gradients), and not just before a validation (a resumed Lightning would skip it): the save after it serves.
     Under DDP the processes agree on the SIGTERM and the clock in `NonFiniteLoss`'s all-reduce of each step.
