@@ -36,11 +36,9 @@ def wandb_mode(environ: dict[str, str] | None = None, netrc_file: str | None = N
         return "online"
     path = netrc_file or environ.get("NETRC") or str(Path.home() / ".netrc")
     try:
-        if Path(path).is_file() and netrc.netrc(path).authenticators("api.wandb.ai"):
-            return "online"
-    except (netrc.NetrcParseError, OSError):
-        pass
-    return "offline"
+        return "online" if netrc.netrc(path).authenticators("api.wandb.ai") else "offline"
+    except (netrc.NetrcParseError, OSError):  # no file, or not one netrc reads
+        return "offline"
 
 
 class WandbLogger(_WandbLogger):
