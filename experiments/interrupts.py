@@ -211,7 +211,8 @@ class LastCheckpoint(Callback):
             resume and exit with status 143 (without checkpoints: stop after the batch, save nothing, exit 143).
     Saves and stops come only after a batch that ends an optimizer step (a checkpoint holds no accumulated
     gradients), and not just before a validation (a resumed Lightning would skip it): the save after it serves.
-    Under DDP the processes agree on the SIGTERM and the clock in `NonFiniteLoss`'s all-reduce of each step.
+    Under DDP the processes agree on the SIGTERM and the clock in `NonFiniteLoss`'s all-reduce of each step; on
+    one device nothing is read back from the device.
     """
 
     def __init__(
