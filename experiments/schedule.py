@@ -27,22 +27,17 @@ class TimeBudget(pl.Callback):
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None), None)
         if timer is None:
             return
-        elapsed = timer.time_elapsed("train")
-        budget = elapsed + timer.time_remaining("train")
-        estimate = trainer.strategy.broadcast(step + int(max(0.0, budget - elapsed) * step / max(elapsed, 1e-9)), src=0)
+        elapsed, remaining = timer.time_elapsed("train"), timer.time_remaining("train")
+        estimate = trainer.strategy.broadcast(step + int(max(0.0, remaining) * step / max(elapsed, 1e-9)), src=0)
         limit = horizon(trainer)
         total = estimate if limit is None else min(limit, estimate)
-        budget_ends_first = limit is None or estimate < limit  # a step limit inside the warmup is the user's choice
+        # at the probe, refuse a budget that ends inside the warmup (a step limit there is the user's choice)
+        check_warmup = step == self.probe_steps and (limit is None or estimate < limit)
         lambdas = [f for config in trainer.lr_scheduler_configs for f in getattr(config.scheduler, "lr_lambdas", [])]
         for schedule in filter(lambda f: isinstance(f, Schedule), lambdas):
-            if (
-                step == self.probe_steps
-                and schedule.name != "inverse_sqrt"
-                and budget_ends_first
-                and schedule.warmup_steps >= total
-            ):
+            if check_warmup and schedule.name != "inverse_sqrt" and schedule.warmup_steps >= total:
                 raise ValueError(
-                    f"trainer.max_time ({budget:.0f} s) ends before the learning-rate warmup: {schedule.warmup_steps} "
+                    f"trainer.max_time ({elapsed + remaining:.0f} s) ends before the learning-rate warmup: {schedule.warmup_steps} "
                     f"steps need about {schedule.warmup_steps * elapsed / step:.0f} s at the measured "
                     f"{elapsed / step:.3f} s/step; shorten the model's warmup or lengthen trainer.max_time"
                 )
