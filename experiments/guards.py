@@ -34,40 +34,31 @@ class RunError(RuntimeError):
 class NonFiniteLoss(Callback):
     """Stop training at the first non-finite loss; the weights are never updated with it.
 
-    No per-step wait for the device: each loss goes into a sticky flag on the device (AMP's ``found_inf``),
-    which a ``fused=True`` optimizer reads to skip its whole step, as under GradScaler; any other optimizer
-    gets zero gradients (its momentum alone may still move the weights until the stop). The host reads the
-    flag once per logging interval, before a validation, at an epoch's and the fit's end, before a checkpoint
-    and after `MOST_UNCHECKED` batches, and names the first bad batch from the references it kept (no copies).
-    Under DDP the flag joins one all-reduce per optimizer step, before backward, with the flags other
-    callbacks `watch` (LastCheckpoint's SIGTERM and time to save): every process stops at the same step,
-    where one stopping alone would leave the others waiting in the gradient all-reduce.
-
-    The error names the step, the epoch and the logged loss terms that are NaN/inf (DETR's ``train/loss_ce``
-    ...). A checkpoint whose weights are not finite is refused: the last one on disk is always good.
+    No per-step wait for the device: each loss goes into a sticky flag on the device, which a ``fused=True``
+    optimizer reads as AMP's ``found_inf`` to skip its whole step; any other gets zero gradients (its momentum may
+    still move the weights until the stop). The host reads the flag at logging steps, before a validation or a
+    checkpoint, at an epoch's and the fit's end and after `MOST_UNCHECKED` batches, and names the first bad batch.
+    Under DDP the flag joins one all-reduce per optimizer step, before backward, so that every process stops at
+    the same step. A checkpoint of non-finite weights is refused: the last one on disk is always good.
     """
 
     def __init__(self):
-        self._watched: dict[str, Callable[[], bool]] = {}
-        self._agreed: tuple[int, dict[str, bool]] | None = None
-
-    def watch(self, name: str, flag: Callable[[], bool]) -> None:
-        """Add a host flag to the per-step all-reduce under DDP; `agreed` gives its value on any process."""
-        self._watched[name] = flag
-
-    def agreed(self, trainer: pl.Trainer) -> dict[str, bool] | None:
-        """The watched flags as all processes agreed on them during this batch, or None if no all-reduce ran in it."""
-        if self._agreed is not None and self._agreed[0] == _batch_number(trainer):
-            return self._agreed[1]
-        return None
+        self._active = False
+        # host flags another callback (LastCheckpoint) adds to the all-reduce under DDP, and their maximum over
+        # the processes during the batch under way (None when no all-reduce ran in it)
+        self.watched: Callable[[], tuple[bool, ...]] = lambda: ()
+        self.agreed: tuple[bool, ...] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._active = stage == "fit" and not shadowed(trainer, self)
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # 1.0 from the first non-finite loss on (float: optimizers read it as found_inf)
         self._bad = torch.zeros((), device=trainer.strategy.root_device)
-        self._unchecked: list[_Batch] = []
+        self._unchecked = []  # (global step, epoch, loss, logged loss terms) of each batch since the last check
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.agreed = None
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor) -> None:
         if not self._active:
@@ -84,13 +75,11 @@ class NonFiniteLoss(Callback):
 
     def _agree(self, trainer: pl.Trainer) -> None:
         """The step's one collective: [this process's flag, then max over processes of: the flag, each watched flag]."""
-        names = list(self._watched)
-        packed = torch.stack(
-            [self._bad, self._bad, *(torch.full((), float(self._watched[n]()), device=self._bad.device) for n in names)]
-        )
+        watched = torch.tensor(self.watched(), dtype=self._bad.dtype, device=self._bad.device)
+        packed = torch.cat([self._bad.expand(2), watched])
         torch.distributed.all_reduce(packed[1:], op=torch.distributed.ReduceOp.MAX)
         mine, anyone, *flags = packed.tolist()
-        self._agreed = (_batch_number(trainer), {name: flag > 0 for name, flag in zip(names, flags)})
+        self.agreed = tuple(flag > 0 for flag in flags)
         if anyone:
             raise self._error(trainer, here=mine > 0)
         self._unchecked = []
@@ -111,7 +100,7 @@ class NonFiniteLoss(Callback):
 
     def _check(self, trainer: pl.Trainer) -> None:
         # a wait for the device; under DDP the step's all-reduce stops every process together instead
-        if not (getattr(self, "_active", False) and hasattr(self, "_bad") and trainer.world_size == 1):
+        if not self._active or trainer.world_size > 1:
             return
         if self._bad.item():
             raise self._error(trainer, here=True)
@@ -151,20 +140,20 @@ class NonFiniteLoss(Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for optimizer in trainer.optimizers:
-            if getattr(optimizer, "found_inf", None) is getattr(self, "_bad", False):
+            if getattr(optimizer, "found_inf", None) is self._bad:
                 del optimizer.found_inf
 
     def _error(self, trainer: pl.Trainer, here: bool) -> RunError:
-        # names the first batch since the last check whose loss is not finite (not ``here``: another process's)
-        losses = torch.stack([loss.float() for _, _, loss, _ in self._unchecked]).tolist() if here else []
+        # names the first batch since the last check whose loss is not finite (not ``here``: the batch under way)
+        losses = torch.stack([loss.float() for _, _, loss, _ in self._unchecked]).tolist()
         first = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), -1)
-        step, epoch, _, logged = self._unchecked[first] if self._unchecked else (None, None, None, {})
+        step, epoch, _, logged = self._unchecked[first]
         if not here:
             what = "a non-finite loss on another process"
         else:
-            terms = dict(zip(logged, torch.stack([t.float() for t in logged.values()]).tolist())) if logged else {}
-            bad = {name: term for name, term in terms.items() if not math.isfinite(term)}
-            what = f"non-finite loss ({', '.join(f'{name}={term}' for name, term in bad.items()) or 'loss=nan'})"
+            terms = torch.stack([t.float() for t in logged.values()]).tolist()
+            bad = ", ".join(f"{name}={term}" for name, term in zip(logged, terms) if not math.isfinite(term))
+            what = f"non-finite loss ({bad or 'loss=nan'})"
             if trainer.world_size > 1:
                 what += f" on process {trainer.global_rank} of {trainer.world_size}"
         return _stopped(trainer, f"{what}; the weights were not updated with it", step, epoch)
@@ -172,13 +161,6 @@ class NonFiniteLoss(Callback):
 
 # a check (a read of the flag) at the latest after this many batches: the references kept stay few
 MOST_UNCHECKED = 1000
-
-_Batch = tuple[int, int, Tensor, dict[str, Tensor]]  # (global step, epoch, loss, logged loss terms) of a batch
-
-
-def _batch_number(trainer: pl.Trainer) -> int:
-    """The training batches started in this fit: the same during one batch's hooks on every process."""
-    return trainer.fit_loop.epoch_loop.batch_progress.total.ready
 
 
 def _stopped(trainer: pl.Trainer, what: str, step: int | None = None, epoch: int | None = None) -> RunError:
@@ -205,12 +187,11 @@ def last_checkpoint(trainer: pl.Trainer) -> Path | None:
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint IO, with whole files and safe reading.
+    """Lightning's checkpoint IO, writing whole files and reading tensors only.
 
-    Saving writes ``.<name>.tmp`` beside the target and renames it into place (atomic on one filesystem);
-    Lightning's own renames from the system temp folder, which on another filesystem is a copy that a full
-    disk or a kill truncates. Loading reads tensors and plain data only (`models.weights`), so a checkpoint
-    holding pickled code is refused, unless the caller passes ``weights_only=False``.
+    Saving writes ``.<name>.tmp`` beside the target and renames it into place (Lightning's own moves a file from
+    the system temp folder: across filesystems a copy, which a full disk or a kill truncates). Loading reads
+    tensors and plain data only (`models.weights`), refusing pickled code, unless given ``weights_only=False``.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
@@ -254,13 +235,6 @@ def disk_full_message(err: OSError, trainer: pl.Trainer) -> str:
     return f"no space left on the disk while writing {err.filename or 'a file of the run'}; {kept}; free space, then resume with --ckpt_path last"
 
 
-def checkpoint_bytes(model: torch.nn.Module) -> int:
-    """About the size of one training checkpoint: the state dict plus AdamW's two moments per trainable parameter."""
-    state = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, Tensor))
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return state + 2 * trainable
-
-
 def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: bool = False) -> None:
     """Before a fit: create and write to every folder it will write, and check its checkpoint folders have room
     for every checkpoint the ModelCheckpoints keep (top-k and last; a resumed run holds them already), one more
@@ -278,10 +252,15 @@ def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: 
     callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
     if not callbacks:
         return
-    one = checkpoint_bytes(model)
-    kept = 0 if resuming else sum(_files_kept(cb) for cb in callbacks)
+    # one training checkpoint: about the state dict plus AdamW's two moments per trainable parameter
+    one = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, Tensor))
+    one += 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    # top-k (-1 keeps them all: at least one) and last
+    kept = 0 if resuming else sum((cb.save_top_k if cb.save_top_k >= 0 else 1) + bool(cb.save_last) for cb in callbacks)
     needed = (kept + 1) * one + LOG_MARGIN_BYTES
-    for folder in {_checkpoint_folder(trainer, cb) for cb in callbacks}:
+    # each writes in its dirpath, else below the first logger's folder, else the root (as Lightning resolves it)
+    logs = trainer.loggers and trainer.loggers[0].save_dir
+    for folder in {Path(cb.dirpath or logs or trainer.default_root_dir) for cb in callbacks}:
         free = shutil.disk_usage(folder).free
         if free < needed:
             raise RunError(
@@ -289,11 +268,6 @@ def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: 
                 f"{_size(one)} (weights and AdamW's two moments) and {_size(LOG_MARGIN_BYTES)} for logs; "
                 "free space or choose another trainer.default_root_dir"
             )
-
-
-def _files_kept(callback: ModelCheckpoint) -> int:
-    top_k = 1 if callback.save_top_k < 0 else callback.save_top_k  # -1 keeps them all: at least one
-    return top_k + bool(callback.save_last)
 
 
 def _output_folders(trainer: pl.Trainer) -> dict[Path, str]:
@@ -304,11 +278,6 @@ def _output_folders(trainer: pl.Trainer) -> dict[Path, str]:
     for callback in trainer.checkpoint_callbacks:
         folders.setdefault(getattr(callback, "dirpath", None), "ModelCheckpoint dirpath")
     return {Path(f): setting for f, setting in folders.items() if f and "://" not in str(f)}
-
-
-def _checkpoint_folder(trainer: pl.Trainer, callback: ModelCheckpoint) -> Path:
-    """Where ``callback`` will write: its dirpath, else below the first logger's folder, else the root (as Lightning resolves it)."""
-    return Path(callback.dirpath or (trainer.loggers and trainer.loggers[0].save_dir) or trainer.default_root_dir)
 
 
 def _size(n: float) -> str:

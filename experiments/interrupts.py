@@ -1,15 +1,7 @@
-"""Interrupt and resume: a run stopped by SIGKILL (a crash, the OOM killer) or SIGTERM (a scheduler's
-preemption) continues with ``attnlab fit ... --ckpt_path last`` as if it had never stopped: the same steps,
-the same samples in the same order, the same dropout.
-
-Lightning restores the weights, optimizer, schedulers and the loops' progress, but a plain DataLoader starts
-a fresh shuffle of which Lightning takes the batches the epoch had left (some samples repeat, others are
-skipped), the random streams restart from the seed, and on SIGTERM nothing is saved. `ExactResume` closes
-the first two gaps, `LastCheckpoint` the third. Both are in every run; to checkpoint mid-epoch too, list
-LastCheckpoint in a config (the listed one replaces the default), e.g.::
-
-    - class_path: experiments.interrupts.LastCheckpoint
-      init_args: {every_n_minutes: 30}
+"""Interrupt and resume: a run stopped by SIGKILL or SIGTERM continues with ``attnlab fit ... --ckpt_path last``
+as if it had never stopped (docs/faults.md). Lightning restores weights, optimizer and loop progress, but a resumed
+epoch takes its remaining batches from a fresh shuffle, the random streams restart from the seed, and SIGTERM
+saves nothing: `ExactResume` closes the first two gaps, `LastCheckpoint` the third (both are in every run).
 """
 
 from __future__ import annotations
@@ -47,12 +39,11 @@ SIGTERM_STATUS = 128 + signal.SIGTERM  # the shell's status for a process stoppe
 
 
 class ResumableSampler(DistributedSampler):
-    """The order of one process's training samples: a function of (seed, epoch) only, able to start an
-    epoch part-way (`resume`).
+    """One process's training order, a function of (seed, epoch) only, able to start an epoch part-way (`resume`).
 
-    A ``RandomSampler`` becomes ``DistributedSampler``'s permutation seeded with ``seed + epoch``; another
-    sampler (length bucketing, say) runs under a torch RNG seeded so. Lightning leaves a ``DistributedSampler``
-    in place. ``generator`` is for the DataLoader: its worker seeds follow the epoch, not the global RNG.
+    A ``RandomSampler`` becomes ``DistributedSampler``'s permutation of ``seed + epoch`` (which Lightning leaves in
+    place); another sampler (length bucketing, say) runs under a torch RNG seeded so. ``generator``, seeded so too,
+    seeds the DataLoader's workers.
     """
 
     def __init__(self, sampler: Sampler, num_replicas: int = 1, rank: int = 0, seed: int = 0):
@@ -90,8 +81,7 @@ class ResumableSampler(DistributedSampler):
 
 
 def rng_states() -> dict[str, Any]:
-    """The global random states of this process, torch (CPU and every CUDA device), numpy and Python, as
-    tensors and plain values (checkpoints are read with ``weights_only``)."""
+    """This process's torch (CPU, CUDA), numpy and Python random states in tensors and plain values (weights_only)."""
     _, keys, pos, has_gauss, gauss = np.random.get_state()
     states = {
         "torch": torch.get_rng_state(),
@@ -116,39 +106,33 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 
 class ExactResume(Callback):
-    """Make a resumed fit continue exactly where the checkpoint left it.
+    """Make a resumed fit continue exactly where the checkpoint left it: the training loader is rebuilt around a
+    `ResumableSampler`, checkpoints hold the position in the epoch and every process's random states (restored
+    before the first batch), and every loader seeds its workers from its own generator, not the global RNG.
 
-    The training loader is rebuilt around a `ResumableSampler`; each checkpoint records how far into which
-    epoch training got and the random states of every process, which a resumed fit restores before its first
-    batch. The loaders' worker seeds come from their own generators: a loader with persistent workers draws
-    that seed at its first pass only, which a resumed process makes at another point of the run. Exact for
-    what the training processes draw (dropout, augmentation with ``num_workers: 0``), not for DataLoader
-    workers. A training loader that is not a map-style DataLoader with a plain ``BatchSampler`` is left alone
-    (with a warning). The number of processes must not change between the interrupted run and the resumed one.
+    Exact for what the training processes draw (dropout, augmentation with ``num_workers: 0``), not for workers.
+    A training loader that is not a map-style DataLoader with a plain ``BatchSampler`` is left alone (with a
+    warning). The number of processes must not change between the interrupted run and the resumed one.
     """
 
     def __init__(self):
         self._resume: dict[str, Any] | None = None
+        self._active, self._wrapped = False, []
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._active = stage == "fit"  # Lightning refuses a second instance (its state would clash)
         if not self._active:
             return
         self._trainer = trainer
-        self._wrapped = []
         # Lightning asks these attributes for the loaders (inside the context that lets it rebuild loaders)
         for hook, wrapper in (("train_dataloader", self._train_dataloader), ("val_dataloader", self._val_dataloaders)):
-            source = (
-                trainer.datamodule
-                if trainer.datamodule is not None and is_overridden(hook, trainer.datamodule)
-                else pl_module
-            )
-            if is_overridden(hook, source):
+            source = next((s for s in (trainer.datamodule, pl_module) if is_overridden(hook, s)), None)
+            if source is not None:
                 setattr(source, hook, partial(wrapper, getattr(source, hook)))
                 self._wrapped.append((source, hook))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        for source, hook in getattr(self, "_wrapped", []):
+        for source, hook in self._wrapped:
             delattr(source, hook)  # the instance attribute: the class's method shows again
         self._wrapped = []
 
@@ -180,7 +164,7 @@ class ExactResume(Callback):
         return apply_to_collection(make(), DataLoader, _with_own_generator)
 
     def state_dict(self) -> dict[str, Any]:
-        if not getattr(self, "_active", False):
+        if not self._active:
             return {}
         trainer = self._trainer
         batches = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches of this epoch trained on
@@ -212,27 +196,23 @@ class ExactResume(Callback):
 
 
 def _with_own_generator(loader: DataLoader) -> DataLoader:
-    if loader.generator is None:
-        loader.generator = torch.Generator()  # worker seeds from here, not from the global RNG
+    loader.generator = loader.generator or torch.Generator()
     return loader
 
 
 class LastCheckpoint(Callback):
     """Keep the run's ``last.ckpt`` (the first ModelCheckpoint's) fresh, so that ``--ckpt_path last`` loses
-    little work: after every validation (Lightning's ModelCheckpoint writes ``last`` only with a new best, so it
-    can lag epochs behind), and besides:
+    little work: write it after every validation (ModelCheckpoint writes ``last`` only with a new best), and:
 
     Args:
         every_n_train_steps: every this many optimizer steps (None: not by steps).
         every_n_minutes: when this many minutes have passed since it was last written (None: not by time).
-        on_sigterm: on SIGTERM, finish the current batch (and a validation under way), write it, print
-            ``attnlab: SIGTERM at step N: saved <path>; resume with `...``` and exit with status 143 (without
-            checkpoints: stop after the batch, save nothing, exit with 143).
-    Saves and stops happen only after a batch that ends an optimizer step (accumulated gradients are not in a
-    checkpoint), and not just before a validation (a resumed Lightning would skip it): the save after it serves.
-    Under DDP the processes agree on the SIGTERM and the clock at every optimizer step, in `NonFiniteLoss`'s
-    all-reduce (or one of this callback's own where that guard is absent); on one device nothing is read
-    from the device.
+        on_sigterm: on SIGTERM, finish the current batch (and a validation under way), write it, print how to
+            resume and exit with status 143 (without checkpoints: stop after the batch, save nothing, exit 143).
+    Saves and stops come only after a batch that ends an optimizer step (a checkpoint holds no accumulated
+    gradients), and not just before a validation (a resumed Lightning would skip it): the save after it serves.
+    Under DDP the processes agree on the SIGTERM and the clock in `NonFiniteLoss`'s all-reduce of each step; on
+    one device nothing is read back from the device.
     """
 
     def __init__(
@@ -256,20 +236,13 @@ class LastCheckpoint(Callback):
             return
         self._saved_step, self._saved_time = trainer.global_step, time.monotonic()
         if self.on_sigterm:
-            # Replaces Lightning's handler (installed just before): that one raises on whichever process got the
-            # signal, also in the middle of a validation, and runs a collective inside the handler. Lightning
-            # restores the previous handler when fit ends.
+            # Lightning's handler raises on whichever process got the signal, also mid-validation, and runs a
+            # collective inside the handler; it restores the previous handler when fit ends.
             self._sigterm = False
-            signal.signal(signal.SIGTERM, self._note_sigterm)
-        self._guard = next(
-            (cb for cb in trainer.callbacks if isinstance(cb, NonFiniteLoss) and getattr(cb, "_active", False)), None
-        )
-        if self._guard is not None and trainer.world_size > 1:
-            self._guard.watch("sigterm", lambda: self._sigterm)
-            self._guard.watch("save_due", self._minutes_due)
-
-    def _note_sigterm(self, signum: int, frame: Any) -> None:
-        self._sigterm = True
+            signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "_sigterm", True))
+        self._guard = next((cb for cb in trainer.callbacks if isinstance(cb, NonFiniteLoss) and cb._active), None)
+        if self._guard is not None:
+            self._guard.watched = self._flags
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -279,9 +252,10 @@ class LastCheckpoint(Callback):
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-way through a gradient accumulation, which a checkpoint does not hold: wait for the step
         sigterm, time_due = self._agree(trainer)
+        n = self.every_n_train_steps
         if sigterm:
             stop_as_on_sigterm(trainer)  # on every process at this batch
-        elif time_due or self._steps_due(trainer):
+        elif time_due or (n is not None and trainer.global_step // n > self._saved_step // n):
             self.save(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -292,28 +266,23 @@ class LastCheckpoint(Callback):
         else:
             self.save(trainer)
 
+    def _flags(self) -> tuple[bool, bool]:
+        """(SIGTERM received, time to save) on this process."""
+        minutes_due = bool(self.every_n_minutes) and time.monotonic() - self._saved_time >= 60 * self.every_n_minutes
+        return self._sigterm, minutes_due
+
     def _agree(self, trainer: pl.Trainer, fresh: bool = False) -> tuple[bool, bool]:
-        """(SIGTERM received, time to save) on any process: the same answer on all of them. ``fresh``: ask now,
-        not at this batch's step (after a validation, during which a SIGTERM may have come)."""
+        """`_flags` on any process: the same answer on all of them. ``fresh``: ask now, not at this batch's step
+        (after a validation, during which a SIGTERM may have come); the guard's all-reduce answers otherwise."""
         if not self.on_sigterm and not self.every_n_minutes:
             return False, False  # nothing to agree on: no collective
         if trainer.world_size == 1:
-            return self._sigterm, self._minutes_due()
-        agreed = None if fresh or self._guard is None else self._guard.agreed(trainer)
-        if agreed is not None:
-            return agreed["sigterm"], agreed["save_due"]
-        flags = torch.tensor(
-            [self._sigterm, self._minutes_due()], dtype=torch.float32, device=trainer.strategy.root_device
-        )
-        flags = trainer.strategy.reduce(flags, reduce_op="max")
-        return bool(flags[0]), bool(flags[1])
-
-    def _minutes_due(self) -> bool:
-        return bool(self.every_n_minutes) and time.monotonic() - self._saved_time >= 60 * self.every_n_minutes
-
-    def _steps_due(self, trainer: pl.Trainer) -> bool:
-        n = self.every_n_train_steps
-        return n is not None and trainer.global_step // n > self._saved_step // n
+            return self._flags()
+        agreed = None if fresh or self._guard is None else self._guard.agreed
+        if agreed is None:
+            flags = torch.tensor(self._flags(), dtype=torch.float32, device=trainer.strategy.root_device)
+            agreed = trainer.strategy.reduce(flags, reduce_op="max").bool().tolist()
+        return tuple(agreed)
 
     def save(self, trainer: pl.Trainer) -> Path:
         """Write the run's last checkpoint now (every process calls this together)."""
@@ -361,12 +330,10 @@ def resume_command(argv: list[str] | None = None) -> str:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] != ["fit"]:
         return "attnlab fit <the same arguments> --ckpt_path last"
-    args, skip = [], False
-    for arg in argv:
-        if skip or arg.startswith("--ckpt_path="):
-            skip = False
-            continue
-        skip = arg == "--ckpt_path"
-        if not skip:
+    args, rest = [], iter(argv)
+    for arg in rest:
+        if arg == "--ckpt_path":
+            next(rest, None)  # its value
+        elif not arg.startswith("--ckpt_path="):
             args.append(arg)
     return shlex.join(["attnlab", *args, "--ckpt_path", "last"])

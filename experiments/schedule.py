@@ -11,51 +11,33 @@ from models.optim import Schedule, horizon
 class TimeBudget(pl.Callback):
     """With ``trainer.max_time`` set, the learning-rate schedule ends when the time does.
 
-    Measures the time per optimizer step (validation and logging included: they share the budget) and sets
-    the horizon of every `models.optim.Schedule` to the step at which the budget runs out, or to the step/epoch
-    limit if that comes first; re-estimated every ``every_n_steps`` steps after the first ``probe_steps``, from
-    rank 0's clock. The horizon is in the scheduler's state and Lightning's Timer restores the elapsed time,
-    so a resumed run keeps its budget and its place in the schedule.
+    Sets the horizon of every `models.optim.Schedule` to the step at which the budget runs out at rank 0's
+    measured time per optimizer step (validation and logging included), or to the step/epoch limit if that comes
+    first; after ``probe_steps``, then every ``every_n_steps``. The horizon is in the scheduler's state and
+    Lightning's Timer restores the elapsed time, so a resumed run keeps its budget and its place in the schedule.
     """
 
     def __init__(self, probe_steps: int = 20, every_n_steps: int = 50):
         self.probe_steps, self.every_n_steps = probe_steps, every_n_steps
 
-    @staticmethod
-    def _timer(trainer: pl.Trainer) -> Timer | None:
-        return next((c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None), None)
-
-    @staticmethod
-    def _schedules(trainer: pl.Trainer) -> list[Schedule]:
-        return [
-            f
-            for config in trainer.lr_scheduler_configs
-            for f in getattr(config.scheduler, "lr_lambdas", [])
-            if isinstance(f, Schedule)
-        ]
-
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if step < self.probe_steps or (step - self.probe_steps) % self.every_n_steps:
             return
-        timer = self._timer(trainer)
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None), None)
         if timer is None:
             return
-        elapsed = timer.time_elapsed("train")
-        budget = elapsed + timer.time_remaining("train")
-        estimate = trainer.strategy.broadcast(step + int(max(0.0, budget - elapsed) * step / max(elapsed, 1e-9)), src=0)
+        elapsed, remaining = timer.time_elapsed("train"), timer.time_remaining("train")
+        estimate = trainer.strategy.broadcast(step + int(max(0.0, remaining) * step / max(elapsed, 1e-9)), src=0)
         limit = horizon(trainer)
         total = estimate if limit is None else min(limit, estimate)
-        budget_ends_first = limit is None or estimate < limit  # a step limit inside the warmup is the user's choice
-        for schedule in self._schedules(trainer):
-            if (
-                step == self.probe_steps
-                and schedule.name != "inverse_sqrt"
-                and budget_ends_first
-                and schedule.warmup_steps >= total
-            ):
+        # at the probe, refuse a budget that ends inside the warmup (a step limit there is the user's choice)
+        check_warmup = step == self.probe_steps and (limit is None or estimate < limit)
+        lambdas = [f for config in trainer.lr_scheduler_configs for f in getattr(config.scheduler, "lr_lambdas", [])]
+        for schedule in filter(lambda f: isinstance(f, Schedule), lambdas):
+            if check_warmup and schedule.name != "inverse_sqrt" and schedule.warmup_steps >= total:
                 raise ValueError(
-                    f"trainer.max_time ({budget:.0f} s) ends before the learning-rate warmup: {schedule.warmup_steps} "
+                    f"trainer.max_time ({elapsed + remaining:.0f} s) ends before the learning-rate warmup: {schedule.warmup_steps} "
                     f"steps need about {schedule.warmup_steps * elapsed / step:.0f} s at the measured "
                     f"{elapsed / step:.3f} s/step; shorten the model's warmup or lengthen trainer.max_time"
                 )

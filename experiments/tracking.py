@@ -1,10 +1,5 @@
-"""Experiment tracking: W&B that never blocks on the network, the run folder's loggers (`experiments.runfolder`
-describes the folder; offline W&B runs sit in ``<default_root_dir>/wandb/offline-run-*``), and resuming.
-
-`prepare` runs on the parsed config before LightningCLI instantiates anything: loggers of this
-module without ``save_dir`` get ``trainer.default_root_dir``, and ``fit --ckpt_path last`` resumes the
-newest ``last*.ckpt`` under the root into the same run folder and the same W&B run (or starts a new
-run, saying so, when there is none: the same command serves a first start and a requeued job).
+"""Experiment tracking: W&B that never blocks on the network, the run folder's loggers (`experiments.runfolder`;
+offline W&B runs sit in ``<default_root_dir>/wandb/offline-run-*``), and resuming into the same run.
 """
 
 from __future__ import annotations
@@ -41,15 +36,13 @@ def wandb_mode(environ: dict[str, str] | None = None, netrc_file: str | None = N
         return "online"
     path = netrc_file or environ.get("NETRC") or str(Path.home() / ".netrc")
     try:
-        if Path(path).is_file() and netrc.netrc(path).authenticators("api.wandb.ai"):
-            return "online"
-    except (netrc.NetrcParseError, OSError):
-        pass
-    return "offline"
+        return "online" if netrc.netrc(path).authenticators("api.wandb.ai") else "offline"
+    except (netrc.NetrcParseError, OSError):  # no file, or not one netrc reads
+        return "offline"
 
 
 class WandbLogger(_WandbLogger):
-    """Lightning's WandbLogger with attnlab's defaults.
+    """Lightning's WandbLogger with attnlab's defaults; its run config is the nested CLI config (`LoggedConfig`).
 
     Args:
         save_dir: where ``wandb/`` goes; default ``trainer.default_root_dir`` (filled in by `prepare`).
@@ -58,7 +51,6 @@ class WandbLogger(_WandbLogger):
         log_model: upload checkpoints as artifacts (online only).
         init_timeout: seconds an online start may take before the run logs offline instead, saying so once
             on stderr (wandb's own default, 90 s, would hold a machine without network that long).
-    The run config is the nested LightningCLI config (`LoggedConfig`), not Lightning's flat hyper-parameters.
     """
 
     def __init__(
@@ -115,13 +107,7 @@ class WandbLogger(_WandbLogger):
         return run
 
     def log_hyperparams(self, params: Any) -> None:
-        """Skipped: the nested CLI config (`log_config`) already holds every hyper-parameter."""
-
-    def log_config(self, config: dict[str, Any], files: list[str] = ()) -> None:
-        self.experiment.config.update(config, allow_val_change=True)
-        for path in files:
-            if self.mode != "disabled":
-                self.experiment.save(path, base_path=str(Path(path).parent), policy="now")
+        """Skipped: the nested CLI config (`LoggedConfig`) already holds every hyper-parameter."""
 
 
 class CSVLogger(_CSVLogger):
@@ -176,41 +162,35 @@ class LoggedConfig(SaveConfigCallback):
             init_args.update({k: pl_module.hparams[k] for k in LINKED_ATTRIBUTES if k in pl_module.hparams})
         path = Path(self.run_folder or trainer.default_root_dir) / self.config_filename
         for logger in loggers:
-            logger.log_config(config, files=[str(path)] if path.exists() else [])
+            logger.experiment.config.update(config, allow_val_change=True)
+            if path.exists() and logger.mode != "disabled":
+                logger.experiment.save(str(path), base_path=str(path.parent), policy="now")
 
 
-def _logger_entries(trainer: Namespace) -> list[Namespace]:
-    loggers = trainer.get("logger")
-    if isinstance(loggers, Namespace):
-        loggers = [loggers]
-    return (
-        [lg for lg in loggers if isinstance(lg, Namespace) and "class_path" in lg] if isinstance(loggers, list) else []
-    )
-
-
-def _is(entry: Namespace, cls: type) -> bool:
-    return entry.class_path in (f"{cls.__module__}.{cls.__qualname__}", cls.__qualname__)
+def _is(entry: Any, *classes: type) -> bool:
+    """Whether ``entry`` is a parsed trainer.logger entry (with init_args) of one of ``classes``."""
+    names = {name for cls in classes for name in (f"{cls.__module__}.{cls.__qualname__}", cls.__qualname__)}
+    return isinstance(entry, Namespace) and entry.get("class_path") in names and entry.get("init_args") is not None
 
 
 def prepare(config: Namespace, subcommand: str | None) -> None:
-    """Fill the run folder into this module's loggers and resolve ``fit --ckpt_path last`` (see module docstring)."""
+    """Run on the parsed config before LightningCLI instantiates anything: this module's loggers without
+    ``save_dir`` get ``trainer.default_root_dir``, and ``fit --ckpt_path last`` resumes the newest ``last*.ckpt``
+    under the root into the same run folder and W&B run (or starts a new run, saying so, when there is none:
+    the same command serves a first start and a requeued job)."""
     cfg = config.get(subcommand) if subcommand else config
     if not isinstance(cfg, Namespace) or not isinstance(cfg.get("trainer"), Namespace):
         return
     root = cfg.trainer.get("default_root_dir") or os.getcwd()
-    entries = _logger_entries(cfg.trainer)
-    for entry in entries:
-        if (
-            (_is(entry, WandbLogger) or _is(entry, CSVLogger))
-            and entry.get("init_args") is not None
-            and not entry.init_args.get("save_dir")
-        ):
-            entry.init_args.save_dir = str(root)
+    loggers = cfg.trainer.get("logger")
+    ours = [lg for lg in (loggers if isinstance(loggers, list) else [loggers]) if _is(lg, WandbLogger, CSVLogger)]
+    for entry in ours:
+        entry.init_args.save_dir = entry.init_args.get("save_dir") or str(root)
     if subcommand == "fit" and cfg.get("ckpt_path") == "last":
-        _resume_last(cfg, Path(root), entries)
+        _resume_last(cfg, Path(root), ours)
 
 
-def _resume_last(cfg: Namespace, root: Path, entries: list[Namespace]) -> None:
+def _resume_last(cfg: Namespace, root: Path, ours: list[Namespace]) -> None:
     ckpt = newest_checkpoint(root, "last")
     if ckpt is None:
         print(f"attnlab: no 'last*.ckpt' under {root}/: starting a new run", file=sys.stderr)
@@ -228,21 +208,13 @@ def _resume_last(cfg: Namespace, root: Path, entries: list[Namespace]) -> None:
             init_args=Namespace(save_dir=str(run_dir.parent.parent), name=run_dir.parent.name, version=run_dir.name),
         )
         return
-    summary = Summary.read(run_dir)
-    for entry in entries:
-        args = entry.get("init_args")
-        if args is None:
-            continue
-        if (
-            _is(entry, CSVLogger)
-            and args.get("version") is None
-            and Path(args.save_dir or root) / (args.get("name") or "lightning_logs") == run_dir.parent
-        ):
+    runs = Summary.read(run_dir).wandb or []
+    for entry in ours:
+        args = entry.init_args
+        if _is(entry, CSVLogger) and args.get("version") is None and Path(args.save_dir) / args.name == run_dir.parent:
             args.version = run_dir.name
         elif _is(entry, WandbLogger) and not args.get("id"):
-            ids = [run.get("id") for run in summary.wandb or [] if run.get("id") and run.get("mode") != "disabled"]
-            if ids:
-                args.id = ids[0]
+            args.id = next((run["id"] for run in runs if run.get("id") and run.get("mode") != "disabled"), None)
 
 
 def default_callbacks() -> list:

@@ -150,6 +150,22 @@ def test_prepare_puts_loggers_in_the_experiment_folder():
     assert cfg.fit.trainer.logger[1].init_args.save_dir == "elsewhere"  # an explicit folder stays
 
 
+def test_prepare_resumes_the_last_run_into_its_folder_and_wandb_run(tmp_path, capsys):
+    run = tmp_path / "lightning_logs" / "version_3"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    runs = [{"id": "off", "mode": "disabled"}, {"id": "abc", "mode": "offline"}]
+    (run / "summary.json").write_text(json.dumps({"wandb": runs}))
+    csv_logger = Namespace(class_path="experiments.tracking.CSVLogger", init_args=Namespace(name="lightning_logs"))
+    wandb = Namespace(class_path="experiments.tracking.WandbLogger", init_args=Namespace(id=None))
+    cfg = Namespace(ckpt_path="last", trainer=Namespace(default_root_dir=str(tmp_path), logger=[csv_logger, wandb]))
+    prepare(Namespace(fit=cfg), "fit")
+    assert (
+        cfg.ckpt_path == str(run / "checkpoints" / "last.ckpt") and "attnlab: resuming from" in capsys.readouterr().err
+    )
+    assert csv_logger.init_args.version == "version_3" and wandb.init_args.id == "abc"
+
+
 def test_default_callbacks_are_fresh_objects():
     first, second = tracking.default_callbacks(), tracking.default_callbacks()
     assert [type(c).__name__ for c in first] == [
