@@ -31,6 +31,12 @@ class WandbSettings:
     entity: str | None = None
 
 
+@dataclass
+class ReportSettings:
+    title: str | None = None  # default: "attnlab: sweep <name>"
+    scaling: bool = False  # print the √d table beside the cells too (report.md has it whenever similarities differ)
+
+
 Launcher = Literal["local", "slurm", "wandb"]
 
 
@@ -49,6 +55,7 @@ class SweepFile:
     max_parallel: PositiveInt = 1
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit's parameters
     wandb: WandbSettings | None = None
+    report: ReportSettings | None = None
 
 
 KEYS = tuple(f.name for f in fields(SweepFile))
@@ -63,6 +70,7 @@ EXPECTED = {  # what a key takes, in the words of the error line
     "max_parallel": "a positive integer",
     "slurm": "a mapping of submitit parameters",
     "wandb": "a mapping with project and entity",
+    "report": "a mapping with title and scaling",
 }
 _PARSER = ArgumentParser(exit_on_error=False)
 _PARSER.add_class_arguments(SweepFile, "sweep")
@@ -106,6 +114,7 @@ def parse(path: Path, spec: Any) -> SweepFile:
         raise SweepError(f"{path}: configs: expected {EXPECTED['configs']}, got []")
     if sweep.wandb is None and sweep.launcher == "wandb":
         sweep.wandb = WandbSettings()
+    sweep.report = sweep.report or ReportSettings()
     return sweep
 
 

@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.agent:
             check(sweep)
         code = run_agent(sweep, args.run or "") if args.agent else _sweep(sweep, args.dry_run)
-        if not (args.agent or args.dry_run or args.no_report) and not report(sweep):
-            code = no_run_finished(sweep, code)
+        if not (args.agent or args.dry_run or args.no_report) and not _report(sweep):
+            code = _no_run_finished(sweep, code)
     except SweepError as err:
         print(f"attnlab: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def no_run_finished(sweep: Sweep, code: int) -> int:
+def _no_run_finished(sweep: Sweep, code: int) -> int:
     """Say so in one line; the exit status stays the sweep's (143 after SIGTERM), else 1."""
     print(
         f"attnlab: error: sweep {sweep.name}: no run finished, nothing to report; "
@@ -48,17 +48,17 @@ def no_run_finished(sweep: Sweep, code: int) -> int:
     return code or 1
 
 
-def report(sweep: Sweep, title: str | None = None, scaling: bool = False) -> bool:
+def _report(sweep: Sweep) -> bool:
     """The cells of the finished runs (mean ± 95% CI, n) and the paired comparisons, as `attnlab compare` gives
-    them (``scaling``: and the √d table); the report goes to ``<root>/report``. False when no run finished."""
+    them (and the √d table with ``report: {scaling: true}``), into ``<root>/report``. False when no run finished."""
     from experiments.compare import build_report, find_runs, print_result
 
     try:
         runs = find_runs([str(sweep.root)])
     except ValueError:  # no finished run below the root
         return False
-    result = build_report(runs, sweep.root / "report", title or f"attnlab: sweep {sweep.name}")
-    print_result(result, scaling)
+    result = build_report(runs, sweep.root / "report", sweep.report.title or f"attnlab: sweep {sweep.name}")
+    print_result(result, sweep.report.scaling)
     print(f"attnlab: report written to {result['report']}")
     return True
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from experiments.runfolder import cli_flags, cli_value
-from experiments.sweep.file import ConfigEntry, SweepError, WandbSettings, parse
+from experiments.sweep.file import ConfigEntry, SweepError, SweepFile, parse
 
 
 @dataclass(frozen=True)
@@ -33,19 +33,15 @@ class Run:
         return self.name.rpartition("/")[0]
 
 
-@dataclass
-class Sweep:
+@dataclass(kw_only=True)
+class Sweep(SweepFile):
+    """The sweep file's keys, with each config's grid resolved, the root decided and the fit arguments given
+    after `--`."""
+
     file: Path
-    name: str
     configs: list[tuple[str, dict[str, list]]]  # (config, its grid: the sweep's keys, then its own)
-    seeds: list[int]
-    overrides: dict[str, Any]
     root: Path
-    launcher: str = "local"
-    max_parallel: int = 1
-    slurm: dict[str, Any] = field(default_factory=dict)
-    wandb: WandbSettings | None = None
-    extra: list[str] = field(default_factory=list)  # fit arguments given after `--`
+    extra: list[str] = field(default_factory=list)
 
     def runs(self) -> list[Run]:
         runs = []
@@ -135,20 +131,8 @@ def load(path: str | Path, root: str | None = None, extra: list[str] | None = No
             f"{path}: configs: two experiments share the name {max(stems, key=stems.count)!r}; "
             "runs are named by the file's stem"
         )
-    root_dir = Path(root or spec.root or Path("runs/sweeps") / spec.name)
-    return Sweep(
-        path,
-        spec.name,
-        configs,
-        spec.seeds,
-        spec.overrides,
-        root_dir,
-        spec.launcher,
-        spec.max_parallel,
-        spec.slurm,
-        spec.wandb,
-        list(extra or []),
-    )
+    root = Path(root or spec.root or Path("runs/sweeps") / spec.name)
+    return Sweep(**{**vars(spec), "configs": configs, "root": root}, file=path, extra=list(extra or []))
 
 
 def slurm_executor(sweep: Sweep, folder: Path):
