@@ -33,6 +33,35 @@ from experiments.compare.plots import plot_against, plot_by_layer, plot_cells, p
 from experiments.compare.runs import find_runs, group_cells, load_runs
 from experiments.compare.tables import cell_rows, markdown_table, paired_rows, plus_minus, run_rows, scaling_rows
 
+# report.md's own words: what each section shows, before its table and plot
+RUNS = """Attention statistics are means over layers and heads on each run's fixed batch at the end of training;
+distance is in tokens for text and in pixels for image patches and detection memory."""
+SCALING = """## What the √d scaling does
+
+Logit variance: variance over the keys of q·k (×1/√d for scaled_dot) before softmax; max weight: mean largest
+attention weight (1 = one-hot); saturated: share of queries whose largest weight exceeds 0.9; 'init' is measured
+before the first update, 'end' after training, on the same fixed batch."""
+CELLS = """## Cells: mean over seeds with 95% confidence intervals
+
+A cell is one setting run with several seeds. `mean ± h`: the mean over the seeds and h,
+the half-width of the 95% t-interval (scipy.stats.t with n - 1 degrees of freedom and the
+sample standard deviation); n: the number of seeds."""
+PAIRED = """## Paired comparisons over the same seeds
+
+Each cell against its reference (the same settings with one key at its first grid value{here}), over the seeds both ran:
+the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test
+(scipy.stats.ttest_rel)."""
+LR_SENSITIVITY = """### Learning-rate sensitivity (Wortsman et al. 2023)
+
+Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus
+the best final val/loss over the rates (a diverged run counts as the first loss); mean ± the half-width
+of the 95% t-interval over the seeds that ran every rate."""
+
+
+def _section(*parts: str) -> list[str]:
+    """Parts of report.md (text, a table, a plot), each followed by an empty line."""
+    return [line for part in parts for line in (part, "")]
+
 
 def build_report(
     run_dirs: list[Path], out: Path, title: str = "attnlab: runs compared", baseline: str | None = None
@@ -47,31 +76,12 @@ def build_report(
         if plot_by_layer(runs, key, ylabel, out / f"attention_{key}.png"):
             plots[key] = out / f"attention_{key}.png"
     table = markdown_table(columns, rows)
-    lines = [
-        f"# {title}",
-        "",
-        "Attention statistics are means over layers and heads on each run's fixed batch at the end of training;",
-        "distance is in tokens for text and in pixels for image patches and detection memory.",
-        "",
-        table,
-        "",
-    ]
+    lines = _section(f"# {title}", RUNS, table)
     scale_columns, scale = scaling_rows(runs)
     if scale:
         plots["scaling"] = out / "sqrt_d.png"
         plot_scaling(runs, plots["scaling"])
-        lines += [
-            "## What the √d scaling does",
-            "",
-            "Logit variance: variance over the keys of q·k (×1/√d for scaled_dot) before softmax; max weight: mean largest",
-            "attention weight (1 = one-hot); saturated: share of queries whose largest weight exceeds 0.9; 'init' is measured",
-            "before the first update, 'end' after training, on the same fixed batch.",
-            "",
-            markdown_table(scale_columns, scale),
-            "",
-            f"![√d]({plots['scaling'].name})",
-            "",
-        ]
+        lines += _section(SCALING, markdown_table(scale_columns, scale), f"![√d]({plots['scaling'].name})")
     cells = group_cells(runs)
     cell_columns, cell_table, paired_columns, paired_table, conclusions = [], [], [], [], []
     if any(len(c["runs"]) > 1 for c in cells):
@@ -79,33 +89,13 @@ def build_report(
         paired_columns, paired_table, conclusions = paired_rows(cells, baseline)
         plots["seeds"] = out / "seeds.png"
         plot_cells(cells, plots["seeds"])
-        lines += [
-            "## Cells: mean over seeds with 95% confidence intervals",
-            "",
-            "A cell is one setting run with several seeds. `mean ± h`: the mean over the seeds and h,",
-            "the half-width of the 95% t-interval (scipy.stats.t with n - 1 degrees of freedom and the",
-            "sample standard deviation); n: the number of seeds.",
-            "",
-            markdown_table(cell_columns, cell_table),
-            "",
-            f"![seeds]({plots['seeds'].name})",
-            "",
-        ]
+        lines += _section(CELLS, markdown_table(cell_columns, cell_table), f"![seeds]({plots['seeds'].name})")
         if paired_table:
-            lines += [
-                "## Paired comparisons over the same seeds",
-                "",
-                "Each cell against its reference (the same settings with one key at its first grid value"
-                + (f", here {baseline}" if baseline else "")
-                + "), over the seeds both ran:",
-                "the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test",
-                "(scipy.stats.ttest_rel).",
-                "",
-                *(f"- {line}" for line in conclusions),
-                "",
+            lines += _section(
+                PAIRED.format(here=f", here {baseline}" if baseline else ""),
+                "\n".join(f"- {line}" for line in conclusions),
                 markdown_table(paired_columns, paired_table),
-                "",
-            ]
+            )
     against_lines, sensitivity = against_numbers(cells, out, plots)
     lines += against_lines
     lines += [
@@ -154,28 +144,19 @@ def against_numbers(
                 slug = re.sub(r"\W+", "_", f"{group}_{measure}_against_{name}")
                 plots[f"against/{slug}"] = path = out / f"{slug}.png"
                 plot_against(swept_series(members, key, measure), key, f"final {measure}", path, log_x)
-                lines += [f"### {group}: final {measure} against {key}", "", f"![{slug}]({path.name})", ""]
+                lines += _section(f"### {group}: final {measure} against {key}", f"![{slug}]({path.name})")
             if log_x and metric == "val/loss":
                 series = swept_series(members, key, metric)
                 sensitivity += [[label, str(s["n"]), plus_minus(s)] for label, s in sensitivity_rows(series, metric)]
     if sensitivity:
-        lines += [
-            "### Learning-rate sensitivity (Wortsman et al. 2023)",
-            "",
-            "Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus",
-            "the best final val/loss over the rates (a diverged run counts as the first loss); mean ± the half-width",
-            "of the 95% t-interval over the seeds that ran every rate.",
-            "",
-            markdown_table(["series", "seeds", "LR sensitivity"], sensitivity),
-            "",
-        ]
+        lines += _section(LR_SENSITIVITY, markdown_table(["series", "seeds", "LR sensitivity"], sensitivity))
     for base, keys in suffixed_metrics(cells).items():
         metric, unit = base.split("@")
         slug = re.sub(r"\W+", "_", f"{metric}_at_{unit}")
         plots[f"against/{slug}"] = path = out / f"{slug}.png"
         plot_against(suffixed_series(cells, keys), f"evaluated at ({unit})", metric, path)
         points = ", ".join(k.split("@")[1] for k in keys)
-        lines += [f"### {metric} at {points}", "", f"![{slug}]({path.name})", ""]
+        lines += _section(f"### {metric} at {points}", f"![{slug}]({path.name})")
     return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity
 
 
