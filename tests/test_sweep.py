@@ -325,9 +325,9 @@ def test_wandb_runs_get_the_sweep_as_group_the_cell_as_job_type_and_settings_as_
     config = sweeps.wandb_sweep_config(sweep, sweeps.plan(sweep))
     assert config["method"] == "grid" and config["parameters"]["run"]["values"] == [r.name for r in sweep.runs()]
     command = config["command"]
-    assert command[:4] == ["${env}", sys.executable, "-m", "experiments.sweep"] and command[-1] == "${args}"
+    assert command[:5] == ["${env}", sys.executable, "-m", "experiments.cli", "sweep"] and command[-1] == "${args}"
     _finished_run(run.folder)
-    assert sweeps.main([*command[4:-1], f"--run={run.name}"]) == 0
+    assert sweeps.main([*command[5:-1], f"--run={run.name}"]) == 0
     assert f"attnlab: sweep: {run.name} is done, skipped" in capsys.readouterr().out
 
 

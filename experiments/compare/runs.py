@@ -18,14 +18,6 @@ import yaml
 
 from experiments.runfolder import SUMMARY, Summary, SweepRun, SweepStatus, cli_value, newest
 
-POSITION_KEYS = (
-    "positions",
-    "pos_embed",
-    "pos_embed_type",
-    "position_embedding",
-    "pos_encoding",
-    "positional_encoding",
-)
 STATS = (
     ("entropy", "entropy (nats)"),
     ("distance", "distance"),
@@ -86,6 +78,10 @@ def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
     return {key: sorted(values.items()) for key, values in series.items()}
 
 
+def train_loss(metrics: dict[str, list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    return metrics.get("train/loss_step") or metrics.get("train/loss") or metrics.get("train/loss_epoch") or []
+
+
 def _labels(experiments: list[Path]) -> list[str]:
     """Each experiment folder relative to their common parent (runs/vision/digits, runs/text/toy -> vision/digits, text/toy)."""
     paths = [p.resolve() for p in experiments]
@@ -112,7 +108,7 @@ def load_run(run: Path) -> dict[str, Any]:
         "summary": summary,
         "metrics": read_metrics(run),
         "similarity": hp.get("similarity"),
-        "positions": next((str(hp[k]) for k in POSITION_KEYS if k in hp), None),
+        "positions": hp.get("positions"),
         "final": summarize(attention["final"]) if attention.get("final") else {},
         "init": summarize(attention["init"]) if attention.get("init") else {},
     }
@@ -177,15 +173,16 @@ def values_of(run: dict[str, Any]) -> dict[str, float | None]:
     return {"best": run["summary"].best_value, **{key: run["final"].get(key) for key, _ in STATS}}
 
 
+def one_per_seed(cell: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cell's runs but those of a seed that ran twice."""
+    seeds = [r["seed"] for r in cell["runs"]]
+    return [r for r in cell["runs"] if seeds.count(r["seed"]) == 1]
+
+
 def by_seed(cell: dict[str, Any], key: str) -> dict[Any, float]:
     """seed -> the value of ``key`` of the cell's run with that seed (seeds that ran twice, or gave no value, left
     out)."""
-    seeds = [r["seed"] for r in cell["runs"]]
-    return {
-        r["seed"]: values_of(r)[key]
-        for r in cell["runs"]
-        if values_of(r)[key] is not None and seeds.count(r["seed"]) == 1
-    }
+    return {r["seed"]: values_of(r)[key] for r in one_per_seed(cell) if values_of(r)[key] is not None}
 
 
 def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -68,12 +68,8 @@ SCALING_COLUMNS = {
 }
 
 
-def _table(columns: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def run_rows(runs: list[dict[str, Any]], columns: dict[str, Any] = RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:
     return list(columns), [[text(r) for text in columns.values()] for r in runs]
-
-
-def run_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    return _table(RUN_COLUMNS, runs)
 
 
 def scaling_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -88,7 +84,7 @@ def scaling_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
         if len({r["similarity"] for r in group}) > 1
         for r in sorted(group, key=lambda r: (order.get(r["similarity"], 9), str(r["positions"]), r["label"]))
     ]
-    return _table(SCALING_COLUMNS, shown)
+    return run_rows(shown, SCALING_COLUMNS)
 
 
 def plus_minus(stat: dict[str, Any]) -> str:

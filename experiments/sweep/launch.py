@@ -152,22 +152,13 @@ def launch_slurm(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
 
 def wandb_sweep_config(sweep: Sweep, todo: list[tuple[Run, str]]) -> dict[str, Any]:
     """A W&B grid sweep over the names of the runs still to do; its agents call back `attnlab sweep ... --agent`."""
-    command = [
-        "${env}",
-        sys.executable,
-        "-m",
-        "experiments.sweep",
-        str(sweep.file),
-        "--root",
-        str(sweep.root),
-        "--agent",
-        "${args}",
-    ]
+    attnlab = ["${env}", sys.executable, "-m", "experiments.cli"]  # W&B puts the environment in ${env}
+    agent = ["sweep", str(sweep.file), "--root", str(sweep.root), "--agent", "${args}"]  # ${args}: --run=NAME
     return {
         "name": sweep.name,
         "method": "grid",
         "parameters": {"run": {"values": [run.name for run, _ in todo]}},
-        "command": command + (["--", *sweep.extra] if sweep.extra else []),
+        "command": [*attnlab, *agent, *(["--", *sweep.extra] if sweep.extra else [])],
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections import Counter
 
 from experiments.runfolder import SWEEP, SweepStatus, split_extra
 from experiments.sweep.file import SweepError
@@ -85,10 +86,7 @@ def _sweep(sweep: Sweep, dry_run: bool) -> int:
                 print(f"attnlab: sweep: {run.name} is done, skipped")
         code = LAUNCH[sweep.launcher](sweep, todo) if todo else 0
     runs = SweepStatus.read(sweep.root).runs
-    counts = {
-        s: sum(1 for run, _ in steps if run.name in runs and runs[run.name].status == s)
-        for s in ("done", "failed", "interrupted")
-    }
+    counts = Counter(runs[run.name].status for run, _ in steps if run.name in runs)
     print(
         f"attnlab: sweep {sweep.name}: {counts['done']} done, {counts['failed']} failed, "
         f"{counts['interrupted']} interrupted of "
