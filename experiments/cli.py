@@ -1,14 +1,7 @@
-"""The `attnlab` command: LightningCLI over every model and DataModule of the suite.
-
-    attnlab fit --config configs/vision/digits.yaml
-    attnlab test --config configs/vision/digits.yaml --ckpt_path best
-    attnlab fit --config configs/vision/digits.yaml --print_config
-    attnlab compare runs/vision runs/text      # the cross-run report (experiments.compare)
-    attnlab sweep configs/sweeps/digits_similarity.yaml   # grids x seeds of fit runs (experiments.sweep)
-
-Configs name the classes (``model.class_path``, ``data.class_path``). Facts about the data that
-a model needs (number of classes, channels, image size, vocabulary sizes, special token ids) are
-linked from the DataModule to the model (`experiments.links`), so they are never typed twice.
+"""The `attnlab` command: LightningCLI over every model and DataModule of the suite (`attnlab fit --config
+configs/vision/digits.yaml`), and the `TOOLS` `attnlab compare` and `attnlab sweep`. Configs name the classes
+(``model.class_path``, ``data.class_path``); facts about the data that a model needs are linked from the
+DataModule to the model (`experiments.links`), so they are never typed twice.
 """
 
 from __future__ import annotations
@@ -217,10 +210,9 @@ def _fail(err: object) -> None:
 
 
 def quiet_lightning_notes() -> None:
-    """Leave out of the output what concerns neither the run nor the user: Lightning's advertisement of its cloud
-    logger at every start, torch's deprecation warning about Lightning's own use of torch's pytree ``LeafSpec``, and
-    ModelCheckpoint's note that a checkpoint tested or resumed into a new version folder does not bring its top-k
-    bookkeeping (`attnlab test --ckpt_path best` reads the weights, which is all it needs)."""
+    """Leave out what concerns neither the run nor the user: Lightning's advertisement of its cloud logger, torch's
+    deprecation of Lightning's own use of ``LeafSpec``, and ModelCheckpoint's note that a checkpoint tested or resumed
+    into a new version folder lacks its top-k bookkeeping (`attnlab test --ckpt_path best` needs only the weights)."""
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(
         lambda record: "litlogger" not in record.getMessage()
     )

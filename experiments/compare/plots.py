@@ -1,7 +1,5 @@
-"""Plots of the report: training loss, attention statistics by layer, the √d section and every seed of every cell.
-
-Each function draws one PNG with matplotlib's Agg backend (no display needed).
-"""
+"""Plots of the report, each one PNG drawn with matplotlib's Agg backend (no display needed): training loss,
+attention statistics by layer, the √d section, every seed of every cell, a metric against a swept number."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """`attnlab compare RUN_DIR... [--out DIR] [--wandb ENTITY/PROJECT]`: one report across runs and modalities.
 
-Each RUN_DIR is a run folder holding ``summary.json``, or any folder above run folders: then the newest
-finished run of every experiment below it is taken. The report (``report.md`` + PNG plots in ``--out``) has
-a row per run (modality, dataset, parameters, FLOPs per sample, throughput, best metric, attention
-statistics), the training loss and attention by layer; when runs of one modality differ in the similarity
-function, what the √d scaling does; when runs differ only in their seed (`experiments.compare.runs`), each
-cell's mean over seeds with its 95% interval and each cell against its reference (`experiments.compare.stats`).
-``--wandb ENTITY/PROJECT`` (or just PROJECT) also logs the tables and plots to a W&B run (offline unless W&B
-is configured, like training runs).
-Against the swept numbers: a grid key of three or more numbers (a learning rate) gets each group's final
-val/loss (and ``train/max_attn_logit``) against it with the 95% band, and a learning rate each line's
-sensitivity (Wortsman et al. 2023); metrics logged at several points (``val/loss@2x``) are plotted against theirs.
+Each RUN_DIR is a run folder (``summary.json``) or a folder above run folders: then the newest finished run of
+each experiment below it. ``report.md`` and its plots (in ``--out``): a row per run, the training loss and attention
+by layer, the √d section (`tables`), each cell's mean over seeds and each cell against its reference (`runs`,
+`stats`), metrics against swept numbers (`curves`). ``--wandb ENTITY/PROJECT`` (or PROJECT) logs the tables and
+plots to a W&B run too (offline unless W&B is configured, like training runs).
 """
 
 from __future__ import annotations

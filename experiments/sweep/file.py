@@ -138,16 +138,14 @@ def _explain(error: str, spec: dict[str, Any]) -> str:
         return f"seeds: expected a non-empty list of integers, got {value!r}"
     if key == "launcher":
         return f"launcher: {value!r} is not a launcher; expected one of {', '.join(LAUNCHERS)}"
-    if key in ("grid", "configs"):
-        entries = [value] if isinstance(value, (str, dict)) and key == "configs" else value
-        if key == "configs" and isinstance(entries, list):
-            for entry in entries:
-                if isinstance(entry, dict) and ("config" not in entry or set(entry) - {"config", "grid"}):
-                    return f"configs: an entry is a file or {{config: FILE, grid: {{...}}}}, got {entry!r}"
-                if isinstance(entry, dict) and (where := _bad_grid(entry.get("grid") or {})):
-                    return f"configs[{entry['config']}].grid{where}"
-        if key == "grid" and (where := _bad_grid(value)):
-            return f"grid{where}"
+    if key == "configs" and isinstance(value, list):  # parse made one experiment a list
+        for entry in value:
+            if isinstance(entry, dict) and ("config" not in entry or set(entry) - {"config", "grid"}):
+                return f"configs: an entry is a file or {{config: FILE, grid: {{...}}}}, got {entry!r}"
+            if isinstance(entry, dict) and (where := _bad_grid(entry.get("grid") or {})):
+                return f"configs[{entry['config']}].grid{where}"
+    if key == "grid" and (where := _bad_grid(value)):
+        return f"grid{where}"
     got = re.search(r"Got value: (.*)", error)
     if isinstance(value, list) and got:  # jsonargparse prints the element it rejected
         value = next((v for v in value if str(v) == got[1].strip()), value)

@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.agent:
             check(sweep)
         code = run_agent(sweep, args.run or "") if args.agent else _sweep(sweep, args.dry_run)
-        if not (args.agent or args.dry_run or args.no_report) and not _report(sweep):
-            code = _no_run_finished(sweep, code)
+        if not (args.agent or args.dry_run or args.no_report):
+            code = _report(sweep, code)
     except SweepError as err:
         print(f"attnlab: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -39,29 +39,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _no_run_finished(sweep: Sweep, code: int) -> int:
-    """Say so in one line; the exit status stays the sweep's (143 after SIGTERM), else 1."""
-    print(
-        f"attnlab: error: sweep {sweep.name}: no run finished, nothing to report; "
-        f"each run's log is {sweep.root}/<run>/{LOG}, their states are in {sweep.root / SWEEP}",
-        file=sys.stderr,
-    )
-    return code or 1
-
-
-def _report(sweep: Sweep) -> bool:
+def _report(sweep: Sweep, code: int) -> int:
     """The cells of the finished runs (mean ± 95% CI, n) and the paired comparisons, as `attnlab compare` gives
-    them (and the √d table with ``report: {scaling: true}``), into ``<root>/report``. False when no run finished."""
+    them (and the √d table with ``report: {scaling: true}``), into ``<root>/report``; or one line saying that no
+    run finished. Returns the exit status: the sweep's ``code`` (143 after SIGTERM), or 1 when nothing finished."""
     from experiments.compare import build_report, find_runs, print_result
 
     try:
         runs = find_runs([str(sweep.root)])
     except ValueError:  # no finished run below the root
-        return False
+        print(
+            f"attnlab: error: sweep {sweep.name}: no run finished, nothing to report; "
+            f"each run's log is {sweep.root}/<run>/{LOG}, their states are in {sweep.root / SWEEP}",
+            file=sys.stderr,
+        )
+        return code or 1
     result = build_report(runs, sweep.root / "report", sweep.report.title or f"attnlab: sweep {sweep.name}")
     print_result(result, sweep.report.scaling)
     print(f"attnlab: report written to {result['report']}")
-    return True
+    return code
 
 
 def _sweep(sweep: Sweep, dry_run: bool) -> int:

@@ -4,6 +4,7 @@ the check of every key and value with the real fit parser before any run starts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import json
@@ -72,24 +73,16 @@ class Sweep(SweepFile):
             *cli_flags(run.cell),
         ]  # the cell's values win over overrides
         if self.wandb is not None:
-            args.append("--trainer.logger=" + json.dumps(self._loggers(run)))
+            settings = {**run.cell, **self.overrides}
+            short = _short_keys(list(settings))
+            tags = [f"{short[k]}={_folder_value(v)}"[:64] for k, v in settings.items()] + [f"seed={run.seed}"]
+            wandb_args = {**dataclasses.asdict(self.wandb), "name": run.name, "group": self.name, "tags": tags}
+            loggers = [
+                {"class_path": "experiments.tracking.CSVLogger"},  # the run folder stays lightning_logs/version_0
+                {"class_path": "experiments.tracking.WandbLogger", "init_args": wandb_args},
+            ]
+            args.append("--trainer.logger=" + json.dumps(loggers))
         return args + self.extra
-
-    def _loggers(self, run: Run) -> list[dict[str, Any]]:
-        settings = {**run.cell, **self.overrides}
-        short = _short_keys(list(settings))
-        tags = [f"{short[k]}={_folder_value(v)}"[:64] for k, v in settings.items()] + [f"seed={run.seed}"]
-        wandb_args = {
-            "project": self.wandb.project,
-            "entity": self.wandb.entity,
-            "name": run.name,
-            "group": self.name,
-            "tags": tags,
-        }
-        return [
-            {"class_path": "experiments.tracking.CSVLogger"},  # the run folder stays lightning_logs/version_0
-            {"class_path": "experiments.tracking.WandbLogger", "init_args": wandb_args},
-        ]
 
     def env(self, run: Run) -> dict[str, str]:
         """The W&B job type: experiments.tracking.WandbLogger takes none, so it goes by the environment every process

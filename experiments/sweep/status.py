@@ -22,10 +22,7 @@ def lock(path: Path, wait: bool = True):
             fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             raise SweepError(f"{path.parent}: another `attnlab sweep` is running this sweep") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield  # closing the file releases the lock
 
 
 @contextlib.contextmanager
