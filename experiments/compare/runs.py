@@ -92,19 +92,18 @@ def _labels(experiments: list[Path]) -> list[str]:
 
 
 def load_runs(run_dirs: list[Path]) -> list[dict[str, Any]]:
-    runs = [load_run(r) for r in run_dirs]
+    runs = [_load_run(r) for r in run_dirs]
     for run, label in zip(runs, _labels([Path(r["summary"].experiment or r["dir"]) for r in runs])):
         run["label"] = label
     return runs
 
 
-def load_run(run: Path) -> dict[str, Any]:
+def _load_run(run: Path) -> dict[str, Any]:
     summary = Summary.read(run / SUMMARY)
     hp = summary.hparams or {}
     attention = summary.attention or {}
     return {
         "dir": run,
-        "label": str(run),
         "summary": summary,
         "metrics": read_metrics(run),
         "similarity": hp.get("similarity"),

@@ -33,7 +33,7 @@ def _distance(r: dict[str, Any]) -> str:
     return f"{_num(r['final']['distance'])} {unit}" if r["final"].get("distance") is not None else "-"
 
 
-# a table's columns: name -> its text for a loaded run (`experiments.compare.runs.load_run`)
+# a table's columns: name -> its text for a loaded run (`experiments.compare.runs.load_runs`)
 RUN_COLUMNS = {
     "run": lambda r: r["label"],
     "modality": lambda r: r["summary"].modality or "-",

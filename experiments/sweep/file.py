@@ -100,15 +100,13 @@ def parse(path: Path, spec: Any) -> SweepFile:
         spec.get("overrides") or {},
         spec.get("slurm") or {},
     )
-    for entry, raw in zip(sweep.configs, spec["configs"]):
-        if isinstance(entry, ConfigEntry):
-            entry.grid = raw.get("grid") or {}
     sweep.name = spec.get("name", path.stem)
     if not sweep.name or "/" in sweep.name:
         raise SweepError(f"{path}: name: expected {EXPECTED['name']}, got {sweep.name!r}")
     _nonempty(path, "grid", sweep.grid)
-    for entry in sweep.configs:
+    for entry, raw in zip(sweep.configs, spec["configs"]):
         if isinstance(entry, ConfigEntry):
+            entry.grid = raw.get("grid") or {}
             _nonempty(path, f"configs[{entry.config}].grid", entry.grid)
     if not sweep.configs:
         raise SweepError(f"{path}: configs: expected {EXPECTED['configs']}, got []")
