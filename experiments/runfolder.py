@@ -133,14 +133,6 @@ class Summary(_Record):
     def write(self, path: Path) -> None:
         write_json(Path(path), self.to_dict())
 
-    @property
-    def best_value(self) -> float | None:
-        return (self.best or {}).get("value")
-
-    @property
-    def best_monitor(self) -> str | None:
-        return (self.best or {}).get("monitor")
-
 
 @dataclass
 class SweepRun(_Record):

@@ -66,12 +66,9 @@ def swept_series(cells: list[dict[str, Any]], key: str, metric: str) -> list[dic
 def suffixed_metrics(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
     """ "val/loss@x" -> ["val/loss@1x", "val/loss@2x", ..]: the metrics logged at several points, by base and unit."""
     found: dict[str, set[str]] = {}
-    for cell in cells:
-        for run in cell["runs"]:
-            for key in run["metrics"]:
-                match = SUFFIXED.match(key)
-                if match:
-                    found.setdefault(f"{match['base']}@{match['unit'] or '-'}", set()).add(key)
+    for key in {k for cell in cells for run in cell["runs"] for k in run["metrics"]}:
+        if match := SUFFIXED.match(key):
+            found.setdefault(f"{match['base']}@{match['unit'] or '-'}", set()).add(key)
     return {base: sorted(keys, key=lambda k: float(SUFFIXED.match(k)["x"])) for base, keys in found.items()}
 
 

@@ -189,8 +189,7 @@ def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: P
         points = band(line["points"])
         if not points:
             continue
-        xs = [x for x, _ in points]
-        drawn = ax.plot(xs, [s["mean"] for _, s in points], "o-", ms=4, label=line["label"])
+        drawn = ax.plot([x for x, _ in points], [s["mean"] for _, s in points], "o-", ms=4, label=line["label"])
         spread = [(x, s) for x, s in points if s["half"] is not None]
         if spread:
             ax.fill_between(
@@ -200,13 +199,10 @@ def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: P
                 color=drawn[0].get_color(),
                 alpha=0.2,
             )
-    if log_x:
-        ax.set_xscale("log")
+    ax.set(xscale="log" if log_x else "linear", xlabel=xlabel, ylabel=ylabel)
     ticks = sorted({x for line in series for x in line["points"]})
     ax.set_xticks(ticks, [f"{x:g}" for x in ticks])  # the swept values themselves
     ax.minorticks_off()
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
     ax.set_title("mean over the seeds; band: 95% t-interval", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

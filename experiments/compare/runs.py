@@ -72,9 +72,8 @@ def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
         for row in csv.DictReader(f):
             step = int(float(row.get("step") or 0))
             for key, value in row.items():
-                if key in ("step", "epoch") or value in ("", None):
-                    continue
-                series.setdefault(key, {})[step] = float(value)
+                if key not in ("step", "epoch") and value not in ("", None):
+                    series.setdefault(key, {})[step] = float(value)
     return {key: sorted(values.items()) for key, values in series.items()}
 
 
@@ -152,9 +151,8 @@ def identify(run: dict[str, Any]) -> None:
             reference={k: cli_value(values[0]) for k, values in status.grid(entry).items() if values},
         )
         return
-    config = (
-        yaml.safe_load((run["dir"] / "config.yaml").read_text()) if (run["dir"] / "config.yaml").is_file() else None
-    )
+    path = run["dir"] / "config.yaml"
+    config = yaml.safe_load(path.read_text()) if path.is_file() else None
     config = config if isinstance(config, dict) else {"run": str(run["dir"])}  # without a config: a cell of its own
     run.update(
         order=None,
@@ -169,7 +167,7 @@ def identify(run: dict[str, Any]) -> None:
 
 def values_of(run: dict[str, Any]) -> dict[str, float | None]:
     """The best value of the checkpoint monitor and the attention statistics at the end (means over layers, heads)."""
-    return {"best": run["summary"].best_value, **{key: run["final"].get(key) for key, _ in STATS}}
+    return {"best": (run["summary"].best or {}).get("value"), **{key: run["final"].get(key) for key, _ in STATS}}
 
 
 def one_per_seed(cell: dict[str, Any]) -> list[dict[str, Any]]:
@@ -206,7 +204,7 @@ def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             },
         )
         cell["runs"].append(run)
-        cell.setdefault("monitor", run["summary"].best_monitor)
+        cell.setdefault("monitor", (run["summary"].best or {}).get("monitor"))
     out = list(cells.values())
     labels = [c["label"] for c in out]
     for cell in out:  # outside a sweep two cells may share a folder name: then each keeps its first run's full label

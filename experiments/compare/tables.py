@@ -45,11 +45,8 @@ RUN_COLUMNS = {
     "samples/s": lambda r: _num((r["summary"].throughput or {}).get("samples_per_s")),
     "tokens/s": lambda r: _num((r["summary"].throughput or {}).get("tokens_per_s")),
     "best": lambda r: _best(r["summary"]),
-    "entropy (nats)": lambda r: _num(r["final"].get("entropy")),
-    "distance": _distance,
-    "special share": lambda r: _num(r["final"].get("special")),
-    "logit var": lambda r: _num(r["final"].get("logit_var")),
-    "max weight": lambda r: _num(r["final"].get("max_weight")),
+    **{label: (lambda r, key=key: _num(r["final"].get(key))) for key, label in STATS},
+    "distance": _distance,  # with its unit, in the place STATS gives it
 }
 SCALING_COLUMNS = {
     "modality": RUN_COLUMNS["modality"],

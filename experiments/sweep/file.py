@@ -58,8 +58,6 @@ class SweepFile:
     report: ReportSettings | None = None
 
 
-KEYS = tuple(f.name for f in fields(SweepFile))
-LAUNCHERS = get_args(Launcher)
 EXPECTED = {  # what a key takes, in the words of the error line
     "configs": "one or more experiment YAML files",
     "seeds": "distinct integers",
@@ -125,7 +123,7 @@ def _nonempty(path: Path, where: str, grid: dict[str, list]) -> None:
 def _explain(error: str, spec: dict[str, Any]) -> str:
     """jsonargparse's error -> "KEY: expected ..., got VALUE" (the first bad element of a list)."""
     if found := re.search(r"^Group 'sweep' does not accept option '(\w+)'", error):
-        return f"{found[1]}: not a sweep key; expected one of {', '.join(KEYS)}"
+        return f"{found[1]}: not a sweep key; expected one of {', '.join(f.name for f in fields(SweepFile))}"
     if found := re.search(r"required: sweep\.(\w+)", error):
         key = found[1]
         return f"{key}: expected {'a non-empty list of integers' if key == 'seeds' else EXPECTED[key]}, got None"
@@ -135,7 +133,7 @@ def _explain(error: str, spec: dict[str, Any]) -> str:
     if key == "seeds" and not isinstance(value, list):
         return f"seeds: expected a non-empty list of integers, got {value!r}"
     if key == "launcher":
-        return f"launcher: {value!r} is not a launcher; expected one of {', '.join(LAUNCHERS)}"
+        return f"launcher: {value!r} is not a launcher; expected one of {', '.join(get_args(Launcher))}"
     if key == "configs" and isinstance(value, list):  # parse made one experiment a list
         for entry in value:
             if isinstance(entry, dict) and ("config" not in entry or set(entry) - {"config", "grid"}):

@@ -23,9 +23,8 @@ INTERRUPTED = 143  # what attnlab fit exits with after SIGTERM (last.ckpt saved)
 
 
 def spawn(command: list[str], env: dict[str, str], log: Path, own_session: bool = False) -> subprocess.Popen:
-    """Start ``command`` with ``env`` added to this environment, its output appended to ``log`` after the command
-    line. ``own_session``: a Ctrl-C in the terminal reaches this process only, which then stops the child as it
-    chooses (SIGTERM: a fit saves last.ckpt)."""
+    """Start ``command`` with ``env`` added to this environment, its output appended to ``log``. ``own_session``: a
+    Ctrl-C in the terminal reaches this process only, which stops the child as it chooses (SIGTERM: a fit saves last.ckpt)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
         out.write(f"\n$ {shlex.join(command)}\n")

@@ -40,9 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(sweep: Sweep, code: int) -> int:
-    """The cells of the finished runs (mean ± 95% CI, n) and the paired comparisons, as `attnlab compare` gives
-    them (and the √d table with ``report: {scaling: true}``), into ``<root>/report``; or one line saying that no
-    run finished. Returns the exit status: the sweep's ``code`` (143 after SIGTERM), or 1 when nothing finished."""
+    """The report of the finished runs into ``<root>/report``, as `attnlab compare` gives it (and the √d table with
+    ``report: {scaling: true}``); the exit status: ``code`` (143 after SIGTERM), or 1 when no run finished."""
     from experiments.compare import build_report, find_runs, print_result
 
     try:

@@ -36,8 +36,7 @@ class Run:
 
 @dataclass(kw_only=True)
 class Sweep(SweepFile):
-    """The sweep file's keys, with each config's grid resolved, the root decided and the fit arguments given
-    after `--`."""
+    """The sweep file's keys, with each config's grid resolved, the root decided and the fit arguments after `--`."""
 
     file: Path
     configs: list[tuple[str, dict[str, list]]]  # (config, its grid: the sweep's keys, then its own)
