@@ -30,7 +30,7 @@ demo: $(STAMP)
 # Every similarity (and the text model's positional encodings) in every modality on 3 seeds: the sweep
 # configs/sweeps/ablation.yaml (resumable), then the report with 95% intervals and what the scaling by sqrt(d) does.
 ablation: $(STAMP)
-	$(BIN)/python -m experiments.ablation
+	$(BIN)/attnlab sweep configs/sweeps/ablation.yaml
 
 # Three findings reproduced in every modality, 3 seeds each, one sweep after the other (each estimated at about 45
 # minutes on a 2-core CPU, resumable: run it again after an interruption), each with its report in runs/sweeps/<name>/report:

@@ -1,14 +1,7 @@
-"""The `attnlab` command: LightningCLI over every model and DataModule of the suite.
-
-    attnlab fit --config configs/vision/digits.yaml
-    attnlab test --config configs/vision/digits.yaml --ckpt_path best
-    attnlab fit --config configs/vision/digits.yaml --print_config
-    attnlab compare runs/vision runs/text      # the cross-run report (experiments.compare)
-    attnlab sweep configs/sweeps/digits_similarity.yaml   # grids x seeds of fit runs (experiments.sweep)
-
-Configs name the classes (``model.class_path``, ``data.class_path``). Facts about the data that
-a model needs (number of classes, channels, image size, vocabulary sizes, special token ids) are
-linked from the DataModule to the model (`experiments.links`), so they are never typed twice.
+"""The `attnlab` command: LightningCLI over every model and DataModule of the suite (`attnlab fit --config
+configs/vision/digits.yaml`), and the `TOOLS` `attnlab compare` and `attnlab sweep`. Configs name the classes
+(``model.class_path``, ``data.class_path``); facts about the data that a model needs are linked from the
+DataModule to the model (`experiments.links`), so they are never typed twice.
 """
 
 from __future__ import annotations
@@ -135,9 +128,7 @@ class AttnlabCLI(LightningCLI):
             try:
                 load_weights_file(ckpt_path, "ckpt_path")
             except ValueError as err:
-                if os.environ.get("ATTNLAB_DEBUG"):
-                    raise
-                _fail(err)
+                _fail(err, traceback_when_debugging=True)
 
     def before_instantiate_classes(self) -> None:
         tracking.prepare(self.config, self.subcommand)  # logger folders; `fit --ckpt_path last` resumes the run
@@ -166,17 +157,13 @@ class AttnlabCLI(LightningCLI):
         try:
             yield
         except (ValueError, FileNotFoundError) as err:
-            if os.environ.get("ATTNLAB_DEBUG"):
-                raise
-            _fail(f"{condense_error(str(err))} (ATTNLAB_DEBUG=1 shows the traceback)")
+            _fail(f"{condense_error(str(err))} (ATTNLAB_DEBUG=1 shows the traceback)", traceback_when_debugging=True)
         except guards.RunError as err:  # a guard stopped the run and says why
-            if os.environ.get("ATTNLAB_DEBUG"):
-                raise
-            _fail(err)
+            _fail(err, traceback_when_debugging=True)
         except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or os.environ.get("ATTNLAB_DEBUG"):
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            _fail(guards.disk_full_message(err, self.trainer))
+            _fail(guards.disk_full_message(err, self.trainer), traceback_when_debugging=True)
 
     def before_fit(self) -> None:
         # an unwritable folder or a full disk is found now, not at the first checkpoint an epoch later
@@ -210,17 +197,18 @@ class AttnlabCLI(LightningCLI):
             print(f"attnlab: best {best.monitor}={float(best.best_model_score):.4f}, checkpoint {best.best_model_path}")
 
 
-def _fail(err: object) -> None:
+def _fail(err: object, traceback_when_debugging: bool = False) -> None:
+    if traceback_when_debugging and os.environ.get("ATTNLAB_DEBUG"):
+        raise  # called in an except clause: the exception it handles, with its traceback
     sys.stderr.write(f"attnlab: error: {err}\n")  # one write: the processes of a DDP run share stderr
     sys.stderr.flush()
     sys.exit(2)
 
 
 def quiet_lightning_notes() -> None:
-    """Leave out of the output what concerns neither the run nor the user: Lightning's advertisement of its cloud
-    logger at every start, torch's deprecation warning about Lightning's own use of torch's pytree ``LeafSpec``, and
-    ModelCheckpoint's note that a checkpoint tested or resumed into a new version folder does not bring its top-k
-    bookkeeping (`attnlab test --ckpt_path best` reads the weights, which is all it needs)."""
+    """Leave out what concerns neither the run nor the user: Lightning's advertisement of its cloud logger, torch's
+    deprecation of Lightning's own use of ``LeafSpec``, and ModelCheckpoint's note that a checkpoint tested or resumed
+    into a new version folder lacks its top-k bookkeeping (`attnlab test --ckpt_path best` needs only the weights)."""
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(
         lambda record: "litlogger" not in record.getMessage()
     )
@@ -229,9 +217,8 @@ def quiet_lightning_notes() -> None:
 
 
 def hub_offline_unless_asked() -> None:
-    """Nothing downloads at run time unless the user sets ``HF_HUB_OFFLINE`` themselves. huggingface_hub reads the
-    variable once, when it is imported, and Lightning imports it (through torchmetrics) before this runs: its constant,
-    which every hub call reads, is set too."""
+    """Nothing downloads at run time unless the user sets ``HF_HUB_OFFLINE``. huggingface_hub reads the variable when
+    Lightning imports it (through torchmetrics), before this runs: its constant, which every hub call reads, is set too."""
     if "HF_HUB_OFFLINE" not in os.environ:
         os.environ["HF_HUB_OFFLINE"] = "1"
         huggingface_hub.constants.HF_HUB_OFFLINE = True

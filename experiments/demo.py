@@ -2,10 +2,8 @@
 
     python -m experiments.demo [--out runs/demo] [-- extra attnlab fit arguments]
 
-Trains each of configs/compare/{vision,text,detection}.yaml that exists (ViT on digits, Transformer
-on the toy En->De corpus, DETR on generated shapes) into ``OUT/<modality>``, then runs
-`attnlab compare` over them and prints the report's table and path, and how to make it a sweep (several
-seeds, every similarity, intervals).
+Trains each of configs/compare/{vision,text,detection}.yaml that exists into ``OUT/<modality>``, then runs
+`attnlab compare` over them and says how to make it a sweep (several seeds, every similarity, intervals).
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 write, the newest checkpoint below a folder, and a setting as it goes on the `attnlab fit` command line.
 
 A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.yaml``, ``hparams.yaml``,
-``metrics.csv``, ``checkpoints/{best,last}*.ckpt``, ``attention.png`` and ``summary.json`` (written by
-`experiments.callbacks.RunSummary`, read by `attnlab compare` and `attnlab sweep`). A sweep's root holds
-``sweep.json``: the sweep and the state of each run.
-Both files are written whole (a temporary file renamed into place) and read as empty when missing or unreadable.
+``metrics.csv``, ``checkpoints/{best,last}*.ckpt``, ``attention.png`` and ``summary.json``; a sweep's root holds
+``sweep.json``. Both are written whole (a temporary file renamed into place), read as empty when missing or unreadable.
 """
 
 from __future__ import annotations
@@ -74,10 +72,9 @@ class _Record:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        return cls(
-            **{k: v for k, v in data.items() if k in names}, extra={k: v for k, v in data.items() if k not in names}
-        )
+        record = cls()
+        record.update(**data)
+        return record
 
     def update(self, **values: Any) -> None:
         """Set fields by name; other names go to ``extra``."""
@@ -135,14 +132,6 @@ class Summary(_Record):
 
     def write(self, path: Path) -> None:
         write_json(Path(path), self.to_dict())
-
-    @property
-    def best_value(self) -> float | None:
-        return (self.best or {}).get("value")
-
-    @property
-    def best_monitor(self) -> str | None:
-        return (self.best or {}).get("monitor")
 
 
 @dataclass

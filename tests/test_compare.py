@@ -168,7 +168,8 @@ def test_cells_get_mean_and_95_percent_t_interval_over_seeds(sweep_root, tmp_pat
 
 
 def test_each_cell_is_compared_with_the_first_grid_value_over_the_same_seeds(sweep_root, tmp_path):
-    from experiments.compare import build_report, find_runs, interval, paired
+    from experiments.compare import build_report, find_runs
+    from experiments.compare.stats import interval, paired
 
     result = build_report(find_runs([str(sweep_root)]), tmp_path / "report")
     best = [dict(zip(result["paired_columns"], row)) for row in result["paired_rows"] if row[1] == "val/acc"]
@@ -239,7 +240,7 @@ def test_cells_and_paired_comparisons_go_to_wandb_as_tables(attnlab, sweep_root,
 
 
 def test_a_panel_says_the_modality_once():
-    from experiments.compare import panel_title
+    from experiments.compare.plots import panel_title
     from experiments.runfolder import Summary
 
     assert panel_title({"label": "vision", "summary": Summary(modality="vision")}) == "vision"
@@ -296,7 +297,8 @@ def test_zero_variance_gives_a_zero_width_interval_and_no_p_value(monkeypatch, t
     ttest_rel would say p = 0 (t = inf) or NaN (0/0), which is no evidence: the table says '-'."""
     import warnings
 
-    from experiments.compare import build_report, find_runs, interval, paired
+    from experiments.compare import build_report, find_runs
+    from experiments.compare.stats import interval, paired
 
     monkeypatch.chdir(ROOT)
     root = _sweep_with(tmp_path, {"scaled_dot": [0.8, 0.8, 0.8], "dot": [0.7, 0.7, 0.7]})

@@ -20,7 +20,7 @@ def test_a_summary_round_trips_and_keeps_keys_it_does_not_know(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(data))
     summary = Summary.read(tmp_path)  # the folder or the file
     assert summary == Summary.read(tmp_path / "summary.json")
-    assert (summary.status, summary.best_value, summary.best_monitor, summary.modality) == (
+    assert (summary.status, summary.best["value"], summary.best["monitor"], summary.modality) == (
         "finished",
         0.9,
         "val/acc",

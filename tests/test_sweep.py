@@ -113,6 +113,34 @@ def test_every_sweep_file_in_configs_expands_and_passes_the_parser(attnlab):
         assert "nothing started (--dry-run)" in out
 
 
+def test_the_ablation_sweeps_report_has_the_sqrt_d_section(attnlab, tmp_path):
+    """`make ablation` is `attnlab sweep configs/sweeps/ablation.yaml`: its report (``report:`` in the file) has its
+    title and prints the √d table beside the cells. Its runs here are finished summaries with chosen values."""
+    root = tmp_path / "ablation"
+    sweep = sweeps.load("configs/sweeps/ablation.yaml", str(root))
+    for run in sweep.runs():
+        similarity = run.cell["model.init_args.similarity"]
+        layer = {"name": "blocks.0.attn", "kind": "self", "logit_var": [{"dot": 16.0}.get(similarity, 1.0)]}
+        summary = _finished_run(run.folder) / "summary.json"
+        summary.write_text(
+            json.dumps(
+                {
+                    "status": "finished",
+                    "modality": Path(run.config).stem,
+                    "hparams": {"similarity": similarity},
+                    "best": {"monitor": "val/loss", "value": 1.0 + run.seed / 10},
+                    "attention": {"init": {"layers": [layer]}, "final": {"layers": [layer]}},
+                }
+            )
+        )
+    code, out, err = attnlab("sweep", "configs/sweeps/ablation.yaml", "--root", str(root))
+    assert code == 0, err
+    assert out.count("is done, skipped") == 45 and "| logit var init | logit var end |" in out
+    assert "| vision | dot | - | " in out and "| 16 | 16 |" in out
+    report = (root / "report" / "report.md").read_text()
+    assert report.startswith("# attnlab: the √d ablation over seeds") and "## What the √d scaling does" in report
+
+
 def test_dry_run_lists_runs_and_commands_and_starts_nothing(attnlab, tmp_path):
     code, out, err = attnlab("sweep", str(write(tmp_path, overrides=TINY)), "--dry-run")
     assert code == 0, err
@@ -222,6 +250,10 @@ BAD = {
     ),
     "max_parallel": ({"max_parallel": 0}, "max_parallel: expected a positive integer, got 0"),
     "root": ({"root": 3}, "root: expected a folder, got 3"),
+    "report": (
+        {"report": {"scaling": "yes!"}},
+        "report: expected a mapping with title and scaling, got {'scaling': 'yes!'}",
+    ),
     "config entry": (
         {"configs": [{"config": DIGITS, "grid": {"trainer.max_epochs": 2}}]},
         "configs[configs/vision/digits.yaml].grid.trainer.max_epochs: expected a non-empty list of values, got 2",
@@ -272,7 +304,7 @@ def test_a_file_that_is_not_yaml_or_not_a_mapping_is_one_line(attnlab, tmp_path,
     assert code == 2 and "launcher: wandb needs W&B online" in err and "W&B mode is offline" in err
 
 
-def test_wandb_runs_get_the_sweep_as_group_the_cell_as_job_type_and_settings_as_tags(tmp_path):
+def test_wandb_runs_get_the_sweep_as_group_the_cell_as_job_type_and_settings_as_tags(tmp_path, capsys):
     sweep = sweeps.load(write(tmp_path, wandb={"project": "p", "entity": "team"}, overrides={"trainer.max_epochs": 3}))
     run = sweep.runs()[3]
     logger = next(a for a in sweep.command(run) if a.startswith("--trainer.logger="))
@@ -289,19 +321,14 @@ def test_wandb_runs_get_the_sweep_as_group_the_cell_as_job_type_and_settings_as_
         },
     }
     assert sweep.env(run) == {"WANDB_JOB_TYPE": "digits/similarity=dot"}
-    # the W&B sweep's agents run each pending run by name, as command-line arguments of this module
+    # the W&B sweep's agents run each pending run by name: W&B fills in ${env} and ${args} (--run=NAME)
     config = sweeps.wandb_sweep_config(sweep, sweeps.plan(sweep))
     assert config["method"] == "grid" and config["parameters"]["run"]["values"] == [r.name for r in sweep.runs()]
-    assert config["command"][1:] == [
-        sys.executable,
-        "-m",
-        "experiments.sweep",
-        str(sweep.file),
-        "--root",
-        str(sweep.root),
-        "--agent",
-        "${args}",
-    ]
+    command = config["command"]
+    assert command[:5] == ["${env}", sys.executable, "-m", "experiments.cli", "sweep"] and command[-1] == "${args}"
+    _finished_run(run.folder)
+    assert sweeps.main([*command[5:-1], f"--run={run.name}"]) == 0
+    assert f"attnlab: sweep: {run.name} is done, skipped" in capsys.readouterr().out
 
 
 # ---- the real CLI

@@ -12,6 +12,7 @@ import math
 import re
 from typing import Any
 
+from experiments.compare.runs import one_per_seed, train_loss
 from experiments.compare.stats import interval, lr_sensitivity
 
 SUFFIXED = re.compile(r"^(?P<base>.+)@(?P<x>\d+(?:\.\d+)?)(?P<unit>[a-z]*)$")  # val/acc@42px -> val/acc, 42, px
@@ -32,14 +33,8 @@ def final_value(run: dict[str, Any], key: str) -> float | None:
 
 def initial_loss(run: dict[str, Any]) -> float | None:
     """The first logged training loss: the loss near initialisation (ℓ0 of the learning-rate sensitivity)."""
-    metrics = run["metrics"]
-    series = metrics.get("train/loss_step") or metrics.get("train/loss") or metrics.get("train/loss_epoch")
+    series = train_loss(run["metrics"])
     return series[0][1] if series else None
-
-
-def _one_per_seed(cell: dict[str, Any]) -> list[dict[str, Any]]:
-    seeds = [r["seed"] for r in cell["runs"]]
-    return [r for r in cell["runs"] if seeds.count(r["seed"]) == 1]
 
 
 def swept_keys(cells: list[dict[str, Any]]) -> list[str]:
@@ -63,20 +58,17 @@ def swept_series(cells: list[dict[str, Any]], key: str, metric: str) -> list[dic
         rest = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in cell["settings"].items() if k != key)
         label = f"{cell['group']}" + (f": {rest}" if rest else "")
         line = lines.setdefault(label, {"label": label, "points": {}, "runs": {}})
-        line["points"][x] = {r["seed"]: final_value(r, metric) for r in _one_per_seed(cell)}
-        line["runs"][x] = {r["seed"]: r for r in _one_per_seed(cell)}
+        line["points"][x] = {r["seed"]: final_value(r, metric) for r in one_per_seed(cell)}
+        line["runs"][x] = {r["seed"]: r for r in one_per_seed(cell)}
     return list(lines.values())
 
 
 def suffixed_metrics(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
     """ "val/loss@x" -> ["val/loss@1x", "val/loss@2x", ..]: the metrics logged at several points, by base and unit."""
     found: dict[str, set[str]] = {}
-    for cell in cells:
-        for run in cell["runs"]:
-            for key in run["metrics"]:
-                match = SUFFIXED.match(key)
-                if match:
-                    found.setdefault(f"{match['base']}@{match['unit'] or '-'}", set()).add(key)
+    for key in {k for cell in cells for run in cell["runs"] for k in run["metrics"]}:
+        if match := SUFFIXED.match(key):
+            found.setdefault(f"{match['base']}@{match['unit'] or '-'}", set()).add(key)
     return {base: sorted(keys, key=lambda k: float(SUFFIXED.match(k)["x"])) for base, keys in found.items()}
 
 
@@ -84,7 +76,7 @@ def suffixed_series(cells: list[dict[str, Any]], keys: list[str]) -> list[dict[s
     """One series per cell: x = the number after ``@`` of each of ``keys``."""
     series = []
     for cell in cells:
-        runs = _one_per_seed(cell)
+        runs = one_per_seed(cell)
         points = {
             float(SUFFIXED.match(k)["x"]): {r["seed"]: final_value(r, k) for r in runs if k in r["metrics"]}
             for k in keys

@@ -1,7 +1,5 @@
-"""Plots of the report: training loss, attention statistics by layer, the √d section and every seed of every cell.
-
-Each function draws one PNG with matplotlib's Agg backend (no display needed).
-"""
+"""Plots of the report, each one PNG drawn with matplotlib's Agg backend (no display needed): training loss,
+attention statistics by layer, the √d section, every seed of every cell, a metric against a swept number."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from experiments.compare.runs import STATS, by_seed
+from experiments.compare.runs import STATS, by_seed, train_loss
 from experiments.compare.stats import interval
 
 
@@ -57,23 +55,18 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
             ax.set_xlabel(keys, fontsize=7)
             ax.grid(alpha=0.3, axis="y")
         axes_row[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def _train_loss(metrics: dict[str, list[tuple[int, float]]]) -> list[tuple[int, float]]:
-    return metrics.get("train/loss_step") or metrics.get("train/loss") or metrics.get("train/loss_epoch") or []
+    _save(fig, path)
 
 
 def plot_losses(runs: list[dict[str, Any]], path: Path) -> None:
     """Training loss of every run against the fraction of its training, raw (log scale) and relative to its first value."""
     plt = _pyplot()
     fig, (raw, rel) = plt.subplots(1, 2, figsize=(11, 4))
-    raw.set_prop_cycle(color=[plt.get_cmap("tab20")(i % 20) for i in range(len(runs))])
-    rel.set_prop_cycle(color=[plt.get_cmap("tab20")(i % 20) for i in range(len(runs))])
+    for ax in (raw, rel):
+        ax.set_prop_cycle(color=[plt.get_cmap("tab20")(i % 20) for i in range(len(runs))])
+        ax.grid(alpha=0.3)
     for r in runs:
-        curve = _train_loss(r["metrics"])
+        curve = train_loss(r["metrics"])
         if not curve:
             continue
         last = max(step for step, _ in curve) or 1
@@ -86,13 +79,9 @@ def plot_losses(runs: list[dict[str, Any]], path: Path) -> None:
             raw.plot([s / last for s, _ in val], [v for _, v in val], "o", ms=3, color=raw.lines[-1].get_color())
     raw.set(xlabel="fraction of training", ylabel="loss (train: line, val: dots)", yscale="log", title="loss")
     rel.set(xlabel="fraction of training", ylabel="train loss / first train loss", title="loss relative to its start")
-    for ax in (raw, rel):
-        ax.grid(alpha=0.3)
     if rel.lines:
         rel.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_by_layer(runs: list[dict[str, Any]], key: str, ylabel: str, path: Path) -> bool:
@@ -122,9 +111,7 @@ def plot_by_layer(runs: list[dict[str, Any]], key: str, ylabel: str, path: Path)
         ax.set(title=panel_title(r), ylabel=ylabel + unit)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -140,6 +127,12 @@ def _short(name: str) -> str:
     index = next((p for p in parts if p.isdigit()), "")
     kind = "x" if parts[-1] == "multihead_attn" else ""
     return f"{stack[:3]}{index}{kind}" or name
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    _pyplot().close(fig)
 
 
 def _pyplot():
@@ -182,9 +175,7 @@ def plot_scaling(runs: list[dict[str, Any]], path: Path) -> None:
         ax.set(title=label, yscale="log" if key == "logit_var" else "linear")
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: Path, log_x: bool = False) -> None:
@@ -198,8 +189,7 @@ def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: P
         points = band(line["points"])
         if not points:
             continue
-        xs = [x for x, _ in points]
-        drawn = ax.plot(xs, [s["mean"] for _, s in points], "o-", ms=4, label=line["label"])
+        drawn = ax.plot([x for x, _ in points], [s["mean"] for _, s in points], "o-", ms=4, label=line["label"])
         spread = [(x, s) for x, s in points if s["half"] is not None]
         if spread:
             ax.fill_between(
@@ -209,16 +199,11 @@ def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: P
                 color=drawn[0].get_color(),
                 alpha=0.2,
             )
-    if log_x:
-        ax.set_xscale("log")
+    ax.set(xscale="log" if log_x else "linear", xlabel=xlabel, ylabel=ylabel)
     ticks = sorted({x for line in series for x in line["points"]})
     ax.set_xticks(ticks, [f"{x:g}" for x in ticks])  # the swept values themselves
     ax.minorticks_off()
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
     ax.set_title("mean over the seeds; band: 95% t-interval", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)

@@ -1,16 +1,10 @@
 """`attnlab compare RUN_DIR... [--out DIR] [--wandb ENTITY/PROJECT]`: one report across runs and modalities.
 
-Each RUN_DIR is a run folder holding ``summary.json``, or any folder above run folders: then the newest
-finished run of every experiment below it is taken. The report (``report.md`` + PNG plots in ``--out``) has
-a row per run (modality, dataset, parameters, FLOPs per sample, throughput, best metric, attention
-statistics), the training loss and attention by layer; when runs of one modality differ in the similarity
-function, what the √d scaling does; when runs differ only in their seed (`experiments.compare.runs`), each
-cell's mean over seeds with its 95% interval and each cell against its reference (`experiments.compare.stats`).
-``--wandb ENTITY/PROJECT`` (or just PROJECT) also logs the tables and plots to a W&B run (offline unless W&B
-is configured, like training runs).
-Against the swept numbers: a grid key of three or more numbers (a learning rate) gets each group's final
-val/loss (and ``train/max_attn_logit``) against it with the 95% band, and a learning rate each line's
-sensitivity (Wortsman et al. 2023); metrics logged at several points (``val/loss@2x``) are plotted against theirs.
+Each RUN_DIR is a run folder (``summary.json``) or a folder above run folders: then the newest finished run of
+each experiment below it. ``report.md`` and its plots (in ``--out``): a row per run, the training loss and attention
+by layer, the √d section (`tables`), each cell's mean over seeds and each cell against its reference (`runs`,
+`stats`), metrics against swept numbers (`curves`). ``--wandb ENTITY/PROJECT`` (or PROJECT) logs the tables and
+plots to a W&B run too (offline unless W&B is configured, like training runs).
 """
 
 from __future__ import annotations
@@ -33,6 +27,35 @@ from experiments.compare.plots import plot_against, plot_by_layer, plot_cells, p
 from experiments.compare.runs import find_runs, group_cells, load_runs
 from experiments.compare.tables import cell_rows, markdown_table, paired_rows, plus_minus, run_rows, scaling_rows
 
+# report.md's own words: what each section shows, before its table and plot
+RUNS = """Attention statistics are means over layers and heads on each run's fixed batch at the end of training;
+distance is in tokens for text and in pixels for image patches and detection memory."""
+SCALING = """## What the √d scaling does
+
+Logit variance: variance over the keys of q·k (×1/√d for scaled_dot) before softmax; max weight: mean largest
+attention weight (1 = one-hot); saturated: share of queries whose largest weight exceeds 0.9; 'init' is measured
+before the first update, 'end' after training, on the same fixed batch."""
+CELLS = """## Cells: mean over seeds with 95% confidence intervals
+
+A cell is one setting run with several seeds. `mean ± h`: the mean over the seeds and h,
+the half-width of the 95% t-interval (scipy.stats.t with n - 1 degrees of freedom and the
+sample standard deviation); n: the number of seeds."""
+PAIRED = """## Paired comparisons over the same seeds
+
+Each cell against its reference (the same settings with one key at its first grid value{here}), over the seeds both ran:
+the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test
+(scipy.stats.ttest_rel)."""
+LR_SENSITIVITY = """### Learning-rate sensitivity (Wortsman et al. 2023)
+
+Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus
+the best final val/loss over the rates (a diverged run counts as the first loss); mean ± the half-width
+of the 95% t-interval over the seeds that ran every rate."""
+
+
+def _section(*parts: str) -> list[str]:
+    """Parts of report.md (text, a table, a plot), each followed by an empty line."""
+    return [line for part in parts for line in (part, "")]
+
 
 def build_report(
     run_dirs: list[Path], out: Path, title: str = "attnlab: runs compared", baseline: str | None = None
@@ -47,31 +70,12 @@ def build_report(
         if plot_by_layer(runs, key, ylabel, out / f"attention_{key}.png"):
             plots[key] = out / f"attention_{key}.png"
     table = markdown_table(columns, rows)
-    lines = [
-        f"# {title}",
-        "",
-        "Attention statistics are means over layers and heads on each run's fixed batch at the end of training;",
-        "distance is in tokens for text and in pixels for image patches and detection memory.",
-        "",
-        table,
-        "",
-    ]
+    lines = _section(f"# {title}", RUNS, table)
     scale_columns, scale = scaling_rows(runs)
     if scale:
         plots["scaling"] = out / "sqrt_d.png"
         plot_scaling(runs, plots["scaling"])
-        lines += [
-            "## What the √d scaling does",
-            "",
-            "Logit variance: variance over the keys of q·k (×1/√d for scaled_dot) before softmax; max weight: mean largest",
-            "attention weight (1 = one-hot); saturated: share of queries whose largest weight exceeds 0.9; 'init' is measured",
-            "before the first update, 'end' after training, on the same fixed batch.",
-            "",
-            markdown_table(scale_columns, scale),
-            "",
-            f"![√d]({plots['scaling'].name})",
-            "",
-        ]
+        lines += _section(SCALING, markdown_table(scale_columns, scale), f"![√d]({plots['scaling'].name})")
     cells = group_cells(runs)
     cell_columns, cell_table, paired_columns, paired_table, conclusions = [], [], [], [], []
     if any(len(c["runs"]) > 1 for c in cells):
@@ -79,33 +83,13 @@ def build_report(
         paired_columns, paired_table, conclusions = paired_rows(cells, baseline)
         plots["seeds"] = out / "seeds.png"
         plot_cells(cells, plots["seeds"])
-        lines += [
-            "## Cells: mean over seeds with 95% confidence intervals",
-            "",
-            "A cell is one setting run with several seeds. `mean ± h`: the mean over the seeds and h,",
-            "the half-width of the 95% t-interval (scipy.stats.t with n - 1 degrees of freedom and the",
-            "sample standard deviation); n: the number of seeds.",
-            "",
-            markdown_table(cell_columns, cell_table),
-            "",
-            f"![seeds]({plots['seeds'].name})",
-            "",
-        ]
+        lines += _section(CELLS, markdown_table(cell_columns, cell_table), f"![seeds]({plots['seeds'].name})")
         if paired_table:
-            lines += [
-                "## Paired comparisons over the same seeds",
-                "",
-                "Each cell against its reference (the same settings with one key at its first grid value"
-                + (f", here {baseline}" if baseline else "")
-                + "), over the seeds both ran:",
-                "the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test",
-                "(scipy.stats.ttest_rel).",
-                "",
-                *(f"- {line}" for line in conclusions),
-                "",
+            lines += _section(
+                PAIRED.format(here=f", here {baseline}" if baseline else ""),
+                "\n".join(f"- {line}" for line in conclusions),
                 markdown_table(paired_columns, paired_table),
-                "",
-            ]
+            )
     against_lines, sensitivity = against_numbers(cells, out, plots)
     lines += against_lines
     lines += [
@@ -154,28 +138,19 @@ def against_numbers(
                 slug = re.sub(r"\W+", "_", f"{group}_{measure}_against_{name}")
                 plots[f"against/{slug}"] = path = out / f"{slug}.png"
                 plot_against(swept_series(members, key, measure), key, f"final {measure}", path, log_x)
-                lines += [f"### {group}: final {measure} against {key}", "", f"![{slug}]({path.name})", ""]
+                lines += _section(f"### {group}: final {measure} against {key}", f"![{slug}]({path.name})")
             if log_x and metric == "val/loss":
                 series = swept_series(members, key, metric)
                 sensitivity += [[label, str(s["n"]), plus_minus(s)] for label, s in sensitivity_rows(series, metric)]
     if sensitivity:
-        lines += [
-            "### Learning-rate sensitivity (Wortsman et al. 2023)",
-            "",
-            "Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus",
-            "the best final val/loss over the rates (a diverged run counts as the first loss); mean ± the half-width",
-            "of the 95% t-interval over the seeds that ran every rate.",
-            "",
-            markdown_table(["series", "seeds", "LR sensitivity"], sensitivity),
-            "",
-        ]
+        lines += _section(LR_SENSITIVITY, markdown_table(["series", "seeds", "LR sensitivity"], sensitivity))
     for base, keys in suffixed_metrics(cells).items():
         metric, unit = base.split("@")
         slug = re.sub(r"\W+", "_", f"{metric}_at_{unit}")
         plots[f"against/{slug}"] = path = out / f"{slug}.png"
         plot_against(suffixed_series(cells, keys), f"evaluated at ({unit})", metric, path)
         points = ", ".join(k.split("@")[1] for k in keys)
-        lines += [f"### {metric} at {points}", "", f"![{slug}]({path.name})", ""]
+        lines += _section(f"### {metric} at {points}", f"![{slug}]({path.name})")
     return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity
 
 

@@ -18,14 +18,6 @@ import yaml
 
 from experiments.runfolder import SUMMARY, Summary, SweepRun, SweepStatus, cli_value, newest
 
-POSITION_KEYS = (
-    "positions",
-    "pos_embed",
-    "pos_embed_type",
-    "position_embedding",
-    "pos_encoding",
-    "positional_encoding",
-)
 STATS = (
     ("entropy", "entropy (nats)"),
     ("distance", "distance"),
@@ -80,10 +72,13 @@ def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
         for row in csv.DictReader(f):
             step = int(float(row.get("step") or 0))
             for key, value in row.items():
-                if key in ("step", "epoch") or value in ("", None):
-                    continue
-                series.setdefault(key, {})[step] = float(value)
+                if key not in ("step", "epoch") and value not in ("", None):
+                    series.setdefault(key, {})[step] = float(value)
     return {key: sorted(values.items()) for key, values in series.items()}
+
+
+def train_loss(metrics: dict[str, list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    return metrics.get("train/loss_step") or metrics.get("train/loss") or metrics.get("train/loss_epoch") or []
 
 
 def _labels(experiments: list[Path]) -> list[str]:
@@ -96,23 +91,22 @@ def _labels(experiments: list[Path]) -> list[str]:
 
 
 def load_runs(run_dirs: list[Path]) -> list[dict[str, Any]]:
-    runs = [load_run(r) for r in run_dirs]
+    runs = [_load_run(r) for r in run_dirs]
     for run, label in zip(runs, _labels([Path(r["summary"].experiment or r["dir"]) for r in runs])):
         run["label"] = label
     return runs
 
 
-def load_run(run: Path) -> dict[str, Any]:
+def _load_run(run: Path) -> dict[str, Any]:
     summary = Summary.read(run / SUMMARY)
     hp = summary.hparams or {}
     attention = summary.attention or {}
     return {
         "dir": run,
-        "label": str(run),
         "summary": summary,
         "metrics": read_metrics(run),
         "similarity": hp.get("similarity"),
-        "positions": next((str(hp[k]) for k in POSITION_KEYS if k in hp), None),
+        "positions": hp.get("positions"),
         "final": summarize(attention["final"]) if attention.get("final") else {},
         "init": summarize(attention["init"]) if attention.get("init") else {},
     }
@@ -157,9 +151,8 @@ def identify(run: dict[str, Any]) -> None:
             reference={k: cli_value(values[0]) for k, values in status.grid(entry).items() if values},
         )
         return
-    config = (
-        yaml.safe_load((run["dir"] / "config.yaml").read_text()) if (run["dir"] / "config.yaml").is_file() else None
-    )
+    path = run["dir"] / "config.yaml"
+    config = yaml.safe_load(path.read_text()) if path.is_file() else None
     config = config if isinstance(config, dict) else {"run": str(run["dir"])}  # without a config: a cell of its own
     run.update(
         order=None,
@@ -174,18 +167,19 @@ def identify(run: dict[str, Any]) -> None:
 
 def values_of(run: dict[str, Any]) -> dict[str, float | None]:
     """The best value of the checkpoint monitor and the attention statistics at the end (means over layers, heads)."""
-    return {"best": run["summary"].best_value, **{key: run["final"].get(key) for key, _ in STATS}}
+    return {"best": (run["summary"].best or {}).get("value"), **{key: run["final"].get(key) for key, _ in STATS}}
+
+
+def one_per_seed(cell: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cell's runs but those of a seed that ran twice."""
+    seeds = [r["seed"] for r in cell["runs"]]
+    return [r for r in cell["runs"] if seeds.count(r["seed"]) == 1]
 
 
 def by_seed(cell: dict[str, Any], key: str) -> dict[Any, float]:
     """seed -> the value of ``key`` of the cell's run with that seed (seeds that ran twice, or gave no value, left
     out)."""
-    seeds = [r["seed"] for r in cell["runs"]]
-    return {
-        r["seed"]: values_of(r)[key]
-        for r in cell["runs"]
-        if values_of(r)[key] is not None and seeds.count(r["seed"]) == 1
-    }
+    return {r["seed"]: values_of(r)[key] for r in one_per_seed(cell) if values_of(r)[key] is not None}
 
 
 def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -210,7 +204,7 @@ def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             },
         )
         cell["runs"].append(run)
-        cell.setdefault("monitor", run["summary"].best_monitor)
+        cell.setdefault("monitor", (run["summary"].best or {}).get("monitor"))
     out = list(cells.values())
     labels = [c["label"] for c in out]
     for cell in out:  # outside a sweep two cells may share a folder name: then each keeps its first run's full label

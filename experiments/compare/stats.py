@@ -84,11 +84,10 @@ def comparison(cell: dict[str, Any], ref: dict[str, Any], key: str, varying: lis
 
 
 def lr_sensitivity(points: list[tuple[float | None, float]]) -> float:
-    """Learning-rate sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
-    instabilities", §2.2) of one seed's runs over a range of learning rates: E_η[min(ℓ(η), ℓ0) - ℓ*], the mean
-    over the learning rates (the sweep's grid, evenly spaced in log) of the final loss, capped at the loss at
-    initialisation ℓ0, minus the best final loss ℓ* over the range. ``points``: (final loss, initial loss) per
-    learning rate; a run that diverged (None, NaN or inf) counts as ℓ0. 0: the same loss at every rate."""
+    """Learning-rate sensitivity of one seed's runs (Wortsman et al. 2023, §2.2): E_η[min(ℓ(η), ℓ0) - ℓ*], the mean
+    over the rates (the sweep's grid, evenly spaced in log) of the final loss capped at the initial loss ℓ0, minus
+    the best final loss ℓ*. ``points``: (final loss, initial loss) per rate; a diverged run (None, NaN, inf) counts
+    as ℓ0. 0: the same loss at every rate."""
     capped = [
         initial if final is None or not math.isfinite(final) else min(final, initial) for final, initial in points
     ]

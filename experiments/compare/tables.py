@@ -33,7 +33,7 @@ def _distance(r: dict[str, Any]) -> str:
     return f"{_num(r['final']['distance'])} {unit}" if r["final"].get("distance") is not None else "-"
 
 
-# a table's columns: name -> its text for a loaded run (`experiments.compare.runs.load_run`)
+# a table's columns: name -> its text for a loaded run (`experiments.compare.runs.load_runs`)
 RUN_COLUMNS = {
     "run": lambda r: r["label"],
     "modality": lambda r: r["summary"].modality or "-",
@@ -45,11 +45,8 @@ RUN_COLUMNS = {
     "samples/s": lambda r: _num((r["summary"].throughput or {}).get("samples_per_s")),
     "tokens/s": lambda r: _num((r["summary"].throughput or {}).get("tokens_per_s")),
     "best": lambda r: _best(r["summary"]),
-    "entropy (nats)": lambda r: _num(r["final"].get("entropy")),
-    "distance": _distance,
-    "special share": lambda r: _num(r["final"].get("special")),
-    "logit var": lambda r: _num(r["final"].get("logit_var")),
-    "max weight": lambda r: _num(r["final"].get("max_weight")),
+    **{label: (lambda r, key=key: _num(r["final"].get(key))) for key, label in STATS},
+    "distance": _distance,  # with its unit, in the place STATS gives it
 }
 SCALING_COLUMNS = {
     "modality": RUN_COLUMNS["modality"],
@@ -68,12 +65,8 @@ SCALING_COLUMNS = {
 }
 
 
-def _table(columns: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def run_rows(runs: list[dict[str, Any]], columns: dict[str, Any] = RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:
     return list(columns), [[text(r) for text in columns.values()] for r in runs]
-
-
-def run_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    return _table(RUN_COLUMNS, runs)
 
 
 def scaling_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -88,7 +81,7 @@ def scaling_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
         if len({r["similarity"] for r in group}) > 1
         for r in sorted(group, key=lambda r: (order.get(r["similarity"], 9), str(r["positions"]), r["label"]))
     ]
-    return _table(SCALING_COLUMNS, shown)
+    return run_rows(shown, SCALING_COLUMNS)
 
 
 def plus_minus(stat: dict[str, Any]) -> str:

@@ -14,6 +14,8 @@ A sweep file (see configs/sweeps/)::
     max_parallel: 1                          # local and wandb: runs (agents) at once, one GPU each when there are GPUs
     slurm: {timeout_min: 240, gpus_per_node: 1, slurm_partition: gpu}  # submitit's parameters; cluster: local runs here
     wandb: {project: attnlab, entity: null}  # log to W&B: group = sweep name, job type = cell, tags = settings
+    report: {title: null, scaling: false}    # the report's title (default: attnlab: sweep <name>); scaling: print
+                                             #   the √d table with the cells (report.md has it anyway)
 
 One run per (config x grid cell x seed), ``ROOT/<config stem>/<key=value,...>/seed=<s>``: ``attnlab fit ...
 --ckpt_path last`` in a subprocess (output in its ``sweep.log``), so running the sweep again resumes the
@@ -22,8 +24,8 @@ reach `attnlab fit`, and so every DDP process, as command-line arguments.
 """
 
 from experiments.sweep.launch import error_line, wandb_sweep_config
-from experiments.sweep.main import main, no_run_finished, report
+from experiments.sweep.main import main
 from experiments.sweep.runs import load
 from experiments.sweep.status import plan, record, update
 
-__all__ = ["error_line", "load", "main", "no_run_finished", "plan", "record", "report", "update", "wandb_sweep_config"]
+__all__ = ["error_line", "load", "main", "plan", "record", "update", "wandb_sweep_config"]

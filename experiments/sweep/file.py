@@ -31,6 +31,12 @@ class WandbSettings:
     entity: str | None = None
 
 
+@dataclass
+class ReportSettings:
+    title: str | None = None  # default: "attnlab: sweep <name>"
+    scaling: bool = False  # print the √d table beside the cells too (report.md has it whenever similarities differ)
+
+
 Launcher = Literal["local", "slurm", "wandb"]
 
 
@@ -49,10 +55,9 @@ class SweepFile:
     max_parallel: PositiveInt = 1
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit's parameters
     wandb: WandbSettings | None = None
+    report: ReportSettings | None = None
 
 
-KEYS = tuple(f.name for f in fields(SweepFile))
-LAUNCHERS = get_args(Launcher)
 EXPECTED = {  # what a key takes, in the words of the error line
     "configs": "one or more experiment YAML files",
     "seeds": "distinct integers",
@@ -63,6 +68,7 @@ EXPECTED = {  # what a key takes, in the words of the error line
     "max_parallel": "a positive integer",
     "slurm": "a mapping of submitit parameters",
     "wandb": "a mapping with project and entity",
+    "report": "a mapping with title and scaling",
 }
 _PARSER = ArgumentParser(exit_on_error=False)
 _PARSER.add_class_arguments(SweepFile, "sweep")
@@ -92,20 +98,19 @@ def parse(path: Path, spec: Any) -> SweepFile:
         spec.get("overrides") or {},
         spec.get("slurm") or {},
     )
-    for entry, raw in zip(sweep.configs, spec["configs"]):
-        if isinstance(entry, ConfigEntry):
-            entry.grid = raw.get("grid") or {}
     sweep.name = spec.get("name", path.stem)
     if not sweep.name or "/" in sweep.name:
         raise SweepError(f"{path}: name: expected {EXPECTED['name']}, got {sweep.name!r}")
     _nonempty(path, "grid", sweep.grid)
-    for entry in sweep.configs:
+    for entry, raw in zip(sweep.configs, spec["configs"]):
         if isinstance(entry, ConfigEntry):
+            entry.grid = raw.get("grid") or {}
             _nonempty(path, f"configs[{entry.config}].grid", entry.grid)
     if not sweep.configs:
         raise SweepError(f"{path}: configs: expected {EXPECTED['configs']}, got []")
     if sweep.wandb is None and sweep.launcher == "wandb":
         sweep.wandb = WandbSettings()
+    sweep.report = sweep.report or ReportSettings()
     return sweep
 
 
@@ -118,7 +123,7 @@ def _nonempty(path: Path, where: str, grid: dict[str, list]) -> None:
 def _explain(error: str, spec: dict[str, Any]) -> str:
     """jsonargparse's error -> "KEY: expected ..., got VALUE" (the first bad element of a list)."""
     if found := re.search(r"^Group 'sweep' does not accept option '(\w+)'", error):
-        return f"{found[1]}: not a sweep key; expected one of {', '.join(KEYS)}"
+        return f"{found[1]}: not a sweep key; expected one of {', '.join(f.name for f in fields(SweepFile))}"
     if found := re.search(r"required: sweep\.(\w+)", error):
         key = found[1]
         return f"{key}: expected {'a non-empty list of integers' if key == 'seeds' else EXPECTED[key]}, got None"
@@ -128,17 +133,15 @@ def _explain(error: str, spec: dict[str, Any]) -> str:
     if key == "seeds" and not isinstance(value, list):
         return f"seeds: expected a non-empty list of integers, got {value!r}"
     if key == "launcher":
-        return f"launcher: {value!r} is not a launcher; expected one of {', '.join(LAUNCHERS)}"
-    if key in ("grid", "configs"):
-        entries = [value] if isinstance(value, (str, dict)) and key == "configs" else value
-        if key == "configs" and isinstance(entries, list):
-            for entry in entries:
-                if isinstance(entry, dict) and ("config" not in entry or set(entry) - {"config", "grid"}):
-                    return f"configs: an entry is a file or {{config: FILE, grid: {{...}}}}, got {entry!r}"
-                if isinstance(entry, dict) and (where := _bad_grid(entry.get("grid") or {})):
-                    return f"configs[{entry['config']}].grid{where}"
-        if key == "grid" and (where := _bad_grid(value)):
-            return f"grid{where}"
+        return f"launcher: {value!r} is not a launcher; expected one of {', '.join(get_args(Launcher))}"
+    if key == "configs" and isinstance(value, list):  # parse made one experiment a list
+        for entry in value:
+            if isinstance(entry, dict) and ("config" not in entry or set(entry) - {"config", "grid"}):
+                return f"configs: an entry is a file or {{config: FILE, grid: {{...}}}}, got {entry!r}"
+            if isinstance(entry, dict) and (where := _bad_grid(entry.get("grid") or {})):
+                return f"configs[{entry['config']}].grid{where}"
+    if key == "grid" and (where := _bad_grid(value)):
+        return f"grid{where}"
     got = re.search(r"Got value: (.*)", error)
     if isinstance(value, list) and got:  # jsonargparse prints the element it rejected
         value = next((v for v in value if str(v) == got[1].strip()), value)

@@ -22,19 +22,14 @@ LOG = "sweep.log"
 INTERRUPTED = 143  # what attnlab fit exits with after SIGTERM (last.ckpt saved)
 
 
-def spawn(
-    command: list[str], env: dict[str, str] | None = None, log: Path | None = None, own_session: bool = False
-) -> subprocess.Popen:
-    """Start ``command`` with ``env`` added to this environment; its output appended to ``log`` (after the command
-    line) or, without a log, to this process's. ``own_session``: a Ctrl-C in the terminal reaches this process
-    only, which then stops the child as it chooses (SIGTERM: a fit saves last.ckpt)."""
-    env = {**os.environ, **(env or {})}
-    if log is None:
-        return subprocess.Popen(command, env=env, start_new_session=own_session)
+def spawn(command: list[str], env: dict[str, str], log: Path, own_session: bool = False) -> subprocess.Popen:
+    """Start ``command`` with ``env`` added to this environment, its output appended to ``log``. ``own_session``: a
+    Ctrl-C in the terminal reaches this process only, which stops the child as it chooses (SIGTERM: a fit saves last.ckpt)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
         out.write(f"\n$ {shlex.join(command)}\n")
         out.flush()
+        env = {**os.environ, **env}
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=own_session)
 
 
@@ -44,23 +39,21 @@ def error_line(log: Path, code: int) -> str:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         lines = []
-    for line in reversed(lines):
-        if line.startswith("attnlab: error:"):
-            return line
-    for line in reversed(lines):
-        if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line):
-            return line
+    own = [line for line in lines if line.startswith("attnlab: error:")]
+    raised = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line)]
+    if own or raised:
+        return (own or raised)[-1]
     return f"exit status {code}" + (f": {lines[-1]}" if lines else "")
 
 
-def execute(command: list[str], folder: str, env: dict[str, str]) -> tuple[int, str | None]:
-    """Run one `attnlab fit` to its end (a SLURM job's or a W&B agent's work): (exit status, error line or None)."""
-    log = Path(folder) / LOG
-    code = spawn(command, env, log).wait()
-    return code, None if code == 0 else error_line(log, code)
+def execute(command: list[str], folder: str, env: dict[str, str]) -> int:
+    """Run one `attnlab fit` to its end (a SLURM job's or a W&B agent's work); its exit status."""
+    return spawn(command, env, Path(folder) / LOG).wait()
 
 
-def _ended(sweep: Sweep, run: Run, code: int, error: str | None) -> str:
+def _ended(sweep: Sweep, run: Run, code: int, error: str | None = None) -> str:
+    """Record how the run ended; ``error``: why, when its log cannot say (default: the log's `error_line`)."""
+    error = error or (error_line(run.folder / LOG, code) if code else None)
     state = "done" if code == 0 else "interrupted" if code in (INTERRUPTED, -signal.SIGTERM) else "failed"
     update(
         sweep.root, run.name, status=state, returncode=code, error=error, finished=time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -111,13 +104,7 @@ def launch_local(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
                     continue
                 del running[name]
                 free.append(gpu)
-                code = proc.returncode
-                _ended(
-                    sweep,
-                    run,
-                    INTERRUPTED if stop and code else code,
-                    None if code == 0 else error_line(run.folder / LOG, code),
-                )
+                _ended(sweep, run, INTERRUPTED if stop and proc.returncode else proc.returncode)
             if stop and not running:
                 break
     finally:
@@ -143,7 +130,7 @@ def launch_slurm(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
     for job in submitit.helpers.as_completed(jobs, poll_frequency=1):
         run = by_job[str(job.job_id)]
         try:
-            code, error = job.result()
+            code, error = job.result(), None
         except Exception as err:  # the job itself failed (node failure, time limit): submitit's last line says why
             code, error = 1, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         _ended(sweep, run, code, error)
@@ -152,22 +139,13 @@ def launch_slurm(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
 
 def wandb_sweep_config(sweep: Sweep, todo: list[tuple[Run, str]]) -> dict[str, Any]:
     """A W&B grid sweep over the names of the runs still to do; its agents call back `attnlab sweep ... --agent`."""
-    command = [
-        "${env}",
-        sys.executable,
-        "-m",
-        "experiments.sweep",
-        str(sweep.file),
-        "--root",
-        str(sweep.root),
-        "--agent",
-        "${args}",
-    ]
+    attnlab = ["${env}", sys.executable, "-m", "experiments.cli"]  # W&B puts the environment in ${env}
+    agent = ["sweep", str(sweep.file), "--root", str(sweep.root), "--agent", "${args}"]  # ${args}: --run=NAME
     return {
         "name": sweep.name,
         "method": "grid",
         "parameters": {"run": {"values": [run.name for run, _ in todo]}},
-        "command": command + (["--", *sweep.extra] if sweep.extra else []),
+        "command": [*attnlab, *agent, *(["--", *sweep.extra] if sweep.extra else [])],
     }
 
 
@@ -181,7 +159,10 @@ def launch_wandb(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
     print(f"attnlab: W&B sweep {path}; more agents: `wandb agent {path}` on other machines", flush=True)
     gpus = _gpus()
     agents = [
-        spawn([sys.executable, "-m", "wandb", "agent", path], {"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {})
+        subprocess.Popen(
+            [sys.executable, "-m", "wandb", "agent", path],
+            env={**os.environ, **({"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {})},
+        )
         for i in range(min(sweep.max_parallel, len(gpus) or sweep.max_parallel, len(todo)))
     ]
     return max(agent.wait() for agent in agents)
@@ -197,8 +178,8 @@ def run_agent(sweep: Sweep, name: str) -> int:
         print(f"attnlab: sweep: {name} is done, skipped")
         return 0
     _started(sweep, run, how)
-    code, error = execute(sweep.command(run), str(run.folder), sweep.env(run))
-    _ended(sweep, run, code, error)
+    code = execute(sweep.command(run), str(run.folder), sweep.env(run))
+    _ended(sweep, run, code)
     return code
 
 

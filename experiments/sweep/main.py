@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections import Counter
 
 from experiments.runfolder import SWEEP, SweepStatus, split_extra
 from experiments.sweep.file import SweepError
@@ -28,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.agent:
             check(sweep)
         code = run_agent(sweep, args.run or "") if args.agent else _sweep(sweep, args.dry_run)
-        if not (args.agent or args.dry_run or args.no_report) and not report(sweep):
-            code = no_run_finished(sweep, code)
+        if not (args.agent or args.dry_run or args.no_report):
+            code = _report(sweep, code)
     except SweepError as err:
         print(f"attnlab: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -38,29 +39,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def no_run_finished(sweep: Sweep, code: int) -> int:
-    """Say so in one line; the exit status stays the sweep's (143 after SIGTERM), else 1."""
-    print(
-        f"attnlab: error: sweep {sweep.name}: no run finished, nothing to report; "
-        f"each run's log is {sweep.root}/<run>/{LOG}, their states are in {sweep.root / SWEEP}",
-        file=sys.stderr,
-    )
-    return code or 1
-
-
-def report(sweep: Sweep, title: str | None = None, scaling: bool = False) -> bool:
-    """The cells of the finished runs (mean ± 95% CI, n) and the paired comparisons, as `attnlab compare` gives
-    them (``scaling``: and the √d table); the report goes to ``<root>/report``. False when no run finished."""
+def _report(sweep: Sweep, code: int) -> int:
+    """The report of the finished runs into ``<root>/report``, as `attnlab compare` gives it (and the √d table with
+    ``report: {scaling: true}``); the exit status: ``code`` (143 after SIGTERM), or 1 when no run finished."""
     from experiments.compare import build_report, find_runs, print_result
 
     try:
         runs = find_runs([str(sweep.root)])
     except ValueError:  # no finished run below the root
-        return False
-    result = build_report(runs, sweep.root / "report", title or f"attnlab: sweep {sweep.name}")
-    print_result(result, scaling)
+        print(
+            f"attnlab: error: sweep {sweep.name}: no run finished, nothing to report; "
+            f"each run's log is {sweep.root}/<run>/{LOG}, their states are in {sweep.root / SWEEP}",
+            file=sys.stderr,
+        )
+        return code or 1
+    result = build_report(runs, sweep.root / "report", sweep.report.title or f"attnlab: sweep {sweep.name}")
+    print_result(result, sweep.report.scaling)
     print(f"attnlab: report written to {result['report']}")
-    return True
+    return code
 
 
 def _sweep(sweep: Sweep, dry_run: bool) -> int:
@@ -85,10 +81,7 @@ def _sweep(sweep: Sweep, dry_run: bool) -> int:
                 print(f"attnlab: sweep: {run.name} is done, skipped")
         code = LAUNCH[sweep.launcher](sweep, todo) if todo else 0
     runs = SweepStatus.read(sweep.root).runs
-    counts = {
-        s: sum(1 for run, _ in steps if run.name in runs and runs[run.name].status == s)
-        for s in ("done", "failed", "interrupted")
-    }
+    counts = Counter(runs[run.name].status for run, _ in steps if run.name in runs)
     print(
         f"attnlab: sweep {sweep.name}: {counts['done']} done, {counts['failed']} failed, "
         f"{counts['interrupted']} interrupted of "

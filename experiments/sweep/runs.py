@@ -4,6 +4,7 @@ the check of every key and value with the real fit parser before any run starts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import json
@@ -17,7 +18,7 @@ from typing import Any
 import yaml
 
 from experiments.runfolder import cli_flags, cli_value
-from experiments.sweep.file import ConfigEntry, SweepError, WandbSettings, parse
+from experiments.sweep.file import ConfigEntry, SweepError, SweepFile, parse
 
 
 @dataclass(frozen=True)
@@ -33,19 +34,14 @@ class Run:
         return self.name.rpartition("/")[0]
 
 
-@dataclass
-class Sweep:
+@dataclass(kw_only=True)
+class Sweep(SweepFile):
+    """The sweep file's keys, with each config's grid resolved, the root decided and the fit arguments after `--`."""
+
     file: Path
-    name: str
     configs: list[tuple[str, dict[str, list]]]  # (config, its grid: the sweep's keys, then its own)
-    seeds: list[int]
-    overrides: dict[str, Any]
     root: Path
-    launcher: str = "local"
-    max_parallel: int = 1
-    slurm: dict[str, Any] = field(default_factory=dict)
-    wandb: WandbSettings | None = None
-    extra: list[str] = field(default_factory=list)  # fit arguments given after `--`
+    extra: list[str] = field(default_factory=list)
 
     def runs(self) -> list[Run]:
         runs = []
@@ -76,24 +72,16 @@ class Sweep:
             *cli_flags(run.cell),
         ]  # the cell's values win over overrides
         if self.wandb is not None:
-            args.append("--trainer.logger=" + json.dumps(self._loggers(run)))
+            settings = {**run.cell, **self.overrides}
+            short = _short_keys(list(settings))
+            tags = [f"{short[k]}={_folder_value(v)}"[:64] for k, v in settings.items()] + [f"seed={run.seed}"]
+            wandb_args = {**dataclasses.asdict(self.wandb), "name": run.name, "group": self.name, "tags": tags}
+            loggers = [
+                {"class_path": "experiments.tracking.CSVLogger"},  # the run folder stays lightning_logs/version_0
+                {"class_path": "experiments.tracking.WandbLogger", "init_args": wandb_args},
+            ]
+            args.append("--trainer.logger=" + json.dumps(loggers))
         return args + self.extra
-
-    def _loggers(self, run: Run) -> list[dict[str, Any]]:
-        settings = {**run.cell, **self.overrides}
-        short = _short_keys(list(settings))
-        tags = [f"{short[k]}={_folder_value(v)}"[:64] for k, v in settings.items()] + [f"seed={run.seed}"]
-        wandb_args = {
-            "project": self.wandb.project,
-            "entity": self.wandb.entity,
-            "name": run.name,
-            "group": self.name,
-            "tags": tags,
-        }
-        return [
-            {"class_path": "experiments.tracking.CSVLogger"},  # the run folder stays lightning_logs/version_0
-            {"class_path": "experiments.tracking.WandbLogger", "init_args": wandb_args},
-        ]
 
     def env(self, run: Run) -> dict[str, str]:
         """The W&B job type: experiments.tracking.WandbLogger takes none, so it goes by the environment every process
@@ -135,20 +123,8 @@ def load(path: str | Path, root: str | None = None, extra: list[str] | None = No
             f"{path}: configs: two experiments share the name {max(stems, key=stems.count)!r}; "
             "runs are named by the file's stem"
         )
-    root_dir = Path(root or spec.root or Path("runs/sweeps") / spec.name)
-    return Sweep(
-        path,
-        spec.name,
-        configs,
-        spec.seeds,
-        spec.overrides,
-        root_dir,
-        spec.launcher,
-        spec.max_parallel,
-        spec.slurm,
-        spec.wandb,
-        list(extra or []),
-    )
+    root = Path(root or spec.root or Path("runs/sweeps") / spec.name)
+    return Sweep(**{**vars(spec), "configs": configs, "root": root}, file=path, extra=list(extra or []))
 
 
 def slurm_executor(sweep: Sweep, folder: Path):

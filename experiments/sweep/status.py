@@ -22,41 +22,43 @@ def lock(path: Path, wait: bool = True):
             fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             raise SweepError(f"{path.parent}: another `attnlab sweep` is running this sweep") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield  # closing the file releases the lock
+
+
+@contextlib.contextmanager
+def edit(root: Path):
+    """The status file to change, written back whole at the end, under the lock."""
+    with lock(root / f"{SWEEP}.lock"):
+        status = SweepStatus.read(root)
+        yield status
+        status.write(root)
 
 
 def update(root: Path, run: str | None = None, /, **fields: Any) -> None:
     """Merge ``fields`` into run ``run`` of the status file (into the sweep's own entries when run is None)."""
-    with lock(root / f"{SWEEP}.lock"):
-        status = SweepStatus.read(root)
+    with edit(root) as status:
         (status.runs.setdefault(run, SweepRun()) if run else status).update(**fields)
-        status.write(root)
 
 
 def record(sweep: Sweep) -> None:
     """Write the sweep and every run (new ones as pending) into the status file."""
-    update(
-        sweep.root,
-        file=str(sweep.file),
-        name=sweep.name,
-        launcher=sweep.launcher,
-        seeds=sweep.seeds,
-        configs={Path(c).stem: {"config": c, "grid": g} for c, g in sweep.configs},
-    )
-    known = SweepStatus.read(sweep.root).runs
-    for run in sweep.runs():
-        entry = {
-            "config": run.config,
-            "cell": run.cell,
-            "cell_name": run.cell_name,
-            "seed": run.seed,
-            "folder": str(run.folder),
-            "command": shlex.join(sweep.command(run)),
-        }
-        update(sweep.root, run.name, **entry, **({} if run.name in known else {"status": "pending"}))
+    with edit(sweep.root) as status:
+        status.update(
+            file=str(sweep.file),
+            name=sweep.name,
+            launcher=sweep.launcher,
+            seeds=sweep.seeds,
+            configs={Path(c).stem: {"config": c, "grid": g} for c, g in sweep.configs},
+        )
+        for run in sweep.runs():
+            status.runs.setdefault(run.name, SweepRun(status="pending")).update(
+                config=run.config,
+                cell=run.cell,
+                cell_name=run.cell_name,
+                seed=run.seed,
+                folder=str(run.folder),
+                command=shlex.join(sweep.command(run)),
+            )
 
 
 def plan(sweep: Sweep) -> list[tuple[Run, str]]:

@@ -1,5 +1,0 @@
-import sys
-
-from experiments.compare.report import main
-
-sys.exit(main())

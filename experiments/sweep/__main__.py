@@ -1,5 +1,0 @@
-import sys
-
-from experiments.sweep.main import main
-
-sys.exit(main())
