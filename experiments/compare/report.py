@@ -25,7 +25,15 @@ from experiments.compare.curves import (
 )
 from experiments.compare.plots import plot_against, plot_by_layer, plot_cells, plot_losses, plot_scaling
 from experiments.compare.runs import find_runs, group_cells, load_runs
-from experiments.compare.tables import cell_rows, markdown_table, paired_rows, plus_minus, run_rows, scaling_rows
+from experiments.compare.tables import (
+    cell_rows,
+    markdown_table,
+    paired_rows,
+    plus_minus,
+    run_rows,
+    scaling_rows,
+    series_table,
+)
 
 # report.md's own words: what each section shows, before its table and plot
 RUNS = """Attention statistics are means over layers and heads on each run's fixed batch at the end of training;
@@ -137,8 +145,11 @@ def against_numbers(
             for measure in [metric, *logits]:
                 slug = re.sub(r"\W+", "_", f"{group}_{measure}_against_{name}")
                 plots[f"against/{slug}"] = path = out / f"{slug}.png"
-                plot_against(swept_series(members, key, measure), key, f"final {measure}", path, log_x)
-                lines += _section(f"### {group}: final {measure} against {key}", f"![{slug}]({path.name})")
+                series = swept_series(members, key, measure)
+                plot_against(series, key, f"final {measure}", path, log_x)
+                lines += _section(
+                    f"### {group}: final {measure} against {key}", f"![{slug}]({path.name})", series_table(series)
+                )
             if log_x and metric == "val/loss":
                 series = swept_series(members, key, metric)
                 sensitivity += [[label, str(s["n"]), plus_minus(s)] for label, s in sensitivity_rows(series, metric)]
@@ -148,9 +159,10 @@ def against_numbers(
         metric, unit = base.split("@")
         slug = re.sub(r"\W+", "_", f"{metric}_at_{unit}")
         plots[f"against/{slug}"] = path = out / f"{slug}.png"
-        plot_against(suffixed_series(cells, keys), f"evaluated at ({unit})", metric, path)
+        series = suffixed_series(cells, keys)
+        plot_against(series, f"evaluated at ({unit})", metric, path)
         points = ", ".join(k.split("@")[1] for k in keys)
-        lines += _section(f"### {metric} at {points}", f"![{slug}]({path.name})")
+        lines += _section(f"### {metric} at {points}", f"![{slug}]({path.name})", series_table(series, unit))
     return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity
 
 

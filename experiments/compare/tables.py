@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from experiments.compare.curves import band
 from experiments.compare.runs import STATS, by_seed
 from experiments.compare.stats import comparison, interval, paired, pairs
 from experiments.runfolder import Summary
@@ -86,6 +87,21 @@ def scaling_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
 
 def plus_minus(stat: dict[str, Any]) -> str:
     return _num(stat["mean"]) + (f" ± {_num(stat['half'])}" if stat["half"] is not None else "")
+
+
+def series_table(series: list[dict[str, Any]], unit: str = "") -> str:
+    """The values behind a plot against a swept number: a row per series, a column per x, mean ± half-width of
+    the 95% t-interval over the seeds' finite values (with n when a seed is missing or diverged)."""
+    xs = sorted({x for line in series for x in line["points"]})
+    rows = []
+    for line in series:
+        stats = dict(band(line["points"]))
+        row = [line["label"]]
+        for x in xs:
+            stat, seeds = stats.get(x), len(line["points"].get(x, {}))
+            row.append("-" if stat is None else plus_minus(stat) + (f" (n={stat['n']})" if stat["n"] < seeds else ""))
+        rows.append(row)
+    return markdown_table(["series", *(f"{x:g}{unit}" for x in xs)], rows)
 
 
 def cell_rows(cells: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
