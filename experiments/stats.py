@@ -69,8 +69,10 @@ def _grid(h: int, w: int, stride_h: float, stride_w: float) -> Tensor:
     return torch.stack([(rows.flatten() + 0.5) * stride_h, (cols.flatten() + 0.5) * stride_w], -1).float()  # (h·w, 2)
 
 
-def _special(tokens: Tensor, ids: tuple[int, ...]) -> Tensor:
-    return torch.isin(tokens, torch.tensor(ids, dtype=tokens.dtype, device=tokens.device))
+def _text(tokens: Tensor, special_ids: tuple[int, ...]) -> Sequence:
+    """Token ids (B, L) -> positions 0 .. L-1 and the special tokens."""
+    special = torch.isin(tokens, torch.tensor(special_ids, dtype=tokens.dtype, device=tokens.device))
+    return Sequence(torch.arange(tokens.shape[1], dtype=torch.float32)[:, None], special.cpu())
 
 
 def _sequences(
@@ -90,12 +92,8 @@ def _sequences(
         images = args[0]
         h, w = feature_hw
         return Sequence(_grid(h, w, images.shape[-2] / h, images.shape[-1] / w), None), Sequence(None, None)
-    src = args[0]  # (B, S) token ids
-    enc = Sequence(torch.arange(src.shape[1], dtype=torch.float32)[:, None], _special(src, special_ids).cpu())
-    if len(args) > 1 and isinstance(args[1], Tensor):  # encoder-decoder: (src, tgt)
-        tgt = args[1]
-        return enc, Sequence(torch.arange(tgt.shape[1], dtype=torch.float32)[:, None], _special(tgt, special_ids).cpu())
-    return enc, None
+    decoder_side = len(args) > 1 and isinstance(args[1], Tensor)  # encoder-decoder: (src, tgt)
+    return _text(args[0], special_ids), _text(args[1], special_ids) if decoder_side else None
 
 
 def _layer_stats(
@@ -178,24 +176,19 @@ def attention_statistics(
             continue
         scores = maps[name][0]  # the first call: one forward pass
         b, _, lq, lk = scores.logits.shape
+        device = scores.logits.device
         blocked = (
-            scores.blocked
-            if scores.blocked is not None
-            else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=scores.logits.device)
+            scores.blocked if scores.blocked is not None else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=device)
         )
-        kpm = padding[name]
+        every_query = torch.ones(b, lq, dtype=torch.bool, device=device)
         cross = name.endswith("multihead_attn")
         in_decoder = "decoder" in name.split(".")
         if cross:
             q_seq, k_seq = dec, enc
-            valid_q = (
-                dec_valid
-                if dec_valid is not None and dec_valid.shape == (b, lq)
-                else torch.ones(b, lq, dtype=torch.bool, device=blocked.device)
-            )
+            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else every_query
         else:
             q_seq = k_seq = dec if in_decoder and dec is not None else enc
-            valid_q = ~kpm if kpm is not None else torch.ones(b, lq, dtype=torch.bool, device=blocked.device)
+            valid_q = every_query if padding[name] is None else ~padding[name]
             if in_decoder:
                 dec_valid = valid_q
         if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:
