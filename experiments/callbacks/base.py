@@ -9,21 +9,12 @@ import torch
 from pytorch_lightning.callbacks import Callback
 
 
-def _first_tensor(batch: Any) -> torch.Tensor | None:
-    if isinstance(batch, torch.Tensor):
-        return batch
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        found = _first_tensor(value)
-        if found is not None:
-            return found
-    return None
-
-
 def batch_size(batch: Any) -> int:
-    """Samples in a batch: the length of its first tensor (images, token ids, dataset indices)."""
-    first = _first_tensor(batch)
-    return int(first.shape[0]) if first is not None and first.dim() else 0
+    """Samples in a batch: the length of its first tensor (images, token ids, dataset indices); 0 without one."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 0
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    return next((n for n in map(batch_size, values) if n), 0)
 
 
 def shadowed(trainer: pl.Trainer, callback: Callback) -> bool:

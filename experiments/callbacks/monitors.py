@@ -57,16 +57,11 @@ class Throughput(Callback):
             return
         self._samples += batch_size(batch)
 
-    def _end_span(self, pl_module: pl.LightningModule) -> float | None:
-        """Add the span under way to the epoch's totals; returns when it ended (None: no span was under way)."""
-        if self._start is None:
-            return None
-        now = _device_done(pl_module)
-        self._epoch += torch.tensor([self._samples, float(self._tokens), now - self._start], dtype=torch.float64)
-        self._samples, self._tokens, self._start = 0, 0, None
-        return now
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
+    def _end_span(self, pl_module: pl.LightningModule) -> None:
+        """Add the span under way, if any, to the epoch's totals."""
+        if self._start is not None:
+            seconds = _device_done(pl_module) - self._start
+            self._epoch += torch.tensor([self._samples, float(self._tokens), seconds], dtype=torch.float64)
         self._samples, self._tokens, self._start = 0, 0, None
 
     def on_validation_start(self, trainer, pl_module) -> None:

@@ -16,7 +16,6 @@ from pytorch_lightning.utilities import rank_zero_warn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from experiments import stats as summary_stats
-from experiments.callbacks.attention_figure import plot_attention_maps
 from experiments.callbacks.base import batch_size, shadowed
 from experiments.callbacks.monitors import GradientNorm, Throughput
 from experiments.runfolder import read_json, write_json
@@ -31,8 +30,8 @@ class RunSummary(Callback):
     FLOPs per sample and the attention statistics at initialisation and at the end are measured on the fixed
     batch: the inputs of the model's first call in the fit (the sanity check's first validation batch, or the
     first training batch without one). Also saves ``attention.png`` (each layer's head-mean attention on the
-    first sample), logged to W&B as ``val/attention``. Every process runs the measuring forward passes on its
-    own fixed batch, which FSDP needs (`models.distributed.full_weights`); only rank 0 writes.
+    first sample), logged to W&B as ``val/attention``. Every process runs these forward passes, which FSDP needs
+    (`models.distributed.full_weights`); only rank 0 writes.
     """
 
     def __init__(self, filename: str = "summary.json", attention_figure: bool = True):
@@ -52,7 +51,7 @@ class RunSummary(Callback):
         self._previous, self._resumed = read_json(self.path), None  # a resumed run's folder already has one
         if trainer.is_global_zero:
             self._summary.update(self._describe(trainer, pl_module))
-            self._write()
+            write_json(self.path, self._summary)
 
     def _describe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         dm = trainer.datamodule
@@ -77,7 +76,11 @@ class RunSummary(Callback):
                 "max_epochs": trainer.max_epochs,
             },
             "hardware": _hardware(trainer),
-            "versions": _versions(),
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "pytorch_lightning": pl.__version__,
+            },
             "wandb": _wandb_runs(trainer),
         }
 
@@ -105,7 +108,7 @@ class RunSummary(Callback):
             self._summary.update(
                 resumed_from=str(trainer.ckpt_path), started=self._resumed.get("started", self._summary["started"])
             )
-            self._write()
+            write_json(self.path, self._summary)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
         # without a sanity check the fixed batch is the first training batch: measure before the first update
@@ -133,11 +136,10 @@ class RunSummary(Callback):
                 "checkpoint": ckpt.best_model_path or None,
             }
         previous = self._resumed or {}
-        previous_time = previous.get("train_time_s", 0.0)
         self._summary.update(
             status="finished",
             finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
-            train_time_s=previous_time + time.perf_counter() - self._start,
+            train_time_s=previous.get("train_time_s", 0.0) + time.perf_counter() - self._start,
             global_step=trainer.global_step,
             epochs=trainer.current_epoch,
             flops_per_sample=flops,
@@ -156,7 +158,7 @@ class RunSummary(Callback):
         # a resumed run keeps its first start's
         init = self._init_stats or (previous.get("attention") or {}).get("init")
         self._summary["attention"] = {"init": init, "final": final}
-        self._write()
+        write_json(self.path, self._summary)
         if figure is not None:
             self._log_figure(trainer, figure)
         for run in self._summary.get("wandb") or []:
@@ -167,47 +169,60 @@ class RunSummary(Callback):
         if getattr(self, "_active", False) and trainer.is_global_zero:
             stopped = isinstance(exception, (KeyboardInterrupt, SIGTERMException))  # Ctrl-C, or a scheduler's SIGTERM
             self._summary.update(status="interrupted" if stopped else "failed", error=repr(exception)[:500])
-            self._write()
+            write_json(self.path, self._summary)
+
+    def _forward(self, trainer: pl.Trainer) -> None:
+        """The model in eval mode on the fixed batch; a forward pass on every process (FSDP)."""
+        was_training = self._model.training
+        self._model.eval()
+        try:
+            with full_weights(trainer.model):
+                self._model(*self._inputs.args, **self._inputs.kwargs)
+        finally:
+            self._model.train(was_training)
 
     def _flops_per_sample(self, trainer: pl.Trainer) -> float | None:
-        """FLOPs of one forward pass per sample of the fixed batch; a forward pass on every process (FSDP)."""
         from torch.utils.flop_counter import FlopCounterMode
 
         if self._inputs is None or self._inputs.args is None:
             return None
         n = batch_size(self._inputs.args)
-        was_training = self._model.training
-        self._model.eval()
         try:  # with autograd on: FlopCounterMode's module tracker fails under no_grad on some models (DETR)
-            with full_weights(trainer.model), FlopCounterMode(display=False) as counter:
-                self._model(*self._inputs.args, **self._inputs.kwargs)
+            with FlopCounterMode(display=False) as counter:
+                self._forward(trainer)
         except Exception as err:
             rank_zero_warn(f"FLOP counting failed: {err!r}")
             return None
-        finally:
-            self._model.train(was_training)
         return counter.get_total_flops() / n if n else None
 
     def _attention_maps(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
-        """Each layer's head-mean attention (Lq, Lk) on the first sample of the fixed batch; a forward pass on every process (FSDP)."""
-        with torch.no_grad(), full_weights(trainer.model), capture_attention(self._model) as maps:
-            was_training = self._model.training
-            self._model.eval()
-            try:
-                self._model(*self._inputs.args, **self._inputs.kwargs)
-            finally:
-                self._model.train(was_training)
+        """Each layer's head-mean attention (Lq, Lk) on the first sample of the fixed batch."""
+        with torch.no_grad(), capture_attention(self._model) as maps:
+            self._forward(trainer)
         return {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}
 
     def _log_figure(self, trainer: pl.Trainer, maps: dict[str, torch.Tensor]) -> None:
+        """``attention.png``: one heat map per layer, four to a row; logged to W&B as ``val/attention``."""
+        from matplotlib.figure import Figure  # no pyplot: no global backend, nothing to close
+
+        cols = min(4, len(maps)) or 1
+        rows = max(1, -(-len(maps) // cols))
+        fig = Figure(figsize=(3 * cols, 3 * rows))
+        axes = fig.subplots(rows, cols, squeeze=False)
+        for ax in axes.flat:
+            ax.axis("off")
+        for ax, (name, weights) in zip(axes.flat, maps.items()):
+            ax.imshow(weights.float().numpy(), cmap="viridis", aspect="auto", interpolation="nearest")
+            ax.set_title(name, fontsize=7)
+            ax.set_xlabel("key")
+            ax.set_ylabel("query")
+            ax.axis("on")
+        fig.tight_layout()
         path = self.path.parent / "attention.png"
-        plot_attention_maps(maps, path)
+        fig.savefig(path, dpi=80)
         for logger in trainer.loggers:
             if hasattr(logger, "log_image"):
                 logger.log_image(key="val/attention", images=[str(path)], step=trainer.global_step)
-
-    def _write(self) -> None:
-        write_json(self.path, self._summary)
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
@@ -236,10 +251,6 @@ def _hardware(trainer: pl.Trainer) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
     return info
-
-
-def _versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "torch": torch.__version__, "pytorch_lightning": pl.__version__}
 
 
 def _wandb_runs(trainer: pl.Trainer) -> list[dict[str, Any]]:
