@@ -1,13 +1,6 @@
-"""Where a ViT looks: the class token's attention per head, attention rollout, and a callback
-that renders both over the input images during validation and prediction.
-
-Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers"): average
-the heads of each layer, add the identity for the residual connection, renormalise the rows, and
-multiply the layers' matrices from the first to the last; the class token's row of the product
-says how much each input patch flows into what the head reads.
-
-Weights come from `models.attention.capture_attention`, so any model built on the shared core
-works unedited. Rendering uses matplotlib's object API (no pyplot, no global backend): PNG files.
+"""Where a ViT looks: the class token's attention per head, attention rollout (Abnar & Zuidema 2020), and a
+callback that renders both over the input images during validation and prediction. The weights come from
+`models.attention.capture_attention`, so any model on the shared core works unedited:
 
     with capture_attention(vit) as maps:
         vit(images)
@@ -63,7 +56,8 @@ def cls_attention(maps: Maps, layer: int = -1, num_prefix_tokens: int = 1) -> Te
 
 
 def attention_rollout(maps: Maps, num_prefix_tokens: int = 1, token: Literal["cls", "mean"] = "cls") -> Tensor:
-    """Attention rollout over all captured layers -> (B, g, g).
+    """Attention rollout over all captured layers -> (B, g, g): average each layer's heads, add the identity for
+    the residual connection, renormalise the rows and multiply the layers' matrices, first to last.
 
     ``token="cls"`` reads the class token's row (the head of a "token"-pooled ViT); ``"mean"`` the
     mean of the patch tokens' rows (the head of an "avg"-pooled ViT). Each map sums to at most 1
@@ -119,14 +113,8 @@ class AttentionMapLogger(pl.Callback):
 
     Each image gives one PNG: input, rollout, and the class token's map per head of ``layer``, under
     ``<log dir>/attention_maps/epoch_<N>/`` (or ``predict/``), logged to W&B as ``val/attention_maps``.
-    The model must attend through the shared core; rollout reads the patch mean for ``global_pool="avg"``.
-    Every process runs the forward pass on its own images, which FSDP needs (`models.distributed.full_weights`);
-    rank 0 draws its own.
-
-    To write maps from a config that lacks this callback::
-
-        attnlab predict --config configs/vision/digits.yaml --ckpt_path best \\
-            --trainer.callbacks+=experiments.attention_maps.AttentionMapLogger
+    Rollout reads the patch mean for ``global_pool="avg"``. Every process runs the forward pass on its own
+    images, which FSDP needs (`models.distributed.full_weights`); rank 0 draws its own.
     """
 
     def __init__(self, num_images: int = 8, every_n_epochs: int = 1, layer: int = -1, predict: bool = True):

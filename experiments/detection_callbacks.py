@@ -1,9 +1,7 @@
-"""What a detection run shows and writes: validation images with DETR's predictions and decoder
-cross-attention (`DetectionImages`), and `attnlab predict`'s COCO results and drawings
-(`DetectionWriter`).
-
-Both read the images, class names and COCO ids from the dataset of the running dataloader
-(``image_path(image_id)``, ``class_names``, ``category_ids``), as `models.detr_module` does.
+"""What a detection run shows and writes: validation images with DETR's predictions and decoder cross-attention
+(`DetectionImages`), and `attnlab predict`'s COCO results and drawings (`DetectionWriter`). Both read the images,
+class names and COCO ids from the running dataloader's dataset (``image_path(image_id)``, ``class_names``,
+``category_ids``), as `models.detr_module` does.
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ from models.distributed import full_weights, gather_objects
 def draw_detections(
     image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float
 ) -> Image.Image:
-    """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small
-    images are enlarged (pixels repeated) so that the labels stay readable."""
+    """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small images are
+    enlarged (pixels repeated) so that the labels stay readable."""
     scale = max(1, 256 // min(image.size))
     image = image.convert("RGB").resize((image.width * scale, image.height * scale), Image.NEAREST)
     keep = det["scores"] >= score_threshold
@@ -42,11 +40,10 @@ def draw_detections(
 
 
 class DetectionImages(pl.Callback):
-    """At each validation (not the sanity check), the first ``num_images`` images of the first batch
-    with the predictions scoring at least ``score_threshold``, and the last decoder layer's
-    cross-attention (head mean) of the 3 best queries over the image: one PNG per image,
-    ``<log dir>/val_images/epoch<E>_image<id>.png``, also logged to W&B as ``val/detections``.
-    The forward pass runs on every process, which FSDP needs; rank 0 draws.
+    """At each validation (not the sanity check), the first ``num_images`` images of the first batch with the
+    predictions scoring at least ``score_threshold``, and the last decoder layer's cross-attention (head mean) of
+    the 3 best queries over the image: one PNG per image, ``<log dir>/val_images/epoch<E>_image<id>.png``, also
+    logged to W&B as ``val/detections``. The forward pass runs on every process, which FSDP needs; rank 0 draws.
     """
 
     def __init__(self, num_images: int = 4, score_threshold: float = 0.5):
@@ -149,13 +146,10 @@ class DetectionWriter(BasePredictionWriter):
         self.output_dir, self.score_threshold, self.max_images = output_dir, score_threshold, max_images
         self._detections: Detections = {}
 
-    def _folder(self, trainer: pl.Trainer) -> Path:
-        folder = Path(self.output_dir)
-        return folder if folder.is_absolute() else Path(trainer.default_root_dir) / folder
-
     def on_predict_start(self, trainer, pl_module) -> None:
         self._detections = {}
-        (self._folder(trainer) / "images").mkdir(parents=True, exist_ok=True)
+        self._images = Path(trainer.default_root_dir) / self.output_dir / "images"  # an absolute output_dir stays
+        self._images.mkdir(parents=True, exist_ok=True)
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
@@ -167,13 +161,13 @@ class DetectionWriter(BasePredictionWriter):
             if self.max_images is None or len(self._detections) <= self.max_images:
                 with Image.open(dataset.image_path(image_id)) as raw:
                     drawn = draw_detections(raw, det, dataset.class_names, self.score_threshold)
-                drawn.save(self._folder(trainer) / "images" / f"{Path(dataset.image_path(image_id)).stem}.png")
+                drawn.save(self._images / f"{Path(dataset.image_path(image_id)).stem}.png")
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         # an image the distributed sampler repeated to even out the ranks is counted once
         detections = {i: d for part in gather_objects(self._detections) for i, d in part.items()}
         if trainer.is_global_zero:
             dataset = trainer.predict_dataloaders.dataset
-            path = self._folder(trainer) / "results.json"
+            path = self._images.parent / "results.json"
             path.write_text(json.dumps(to_coco_results(detections, dataset.category_ids)))
-            print(f"attnlab: {len(detections)} images, detections written to {path} and {path.parent / 'images'}/")
+            print(f"attnlab: {len(detections)} images, detections written to {path} and {self._images}/")
