@@ -89,17 +89,9 @@ def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str =
     extent = (0, image.shape[-1], image.shape[-2], 0)
     for ax, (name, heat) in zip(axes, panels):
         ax.imshow(shown, cmap=cmap, extent=extent)
-        if heat is not None:
+        if heat is not None:  # colours from 0 to the map's maximum
             heat = heat.detach().float().cpu()
-            ax.imshow(
-                heat / heat.max().clamp_min(1e-8),
-                cmap="inferno",
-                alpha=0.6,
-                extent=extent,
-                interpolation="bilinear",
-                vmin=0,
-                vmax=1,
-            )
+            ax.imshow(heat, cmap="inferno", alpha=0.6, extent=extent, interpolation="bilinear", vmin=0)
         ax.set_title(name, fontsize=7)
         ax.axis("off")
     if title:
@@ -133,13 +125,7 @@ class AttentionMapLogger(pl.Callback):
 
     @torch.no_grad()
     def render(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        images: Tensor,
-        labels: Tensor | None,
-        folder: str,
-        first: int = 0,
+        self, trainer, pl_module, images: Tensor, labels: Tensor | None, folder: str, first: int = 0
     ) -> list[str]:
         """Run ``pl_module`` on ``images`` (B, C, H, W) with weights captured, on every process; on rank 0,
         write one PNG per image, numbered from ``first``; return the paths (none on the other ranks)."""
@@ -150,7 +136,7 @@ class AttentionMapLogger(pl.Callback):
             return []
         token = "mean" if getattr(model, "global_pool", "token") == "avg" else "cls"
         rollout, heads = attention_rollout(maps, token=token), cls_attention(maps, self.layer)
-        names = getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
+        names = getattr(trainer.datamodule, "class_names", None)
         name = (lambda k: names[k]) if names else str
         out = self._root / folder
         out.mkdir(parents=True, exist_ok=True)
@@ -166,9 +152,7 @@ class AttentionMapLogger(pl.Callback):
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if batch_idx or dataloader_idx or trainer.sanity_checking:
-            return
-        if trainer.current_epoch % self.every_n_epochs:
+        if batch_idx or dataloader_idx or trainer.sanity_checking or trainer.current_epoch % self.every_n_epochs:
             return
         images, labels = batch[0][: self.num_images], batch[1][: self.num_images]
         labels = labels if labels.ndim == 1 else labels.argmax(-1)

@@ -50,15 +50,12 @@ class DetectionImages(pl.Callback):
         if num_images < 1:
             raise ValueError(f"DetectionImages: num_images={num_images} must be >= 1 (leave the callback out for none)")
         self.num_images, self.score_threshold = num_images, score_threshold
-        self._batch: tuple[Tensor, Tensor, list[dict]] | None = None
+        self._batch: tuple[Tensor, Tensor, list[dict]] | None = None  # the first of each validation
         self._folder = Path("val_images")
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # trainer.log_dir broadcasts from rank 0: resolve it on every rank, never in rank-0-only code
         self._folder = Path(trainer.log_dir or trainer.default_root_dir) / "val_images"
-
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._batch = None
 
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0

@@ -1,18 +1,15 @@
 """Attention statistics of any attnlab model on one fixed batch, measured with `capture_attention`.
 
-Per attention layer and head:
-    entropy      mean over queries of -Σ_k p_k log p_k (nats), the spread of attention
-    max_weight   mean over queries of max_k p_k: softmax saturation (1 = one-hot)
+Per attention layer and head, each a mean over queries (padded queries and blocked keys left out):
+    entropy      -Σ_k p_k log p_k (nats): the spread of attention
+    max_weight   max_k p_k: softmax saturation (1 = one-hot)
     saturated    share of queries whose largest weight exceeds 0.9
-    logit_var    mean over queries of the variance, over the keys a query may see, of its logits
-                 (the similarity after scaling, before softmax, as the core reports it): the quantity
-                 √d keeps near 1
-    distance     attention-weighted mean distance between a query and its keys, in tokens for text
-                 (|i - j|, also between target and source positions in cross-attention) and in pixels
-                 for ViT patches and DETR's memory cells ([CLS] and DETR's object queries have no
-                 place, so they are left out)
+    logit_var    the variance of the logits (scaled, before the softmax) over the keys a query may see: √d keeps
+                 it near 1
+    distance     attention-weighted distance to the keys: tokens for text (|i - j|, also target to source in
+                 cross-attention), pixels for ViT patches and DETR's memory cells ([CLS] and object queries have no
+                 place and are left out)
     special      attention mass on special tokens: [CLS] for the ViT, BOS/EOS for text (none in DETR)
-Padded queries and blocked keys (padding, the future) are left out of every average.
 The model's inputs are what the LightningModule passed to ``model`` on the fixed batch (`FirstCall`): ViT
 ``(images,)``, DETR ``(images, mask)``, translation ``(src, tgt)``, language model ``(tokens,)``.
 """

@@ -9,6 +9,7 @@ import torch
 from pytorch_lightning.callbacks import Callback
 
 from experiments.callbacks.base import batch_size, shadowed
+from models.attention import MultiHeadAttention
 
 
 class Throughput(Callback):
@@ -27,23 +28,19 @@ class Throughput(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._active = stage == "fit" and not shadowed(trainer, self)
-        self._epoch = torch.zeros(3, dtype=torch.float64)  # samples, tokens, seconds (this epoch)
-        self._fit = torch.zeros(3, dtype=torch.float64)
+        self._fit = torch.zeros(3, dtype=torch.float64)  # samples, tokens, seconds
+        self._logged = self._fit.clone()  # the totals at the last epoch's end
         self._samples, self._tokens, self._counting, self._start = 0, 0, False, None  # the span under way
-        self._handles = []
-        if self._active:
-            self._handles = [
-                m.register_forward_pre_hook(self._count, with_kwargs=True) for m in _entry_attention(pl_module)
-            ]
+        entry = _entry_attention(pl_module) if self._active else []
+        self._handles = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in entry]
 
     def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if self._counting:
             query = args[0] if args else kwargs["query"]
             padding = kwargs.get("key_padding_mask")
             same = padding is not None and padding.shape == query.shape[:2]
-            self._tokens = self._tokens + (
-                padding.logical_not().sum() if same else query.shape[0] * query.shape[1]
-            )  # no GPU sync here
+            tokens = padding.logical_not().sum() if same else query.shape[0] * query.shape[1]
+            self._tokens = self._tokens + tokens  # on the device: no GPU sync here
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._counting = self._active and self._start is not None
@@ -58,10 +55,10 @@ class Throughput(Callback):
         self._samples += batch_size(batch)
 
     def _end_span(self, pl_module: pl.LightningModule) -> None:
-        """Add the span under way, if any, to the epoch's totals."""
+        """Add the span under way, if any, to the totals."""
         if self._start is not None:
             seconds = _device_done(pl_module) - self._start
-            self._epoch += torch.tensor([self._samples, float(self._tokens), seconds], dtype=torch.float64)
+            self._fit += torch.tensor([self._samples, float(self._tokens), seconds], dtype=torch.float64)
         self._samples, self._tokens, self._start = 0, 0, None
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -77,9 +74,8 @@ class Throughput(Callback):
         if not self._active:
             return
         self._end_span(pl_module)
-        rates = self._global_rates(trainer, self._epoch.clone())
-        self._fit += self._epoch
-        self._epoch.zero_()
+        rates = self._global_rates(trainer, self._fit - self._logged)
+        self._logged = self._fit.clone()
         if self._fit[2] > 0:  # an epoch of one batch measures nothing
             pl_module.log_dict(
                 {"perf/samples_per_s": float(rates[0]), "perf/tokens_per_s": float(rates[1])},
@@ -90,8 +86,7 @@ class Throughput(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
             return
-        self._end_span(pl_module)
-        self._fit += self._epoch  # an epoch cut short (max_steps, interruption)
+        self._end_span(pl_module)  # an epoch cut short (max_steps, interruption)
         rates = self._global_rates(trainer, self._fit)  # every rank: a collective
         if self._fit[2] > 0:
             self.fit_samples_per_s, self.fit_tokens_per_s = float(rates[0]), float(rates[1])
@@ -104,8 +99,6 @@ class Throughput(Callback):
 
 def _entry_attention(pl_module: pl.LightningModule) -> list[torch.nn.Module]:
     """The self-attention of the first layer of each Transformer stack (``*layers.0.self_attn``)."""
-    from models.attention import MultiHeadAttention
-
     layers = [(n, m) for n, m in pl_module.named_modules() if isinstance(m, MultiHeadAttention)]
     entry = [m for n, m in layers if n.endswith("layers.0.self_attn")]
     return entry or [m for _, m in layers[:1]]

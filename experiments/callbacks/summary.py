@@ -226,16 +226,8 @@ class RunSummary(Callback):
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in values.items():
-        if key.startswith("_"):  # LightningCLI's bookkeeping (_class_path, _instantiator)
-            continue
-        try:
-            json.dumps(value)
-            out[key] = value
-        except TypeError:
-            out[key] = str(value)
-    return out
+    """``values`` as JSON holds them (what it cannot, as its str), less LightningCLI's ``_class_path``, ``_instantiator``."""
+    return json.loads(json.dumps({k: v for k, v in values.items() if not k.startswith("_")}, default=str))
 
 
 def _hardware(trainer: pl.Trainer) -> dict[str, Any]:
