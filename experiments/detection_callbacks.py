@@ -50,26 +50,20 @@ class DetectionImages(pl.Callback):
         if num_images < 1:
             raise ValueError(f"DetectionImages: num_images={num_images} must be >= 1 (leave the callback out for none)")
         self.num_images, self.score_threshold = num_images, score_threshold
-        self._batch: tuple[Tensor, Tensor, list[dict]] | None = None  # the first of each validation
         self._folder = Path("val_images")
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # trainer.log_dir broadcasts from rank 0: resolve it on every rank, never in rank-0-only code
         self._folder = Path(trainer.log_dir or trainer.default_root_dir) / "val_images"
 
+    @torch.no_grad()
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if batch_idx == 0 and dataloader_idx == 0:
-            images, mask, targets = batch
-            self._batch = (images[: self.num_images], mask[: self.num_images], targets[: self.num_images])
-
-    @torch.no_grad()
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dataset = trainer.val_dataloaders.dataset
-        if trainer.sanity_checking or self._batch is None or not hasattr(dataset, "image_path"):
+        if batch_idx or dataloader_idx or trainer.sanity_checking or not hasattr(dataset, "image_path"):
             return
-        images, mask, targets = self._batch
+        images, mask, targets = (part[: self.num_images] for part in batch)
         model = pl_module.model
         feature_hw: list[tuple[int, int]] = []
         handle = model.backbone.register_forward_hook(lambda m, args, out: feature_hw.append(tuple(out.shape[-2:])))

@@ -10,13 +10,10 @@ from pytorch_lightning.utilities import rank_zero_info
 
 
 class LearningRateScaling(Callback):
-    """Scale the configured learning rate(s) with the global batch size.
-
-    ``data.batch_size`` is per device and the experiment's ``lr`` is the one tuned on one device, so the
-    global batch is ``batch_size × devices × num_nodes × accumulate_grad_batches`` and each optimizer's
-    learning rate (and its scheduler's base) is multiplied by ``k = devices × num_nodes × accumulation``
-    (``rule: linear``, Goyal et al. 2017), by √k (``sqrt``, usual for Adam) or left alone (``none``).
-    A resumed run keeps the learning rates its checkpoint restored.
+    """Scale the configured learning rate(s) with the global batch size: ``data.batch_size`` is per device and ``lr``
+    was tuned on one device, so each optimizer's learning rate (and its scheduler's base) is multiplied by
+    ``k = devices × num_nodes × accumulate_grad_batches`` (``rule: linear``, Goyal et al. 2017), by √k (``sqrt``,
+    usual for Adam) or left alone (``none``). A resumed run keeps the learning rates its checkpoint restored.
     """
 
     def __init__(self, rule: Literal["linear", "sqrt", "none"] = "linear"):

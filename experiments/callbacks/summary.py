@@ -209,14 +209,13 @@ class RunSummary(Callback):
         rows = max(1, -(-len(maps) // cols))
         fig = Figure(figsize=(3 * cols, 3 * rows))
         axes = fig.subplots(rows, cols, squeeze=False)
-        for ax in axes.flat:
-            ax.axis("off")
         for ax, (name, weights) in zip(axes.flat, maps.items()):
             ax.imshow(weights.float().numpy(), cmap="viridis", aspect="auto", interpolation="nearest")
             ax.set_title(name, fontsize=7)
             ax.set_xlabel("key")
             ax.set_ylabel("query")
-            ax.axis("on")
+        for ax in axes.flat[len(maps) :]:
+            ax.axis("off")
         fig.tight_layout()
         path = self.path.parent / "attention.png"
         fig.savefig(path, dpi=80)
