@@ -144,16 +144,8 @@ def attention_statistics(
     """
     kind = modality(model)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    padding: dict[str, Tensor | None] = {}  # key_padding_mask of each layer's first call: which queries are real
-
-    def record_padding(name: str, kwargs: dict) -> None:
-        padding.setdefault(name, kwargs.get("key_padding_mask"))
-
-    handles = [
-        m.register_forward_pre_hook(lambda m, a, kw, name=name: record_padding(name, kw), with_kwargs=True)
-        for name, m in layers.items()
-    ]
     feature_hw: list[tuple[int, int]] = []
+    handles = []
     if kind == "detection":
         handles.append(model.backbone.register_forward_hook(lambda m, a, out: feature_hw.append(tuple(out.shape[-2:]))))
     was_training = model.training
@@ -185,7 +177,8 @@ def attention_statistics(
             valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else every_query
         else:
             q_seq = k_seq = dec if in_decoder and dec is not None else enc
-            valid_q = every_query if padding[name] is None else ~padding[name]
+            # a padded position is blocked as a key, also to itself, which no other mask blocks: the diagonal
+            valid_q = ~blocked.expand(b, -1, lq, lk).diagonal(dim1=-2, dim2=-1)[:, 0]  # (B, Lq)
             if in_decoder:
                 dec_valid = valid_q
         if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:
