@@ -30,25 +30,21 @@ class Throughput(Callback):
         self._active = stage == "fit" and not shadowed(trainer, self)
         self._fit = torch.zeros(3, dtype=torch.float64)  # samples, tokens, seconds
         self._logged = self._fit.clone()  # the totals at the last epoch's end
-        self._samples, self._tokens, self._counting, self._start = 0, 0, False, None  # the span under way
+        self._samples, self._tokens, self._start = 0, 0, None  # the span under way
         entry = _entry_attention(pl_module) if self._active else []
         self._handles = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in entry]
 
     def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._counting:
+        if self._start is not None:  # a training batch after the span's first
             query = args[0] if args else kwargs["query"]
             padding = kwargs.get("key_padding_mask")
             same = padding is not None and padding.shape == query.shape[:2]
             tokens = padding.logical_not().sum() if same else query.shape[0] * query.shape[1]
             self._tokens = self._tokens + tokens  # on the device: no GPU sync here
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._counting = self._active and self._start is not None
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self._active:
             return
-        self._counting = False
         if self._start is None:
             self._start = _device_done(pl_module)
             return
