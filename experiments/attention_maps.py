@@ -46,10 +46,8 @@ def _grid(weights: Tensor, num_prefix_tokens: int) -> int:
 
 
 def cls_attention(maps: Maps, layer: int = -1, num_prefix_tokens: int = 1) -> Tensor:
-    """The class token's attention to every patch, per head, of one layer: (B, H, g, g).
-
-    Rows are the class token's softmax over all tokens, so a head's map sums to 1 minus what the
-    class token gives to itself."""
+    """The class token's attention to every patch, per head, of one layer: (B, H, g, g). A head's map sums to 1
+    minus what the class token gives to the prefix tokens."""
     w = layer_weights(maps)[layer]  # (B, H, L, L)
     g = _grid(w, num_prefix_tokens)
     return w[:, :, 0, num_prefix_tokens:].reshape(*w.shape[:2], g, g)
@@ -59,9 +57,8 @@ def attention_rollout(maps: Maps, num_prefix_tokens: int = 1, token: Literal["cl
     """Attention rollout over all captured layers -> (B, g, g): average each layer's heads, add the identity for
     the residual connection, renormalise the rows and multiply the layers' matrices, first to last.
 
-    ``token="cls"`` reads the class token's row (the head of a "token"-pooled ViT); ``"mean"`` the
-    mean of the patch tokens' rows (the head of an "avg"-pooled ViT). Each map sums to at most 1
-    (the rest flows from the prefix tokens)."""
+    ``token="cls"`` reads the class token's row (a "token"-pooled ViT); ``"mean"`` the mean of the patch tokens'
+    rows (an "avg"-pooled ViT). Each map sums to at most 1 (the rest flows from the prefix tokens)."""
     weights = layer_weights(maps)
     rollout = None
     for w in weights:
@@ -75,10 +72,8 @@ def attention_rollout(maps: Maps, num_prefix_tokens: int = 1, token: Literal["cl
 
 
 def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str = "") -> Figure:
-    """One figure: the image, the rollout over it, and each head's class-token map over it.
-
-    image (C, H, W) any scale (shown min-max normalised); rollout (g, g); heads (H, g, g).
-    Each map is scaled to its own maximum: the panels show where, not how much."""
+    """One figure: the image (C, H, W), any scale, shown min-max normalised; the rollout (g, g) and each head's
+    class-token map (H, g, g) over it, each scaled to its own maximum: the panels show where, not how much."""
     image = image.detach().float().cpu()
     image = (image - image.min()) / (image.max() - image.min()).clamp_min(1e-8)
     shown = image[0] if image.shape[0] == 1 else image.permute(1, 2, 0)  # (H, W) or (H, W, 3)

@@ -104,16 +104,13 @@ class DetectionImages(pl.Callback):
             draw_detections(image, {k: v.cpu() for k, v in result.items()}, dataset.class_names, self.score_threshold)
         )
         axes[0].set_title(f"image {image_id}")
+        extent = (0, image.width, image.height, 0)
         for ax, q in zip(axes[1:], top.tolist()):
             attn = weights[q].view(padded.shape)[:h, :w].cpu()
             ax.imshow(image)
-            ax.imshow(
-                attn, cmap="viridis", alpha=0.6, extent=(0, image.width, image.height, 0), interpolation="bilinear"
-            )
-            ax.set_title(
-                f"query {q}: {dataset.class_names[int(result['labels'][q])]} {float(result['scores'][q]):.2f}",
-                fontsize=8,
-            )
+            ax.imshow(attn, cmap="viridis", alpha=0.6, extent=extent, interpolation="bilinear")
+            label = f"{dataset.class_names[int(result['labels'][q])]} {float(result['scores'][q]):.2f}"
+            ax.set_title(f"query {q}: {label}", fontsize=8)
         for ax in axes:
             ax.axis("off")
         self._folder.mkdir(parents=True, exist_ok=True)

@@ -73,11 +73,8 @@ class Throughput(Callback):
         rates = self._global_rates(trainer, self._fit - self._logged)
         self._logged = self._fit.clone()
         if self._fit[2] > 0:  # an epoch of one batch measures nothing
-            pl_module.log_dict(
-                {"perf/samples_per_s": float(rates[0]), "perf/tokens_per_s": float(rates[1])},
-                on_step=False,
-                on_epoch=True,
-            )
+            rates = dict(zip(("perf/samples_per_s", "perf/tokens_per_s"), rates.tolist()))
+            pl_module.log_dict(rates, on_step=False, on_epoch=True)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
