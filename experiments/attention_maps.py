@@ -96,12 +96,10 @@ def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str =
 
 class AttentionMapLogger(pl.Callback):
     """Render the attention maps of the first ``num_images`` images of the first validation batch (the same
-    across epochs) every ``every_n_epochs`` epochs, and of the first predicted ones (``predict=True``).
-
-    Each image gives one PNG: input, rollout, and the class token's map per head of ``layer``, under
-    ``<log dir>/attention_maps/epoch_<N>/`` (or ``predict/``), logged to W&B as ``val/attention_maps``.
-    Rollout reads the patch mean for ``global_pool="avg"``. Every process runs the forward pass on its own
-    images, which FSDP needs (`models.distributed.full_weights`); rank 0 draws its own.
+    across epochs) every ``every_n_epochs`` epochs, and of the first predicted ones (``predict=True``): per image
+    one PNG of the input, the rollout (of the patch mean for ``global_pool="avg"``) and the class token's map per
+    head of ``layer``, under ``<log dir>/attention_maps/epoch_<N>/`` (or ``predict/``), logged to W&B as
+    ``val/attention_maps``. Every process runs the forward pass on its own images (FSDP); rank 0 draws its own.
     """
 
     def __init__(self, num_images: int = 8, every_n_epochs: int = 1, layer: int = -1, predict: bool = True):

@@ -29,11 +29,8 @@ SATURATION = 0.9  # a query whose largest weight exceeds this attends, in effect
 
 @dataclass
 class Sequence:
-    """What the attention of one sequence needs besides the weights.
-
-    positions: (L, C) coordinates in ``unit`` (NaN rows have no place: [CLS], object queries).
-    special: (B, L) True at special tokens, or None when the modality has none.
-    """
+    """What the attention of one sequence needs besides the weights: ``positions`` (L, C), coordinates in ``unit``
+    (NaN rows have no place: [CLS], object queries); ``special`` (B, L), True at special tokens, or None."""
 
     positions: Tensor | None
     special: Tensor | None

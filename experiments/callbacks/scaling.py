@@ -20,21 +20,18 @@ class LearningRateScaling(Callback):
         if rule not in ("linear", "sqrt", "none"):
             raise ValueError(f"LearningRateScaling: rule={rule!r}; expected linear, sqrt or none")
         self.rule = rule
-        self.factor = 1.0
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         k = trainer.world_size * trainer.accumulate_grad_batches
-        self.factor = {"linear": float(k), "sqrt": k**0.5, "none": 1.0}[self.rule]
-        if self.factor == 1.0 or trainer.ckpt_path:
+        factor = {"linear": float(k), "sqrt": k**0.5, "none": 1.0}[self.rule]
+        if factor == 1.0 or trainer.ckpt_path:
             return
         for optimizer in trainer.optimizers:
             for group in optimizer.param_groups:
-                group["lr"] *= self.factor
+                group["lr"] *= factor
                 if "initial_lr" in group:
-                    group["initial_lr"] *= self.factor
+                    group["initial_lr"] *= factor
         for config in trainer.lr_scheduler_configs:
             if hasattr(config.scheduler, "base_lrs"):
-                config.scheduler.base_lrs = [lr * self.factor for lr in config.scheduler.base_lrs]
-        rank_zero_info(
-            f"attnlab: learning rate × {self.factor:g} ({self.rule} in {k} = devices × nodes × accumulation)"
-        )
+                config.scheduler.base_lrs = [lr * factor for lr in config.scheduler.base_lrs]
+        rank_zero_info(f"attnlab: learning rate × {factor:g} ({self.rule} in {k} = devices × nodes × accumulation)")

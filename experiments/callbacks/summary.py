@@ -12,7 +12,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import measure_flops, rank_zero_warn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from experiments import stats as summary_stats
@@ -27,11 +27,10 @@ class RunSummary(Callback):
     """Write ``summary.json`` (`experiments.runfolder.Summary`) into the run folder: at fit start (``status:
     running``) and again when training ends (``finished``) or fails.
 
-    FLOPs per sample and the attention statistics at initialisation and at the end are measured on the fixed
+    FLOPs per sample, the attention statistics at initialisation and at the end, and ``attention.png`` (each
+    layer's head-mean attention on the first sample, logged to W&B as ``val/attention``) are measured on the fixed
     batch: the inputs of the model's first call in the fit (the sanity check's first validation batch, or the
-    first training batch without one). Also saves ``attention.png`` (each layer's head-mean attention on the
-    first sample), logged to W&B as ``val/attention``. Every process runs these forward passes, which FSDP needs
-    (`models.distributed.full_weights`); only rank 0 writes.
+    first training batch without one). Every process runs these forward passes (FSDP); only rank 0 writes.
     """
 
     def __init__(self, filename: str = "summary.json", attention_figure: bool = True):
@@ -120,7 +119,11 @@ class RunSummary(Callback):
             return
         final = self._measure(trainer, pl_module)
         flops = self._flops_per_sample(trainer)
-        figure = self._attention_maps(trainer) if self.attention_figure and final is not None else None
+        figure = None
+        if self.attention_figure and final is not None:  # each layer's head-mean attention on the first sample
+            with torch.no_grad(), capture_attention(self._model) as maps:
+                self._forward(trainer)
+            figure = {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}  # (Lq, Lk)
         if not trainer.is_global_zero:
             return
         throughput = next((cb for cb in trainer.callbacks if isinstance(cb, Throughput)), None)
@@ -182,24 +185,15 @@ class RunSummary(Callback):
             self._model.train(was_training)
 
     def _flops_per_sample(self, trainer: pl.Trainer) -> float | None:
-        from torch.utils.flop_counter import FlopCounterMode
-
         if self._inputs is None or self._inputs.args is None:
             return None
         n = batch_size(self._inputs.args)
         try:  # with autograd on: FlopCounterMode's module tracker fails under no_grad on some models (DETR)
-            with FlopCounterMode(display=False) as counter:
-                self._forward(trainer)
+            flops = measure_flops(self._model, lambda: self._forward(trainer))
         except Exception as err:
             rank_zero_warn(f"FLOP counting failed: {err!r}")
             return None
-        return counter.get_total_flops() / n if n else None
-
-    def _attention_maps(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
-        """Each layer's head-mean attention (Lq, Lk) on the first sample of the fixed batch."""
-        with torch.no_grad(), capture_attention(self._model) as maps:
-            self._forward(trainer)
-        return {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}
+        return flops / n if n else None
 
     def _log_figure(self, trainer: pl.Trainer, maps: dict[str, torch.Tensor]) -> None:
         """``attention.png``: one heat map per layer, four to a row; logged to W&B as ``val/attention``."""
