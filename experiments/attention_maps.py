@@ -103,14 +103,11 @@ class AttentionMapLogger(pl.Callback):
     """
 
     def __init__(self, num_images: int = 8, every_n_epochs: int = 1, layer: int = -1, predict: bool = True):
-        super().__init__()
         if num_images < 1 or every_n_epochs < 1:
             raise ValueError(
                 f"AttentionMapLogger: num_images={num_images} and every_n_epochs={every_n_epochs} must be >= 1"
             )
         self.num_images, self.every_n_epochs, self.layer, self.predict = num_images, every_n_epochs, layer, predict
-        self._predicted = 0
-        self._root = Path(".")
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # trainer.log_dir broadcasts from rank 0: resolve it here, on every rank, never in rank-0-only hooks
@@ -133,13 +130,10 @@ class AttentionMapLogger(pl.Callback):
         name = (lambda k: names[k]) if names else str
         out = self._root / folder
         out.mkdir(parents=True, exist_ok=True)
-        paths = []
+        paths = [str(out / f"image_{first + i}.png") for i in range(len(images))]
         for i, pred in enumerate(logits.argmax(-1).tolist()):
             title = f"pred {name(pred)}" + ("" if labels is None else f", label {name(int(labels[i]))}")
-            fig = render_attention(images[i], rollout[i], heads[i], title)
-            path = out / f"image_{first + i}.png"
-            fig.savefig(path, dpi=100, bbox_inches="tight")
-            paths.append(str(path))
+            render_attention(images[i], rollout[i], heads[i], title).savefig(paths[i], dpi=100, bbox_inches="tight")
         return paths
 
     def on_validation_batch_end(
@@ -168,7 +162,5 @@ class AttentionMapLogger(pl.Callback):
 
     def on_predict_end(self, trainer, pl_module) -> None:
         if self.predict and self._predicted and trainer.is_global_zero:
-            print(
-                f"attnlab: attention maps of {self._predicted} images written to {self._root / 'predict'}",
-                file=sys.stderr,
-            )
+            folder = self._root / "predict"
+            print(f"attnlab: attention maps of {self._predicted} images written to {folder}", file=sys.stderr)

@@ -50,7 +50,6 @@ class DetectionImages(pl.Callback):
         if num_images < 1:
             raise ValueError(f"DetectionImages: num_images={num_images} must be >= 1 (leave the callback out for none)")
         self.num_images, self.score_threshold = num_images, score_threshold
-        self._folder = Path("val_images")
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # trainer.log_dir broadcasts from rank 0: resolve it on every rank, never in rank-0-only code
@@ -120,13 +119,9 @@ class DetectionImages(pl.Callback):
 
 
 class DetectionWriter(BasePredictionWriter):
-    """`attnlab predict` output: a COCO results JSON of every query's detection and, per image, a PNG
-    with the detections scoring at least ``score_threshold``.
-
-    Args:
-        output_dir: folder for ``results.json`` and ``images/``; relative to trainer.default_root_dir.
-        score_threshold: the lowest score drawn (the JSON keeps all, as COCO evaluation expects).
-        max_images: how many images to draw (None: all).
+    """`attnlab predict` output in ``output_dir`` (under ``trainer.default_root_dir`` when relative): ``results.json``
+    with every query's detection, as COCO evaluation expects, and for the first ``max_images`` images (None: all)
+    a PNG in ``images/`` with the detections scoring at least ``score_threshold``.
     """
 
     def __init__(self, output_dir: str = "predictions", score_threshold: float = 0.5, max_images: int | None = None):

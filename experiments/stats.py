@@ -79,8 +79,7 @@ def _sequences(
         cells = _grid(g, g, images.shape[-2] / g, images.shape[-1] / g)
         prefix = getattr(model, "num_prefix_tokens", 1)
         positions = torch.cat([torch.full((prefix, 2), float("nan")), cells])  # [CLS] first, no place
-        special = torch.zeros(images.shape[0], len(positions), dtype=torch.bool)
-        special[:, :prefix] = True
+        special = (torch.arange(len(positions)) < prefix).expand(images.shape[0], -1)  # (B, L)
         return Sequence(positions, special), None
     if kind == "detection":
         images = args[0]

@@ -14,10 +14,8 @@ from models.attention import capture_attention
 
 class MaxAttentionLogit(Callback):
     """Log ``train/max_attn_logit``: the largest attention logit (q·k scaled, before the softmax, blocked keys left
-    out) over every attention layer, head and query of the training batch, at Lightning's logging steps.
-
-    Only those batches are recorded (`models.attention.capture_attention`: the reference path, the logits of that
-    one batch); every other step runs as without the callback.
+    out) over every attention layer, head and query of the training batch, at Lightning's logging steps. Only those
+    batches are recorded (`models.attention.capture_attention`, the reference path); the others run as without it.
     """
 
     def __init__(self):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytorch_lightning as pl
@@ -19,9 +20,5 @@ def batch_size(batch: Any) -> int:
 
 def shadowed(trainer: pl.Trainer, callback: Callback) -> bool:
     """True when an earlier callback of the same class exists: a default-on callback yields to one a config lists."""
-    for other in trainer.callbacks:
-        if other is callback:
-            return False
-        if type(other) is type(callback):
-            return True
-    return False
+    earlier = itertools.takewhile(lambda other: other is not callback, trainer.callbacks)
+    return any(type(other) is type(callback) for other in earlier)

@@ -15,11 +15,11 @@ from models.attention import MultiHeadAttention
 class Throughput(Callback):
     """Log training throughput over all devices: ``perf/samples_per_s`` and ``perf/tokens_per_s``, once per epoch.
 
-    Wall-clock time over spans of training batches (data loading included, validation not); the first batch of
-    an epoch and after a validation only starts a span (warm-up). Tokens are the positions, padding excluded,
-    that enter the first attention layer of each Transformer stack (patches + [CLS] for the ViT, source +
-    target tokens for translation, feature-map cells + object queries for DETR), summed on the device.
-    ``fit_samples_per_s`` / ``fit_tokens_per_s`` hold the whole fit's figures for the run summary.
+    Wall-clock time over spans of training batches (data loading included, validation not); the first batch of an
+    epoch and after a validation only starts a span (warm-up). Tokens are the positions, padding excluded, that
+    enter the first attention layer of each Transformer stack (patches + [CLS] for the ViT, source + target tokens
+    for translation, feature-map cells + object queries for DETR), summed on the device. ``fit_samples_per_s`` and
+    ``fit_tokens_per_s`` hold the whole fit's figures for the run summary.
     """
 
     def __init__(self):

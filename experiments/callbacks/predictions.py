@@ -12,17 +12,13 @@ from pytorch_lightning.callbacks import BasePredictionWriter
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Write every sample that ``predict_step`` returns (a dict of equal-length tensors or lists) as one JSON line.
-
-    Args:
-        output: file to write; relative paths are placed under ``trainer.default_root_dir``.
-    Under DDP each rank writes ``<output>.rank<N>``.
+    """Write every sample that ``predict_step`` returns (a dict of equal-length tensors or lists) as one JSON line
+    to ``output``, under ``trainer.default_root_dir`` when relative; under DDP each rank writes ``<output>.rank<N>``.
     """
 
     def __init__(self, output: str = "predictions.jsonl"):
         super().__init__(write_interval="batch")
         self.output = output
-        self._file = None
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         path = Path(trainer.default_root_dir) / self.output  # an absolute output stays as it is

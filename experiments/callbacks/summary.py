@@ -131,13 +131,8 @@ class RunSummary(Callback):
         ckpt = trainer.checkpoint_callback
         best = None
         if ckpt is not None and getattr(ckpt, "monitor", None):
-            score = ckpt.best_model_score
-            best = {
-                "monitor": ckpt.monitor,
-                "mode": ckpt.mode,
-                "value": None if score is None else float(score),
-                "checkpoint": ckpt.best_model_path or None,
-            }
+            value = None if ckpt.best_model_score is None else float(ckpt.best_model_score)
+            best = dict(monitor=ckpt.monitor, mode=ckpt.mode, value=value, checkpoint=ckpt.best_model_path or None)
         previous = self._resumed or {}
         self._summary.update(
             status="finished",
@@ -245,9 +240,8 @@ def _wandb_runs(trainer: pl.Trainer) -> list[dict[str, Any]]:
         if type(logger).__name__ != "WandbLogger" or not hasattr(logger, "experiment"):
             continue
         run = logger.experiment
-        mode = (
-            "disabled" if getattr(run, "disabled", False) else "offline" if getattr(run, "offline", False) else "online"
-        )
+        disabled, offline = getattr(run, "disabled", False), getattr(run, "offline", False)
+        mode = "disabled" if disabled else "offline" if offline else "online"
         runs.append(
             {
                 "id": getattr(run, "id", None),
