@@ -1,13 +1,6 @@
-"""Where a ViT looks: the class token's attention per head, attention rollout, and a callback
-that renders both over the input images during validation and prediction.
-
-Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers"): average
-the heads of each layer, add the identity for the residual connection, renormalise the rows, and
-multiply the layers' matrices from the first to the last; the class token's row of the product
-says how much each input patch flows into what the head reads.
-
-Weights come from `models.attention.capture_attention`, so any model built on the shared core
-works unedited. Rendering uses matplotlib's object API (no pyplot, no global backend): PNG files.
+"""Where a ViT looks: the class token's attention per head, attention rollout (Abnar & Zuidema 2020), and a
+callback that renders both over the input images during validation and prediction. The weights come from
+`models.attention.capture_attention`, so any model on the shared core works unedited:
 
     with capture_attention(vit) as maps:
         vit(images)
@@ -53,21 +46,19 @@ def _grid(weights: Tensor, num_prefix_tokens: int) -> int:
 
 
 def cls_attention(maps: Maps, layer: int = -1, num_prefix_tokens: int = 1) -> Tensor:
-    """The class token's attention to every patch, per head, of one layer: (B, H, g, g).
-
-    Rows are the class token's softmax over all tokens, so a head's map sums to 1 minus what the
-    class token gives to itself."""
+    """The class token's attention to every patch, per head, of one layer: (B, H, g, g). A head's map sums to 1
+    minus what the class token gives to the prefix tokens."""
     w = layer_weights(maps)[layer]  # (B, H, L, L)
     g = _grid(w, num_prefix_tokens)
     return w[:, :, 0, num_prefix_tokens:].reshape(*w.shape[:2], g, g)
 
 
 def attention_rollout(maps: Maps, num_prefix_tokens: int = 1, token: Literal["cls", "mean"] = "cls") -> Tensor:
-    """Attention rollout over all captured layers -> (B, g, g).
+    """Attention rollout over all captured layers -> (B, g, g): average each layer's heads, add the identity for
+    the residual connection, renormalise the rows and multiply the layers' matrices, first to last.
 
-    ``token="cls"`` reads the class token's row (the head of a "token"-pooled ViT); ``"mean"`` the
-    mean of the patch tokens' rows (the head of an "avg"-pooled ViT). Each map sums to at most 1
-    (the rest flows from the prefix tokens)."""
+    ``token="cls"`` reads the class token's row (a "token"-pooled ViT); ``"mean"`` the mean of the patch tokens'
+    rows (an "avg"-pooled ViT). Each map sums to at most 1 (the rest flows from the prefix tokens)."""
     weights = layer_weights(maps)
     rollout = None
     for w in weights:
@@ -81,10 +72,8 @@ def attention_rollout(maps: Maps, num_prefix_tokens: int = 1, token: Literal["cl
 
 
 def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str = "") -> Figure:
-    """One figure: the image, the rollout over it, and each head's class-token map over it.
-
-    image (C, H, W) any scale (shown min-max normalised); rollout (g, g); heads (H, g, g).
-    Each map is scaled to its own maximum: the panels show where, not how much."""
+    """One figure: the image (C, H, W), any scale, shown min-max normalised; the rollout (g, g) and each head's
+    class-token map (H, g, g) over it, each scaled to its own maximum: the panels show where, not how much."""
     image = image.detach().float().cpu()
     image = (image - image.min()) / (image.max() - image.min()).clamp_min(1e-8)
     shown = image[0] if image.shape[0] == 1 else image.permute(1, 2, 0)  # (H, W) or (H, W, 3)
@@ -95,17 +84,9 @@ def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str =
     extent = (0, image.shape[-1], image.shape[-2], 0)
     for ax, (name, heat) in zip(axes, panels):
         ax.imshow(shown, cmap=cmap, extent=extent)
-        if heat is not None:
+        if heat is not None:  # colours from 0 to the map's maximum
             heat = heat.detach().float().cpu()
-            ax.imshow(
-                heat / heat.max().clamp_min(1e-8),
-                cmap="inferno",
-                alpha=0.6,
-                extent=extent,
-                interpolation="bilinear",
-                vmin=0,
-                vmax=1,
-            )
+            ax.imshow(heat, cmap="inferno", alpha=0.6, extent=extent, interpolation="bilinear", vmin=0)
         ax.set_title(name, fontsize=7)
         ax.axis("off")
     if title:
@@ -115,29 +96,18 @@ def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str =
 
 class AttentionMapLogger(pl.Callback):
     """Render the attention maps of the first ``num_images`` images of the first validation batch (the same
-    across epochs) every ``every_n_epochs`` epochs, and of the first predicted ones (``predict=True``).
-
-    Each image gives one PNG: input, rollout, and the class token's map per head of ``layer``, under
-    ``<log dir>/attention_maps/epoch_<N>/`` (or ``predict/``), logged to W&B as ``val/attention_maps``.
-    The model must attend through the shared core; rollout reads the patch mean for ``global_pool="avg"``.
-    Every process runs the forward pass on its own images, which FSDP needs (`models.distributed.full_weights`);
-    rank 0 draws its own.
-
-    To write maps from a config that lacks this callback::
-
-        attnlab predict --config configs/vision/digits.yaml --ckpt_path best \\
-            --trainer.callbacks+=experiments.attention_maps.AttentionMapLogger
+    across epochs) every ``every_n_epochs`` epochs, and of the first predicted ones (``predict=True``): per image
+    one PNG of the input, the rollout (of the patch mean for ``global_pool="avg"``) and the class token's map per
+    head of ``layer``, under ``<log dir>/attention_maps/epoch_<N>/`` (or ``predict/``), logged to W&B as
+    ``val/attention_maps``. Every process runs the forward pass on its own images (FSDP); rank 0 draws its own.
     """
 
     def __init__(self, num_images: int = 8, every_n_epochs: int = 1, layer: int = -1, predict: bool = True):
-        super().__init__()
         if num_images < 1 or every_n_epochs < 1:
             raise ValueError(
                 f"AttentionMapLogger: num_images={num_images} and every_n_epochs={every_n_epochs} must be >= 1"
             )
         self.num_images, self.every_n_epochs, self.layer, self.predict = num_images, every_n_epochs, layer, predict
-        self._predicted = 0
-        self._root = Path(".")
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # trainer.log_dir broadcasts from rank 0: resolve it here, on every rank, never in rank-0-only hooks
@@ -145,13 +115,7 @@ class AttentionMapLogger(pl.Callback):
 
     @torch.no_grad()
     def render(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        images: Tensor,
-        labels: Tensor | None,
-        folder: str,
-        first: int = 0,
+        self, trainer, pl_module, images: Tensor, labels: Tensor | None, folder: str, first: int = 0
     ) -> list[str]:
         """Run ``pl_module`` on ``images`` (B, C, H, W) with weights captured, on every process; on rank 0,
         write one PNG per image, numbered from ``first``; return the paths (none on the other ranks)."""
@@ -162,25 +126,20 @@ class AttentionMapLogger(pl.Callback):
             return []
         token = "mean" if getattr(model, "global_pool", "token") == "avg" else "cls"
         rollout, heads = attention_rollout(maps, token=token), cls_attention(maps, self.layer)
-        names = getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
+        names = getattr(trainer.datamodule, "class_names", None)
         name = (lambda k: names[k]) if names else str
         out = self._root / folder
         out.mkdir(parents=True, exist_ok=True)
-        paths = []
+        paths = [str(out / f"image_{first + i}.png") for i in range(len(images))]
         for i, pred in enumerate(logits.argmax(-1).tolist()):
             title = f"pred {name(pred)}" + ("" if labels is None else f", label {name(int(labels[i]))}")
-            fig = render_attention(images[i], rollout[i], heads[i], title)
-            path = out / f"image_{first + i}.png"
-            fig.savefig(path, dpi=100, bbox_inches="tight")
-            paths.append(str(path))
+            render_attention(images[i], rollout[i], heads[i], title).savefig(paths[i], dpi=100, bbox_inches="tight")
         return paths
 
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if batch_idx or dataloader_idx or trainer.sanity_checking:
-            return
-        if trainer.current_epoch % self.every_n_epochs:
+        if batch_idx or dataloader_idx or trainer.sanity_checking or trainer.current_epoch % self.every_n_epochs:
             return
         images, labels = batch[0][: self.num_images], batch[1][: self.num_images]
         labels = labels if labels.ndim == 1 else labels.argmax(-1)
@@ -203,7 +162,5 @@ class AttentionMapLogger(pl.Callback):
 
     def on_predict_end(self, trainer, pl_module) -> None:
         if self.predict and self._predicted and trainer.is_global_zero:
-            print(
-                f"attnlab: attention maps of {self._predicted} images written to {self._root / 'predict'}",
-                file=sys.stderr,
-            )
+            folder = self._root / "predict"
+            print(f"attnlab: attention maps of {self._predicted} images written to {folder}", file=sys.stderr)

@@ -1,9 +1,7 @@
-"""What a detection run shows and writes: validation images with DETR's predictions and decoder
-cross-attention (`DetectionImages`), and `attnlab predict`'s COCO results and drawings
-(`DetectionWriter`).
-
-Both read the images, class names and COCO ids from the dataset of the running dataloader
-(``image_path(image_id)``, ``class_names``, ``category_ids``), as `models.detr_module` does.
+"""What a detection run shows and writes: validation images with DETR's predictions and decoder cross-attention
+(`DetectionImages`), and `attnlab predict`'s COCO results and drawings (`DetectionWriter`). Both read the images,
+class names and COCO ids from the running dataloader's dataset (``image_path(image_id)``, ``class_names``,
+``category_ids``), as `models.detr_module` does.
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ from models.distributed import full_weights, gather_objects
 def draw_detections(
     image: Image.Image, det: dict[str, Tensor], class_names: list[str], score_threshold: float
 ) -> Image.Image:
-    """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small
-    images are enlarged (pixels repeated) so that the labels stay readable."""
+    """The image with the boxes scoring at least ``score_threshold``, labelled "name score"; small images are
+    enlarged (pixels repeated) so that the labels stay readable."""
     scale = max(1, 256 // min(image.size))
     image = image.convert("RGB").resize((image.width * scale, image.height * scale), Image.NEAREST)
     keep = det["scores"] >= score_threshold
@@ -42,40 +40,29 @@ def draw_detections(
 
 
 class DetectionImages(pl.Callback):
-    """At each validation (not the sanity check), the first ``num_images`` images of the first batch
-    with the predictions scoring at least ``score_threshold``, and the last decoder layer's
-    cross-attention (head mean) of the 3 best queries over the image: one PNG per image,
-    ``<log dir>/val_images/epoch<E>_image<id>.png``, also logged to W&B as ``val/detections``.
-    The forward pass runs on every process, which FSDP needs; rank 0 draws.
+    """At each validation (not the sanity check), the first ``num_images`` images of the first batch with the
+    predictions scoring at least ``score_threshold``, and the last decoder layer's cross-attention (head mean) of
+    the 3 best queries over the image: one PNG per image, ``<log dir>/val_images/epoch<E>_image<id>.png``, also
+    logged to W&B as ``val/detections``. The forward pass runs on every process, which FSDP needs; rank 0 draws.
     """
 
     def __init__(self, num_images: int = 4, score_threshold: float = 0.5):
         if num_images < 1:
             raise ValueError(f"DetectionImages: num_images={num_images} must be >= 1 (leave the callback out for none)")
         self.num_images, self.score_threshold = num_images, score_threshold
-        self._batch: tuple[Tensor, Tensor, list[dict]] | None = None
-        self._folder = Path("val_images")
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # trainer.log_dir broadcasts from rank 0: resolve it on every rank, never in rank-0-only code
         self._folder = Path(trainer.log_dir or trainer.default_root_dir) / "val_images"
 
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._batch = None
-
+    @torch.no_grad()
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if batch_idx == 0 and dataloader_idx == 0:
-            images, mask, targets = batch
-            self._batch = (images[: self.num_images], mask[: self.num_images], targets[: self.num_images])
-
-    @torch.no_grad()
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dataset = trainer.val_dataloaders.dataset
-        if trainer.sanity_checking or self._batch is None or not hasattr(dataset, "image_path"):
+        if batch_idx or dataloader_idx or trainer.sanity_checking or not hasattr(dataset, "image_path"):
             return
-        images, mask, targets = self._batch
+        images, mask, targets = (part[: self.num_images] for part in batch)
         model = pl_module.model
         feature_hw: list[tuple[int, int]] = []
         handle = model.backbone.register_forward_hook(lambda m, args, out: feature_hw.append(tuple(out.shape[-2:])))
@@ -116,16 +103,13 @@ class DetectionImages(pl.Callback):
             draw_detections(image, {k: v.cpu() for k, v in result.items()}, dataset.class_names, self.score_threshold)
         )
         axes[0].set_title(f"image {image_id}")
+        extent = (0, image.width, image.height, 0)
         for ax, q in zip(axes[1:], top.tolist()):
             attn = weights[q].view(padded.shape)[:h, :w].cpu()
             ax.imshow(image)
-            ax.imshow(
-                attn, cmap="viridis", alpha=0.6, extent=(0, image.width, image.height, 0), interpolation="bilinear"
-            )
-            ax.set_title(
-                f"query {q}: {dataset.class_names[int(result['labels'][q])]} {float(result['scores'][q]):.2f}",
-                fontsize=8,
-            )
+            ax.imshow(attn, cmap="viridis", alpha=0.6, extent=extent, interpolation="bilinear")
+            label = f"{dataset.class_names[int(result['labels'][q])]} {float(result['scores'][q]):.2f}"
+            ax.set_title(f"query {q}: {label}", fontsize=8)
         for ax in axes:
             ax.axis("off")
         self._folder.mkdir(parents=True, exist_ok=True)
@@ -135,13 +119,9 @@ class DetectionImages(pl.Callback):
 
 
 class DetectionWriter(BasePredictionWriter):
-    """`attnlab predict` output: a COCO results JSON of every query's detection and, per image, a PNG
-    with the detections scoring at least ``score_threshold``.
-
-    Args:
-        output_dir: folder for ``results.json`` and ``images/``; relative to trainer.default_root_dir.
-        score_threshold: the lowest score drawn (the JSON keeps all, as COCO evaluation expects).
-        max_images: how many images to draw (None: all).
+    """`attnlab predict` output in ``output_dir`` (under ``trainer.default_root_dir`` when relative): ``results.json``
+    with every query's detection, as COCO evaluation expects, and for the first ``max_images`` images (None: all)
+    a PNG in ``images/`` with the detections scoring at least ``score_threshold``.
     """
 
     def __init__(self, output_dir: str = "predictions", score_threshold: float = 0.5, max_images: int | None = None):
@@ -149,13 +129,10 @@ class DetectionWriter(BasePredictionWriter):
         self.output_dir, self.score_threshold, self.max_images = output_dir, score_threshold, max_images
         self._detections: Detections = {}
 
-    def _folder(self, trainer: pl.Trainer) -> Path:
-        folder = Path(self.output_dir)
-        return folder if folder.is_absolute() else Path(trainer.default_root_dir) / folder
-
     def on_predict_start(self, trainer, pl_module) -> None:
         self._detections = {}
-        (self._folder(trainer) / "images").mkdir(parents=True, exist_ok=True)
+        self._images = Path(trainer.default_root_dir) / self.output_dir / "images"  # an absolute output_dir stays
+        self._images.mkdir(parents=True, exist_ok=True)
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
@@ -167,13 +144,13 @@ class DetectionWriter(BasePredictionWriter):
             if self.max_images is None or len(self._detections) <= self.max_images:
                 with Image.open(dataset.image_path(image_id)) as raw:
                     drawn = draw_detections(raw, det, dataset.class_names, self.score_threshold)
-                drawn.save(self._folder(trainer) / "images" / f"{Path(dataset.image_path(image_id)).stem}.png")
+                drawn.save(self._images / f"{Path(dataset.image_path(image_id)).stem}.png")
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         # an image the distributed sampler repeated to even out the ranks is counted once
         detections = {i: d for part in gather_objects(self._detections) for i, d in part.items()}
         if trainer.is_global_zero:
             dataset = trainer.predict_dataloaders.dataset
-            path = self._folder(trainer) / "results.json"
+            path = self._images.parent / "results.json"
             path.write_text(json.dumps(to_coco_results(detections, dataset.category_ids)))
-            print(f"attnlab: {len(detections)} images, detections written to {path} and {path.parent / 'images'}/")
+            print(f"attnlab: {len(detections)} images, detections written to {path} and {self._images}/")

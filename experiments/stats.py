@@ -1,18 +1,15 @@
 """Attention statistics of any attnlab model on one fixed batch, measured with `capture_attention`.
 
-Per attention layer and head:
-    entropy      mean over queries of -Σ_k p_k log p_k (nats), the spread of attention
-    max_weight   mean over queries of max_k p_k: softmax saturation (1 = one-hot)
+Per attention layer and head, each a mean over queries (padded queries and blocked keys left out):
+    entropy      -Σ_k p_k log p_k (nats): the spread of attention
+    max_weight   max_k p_k: softmax saturation (1 = one-hot)
     saturated    share of queries whose largest weight exceeds 0.9
-    logit_var    mean over queries of the variance, over the keys a query may see, of its logits
-                 (the similarity after scaling, before softmax, as the core reports it): the quantity
-                 √d keeps near 1
-    distance     attention-weighted mean distance between a query and its keys, in tokens for text
-                 (|i - j|, also between target and source positions in cross-attention) and in pixels
-                 for ViT patches and DETR's memory cells ([CLS] and DETR's object queries have no
-                 place, so they are left out)
+    logit_var    the variance of the logits (scaled, before the softmax) over the keys a query may see: √d keeps
+                 it near 1
+    distance     attention-weighted distance to the keys: tokens for text (|i - j|, also target to source in
+                 cross-attention), pixels for ViT patches and DETR's memory cells ([CLS] and object queries have no
+                 place and are left out)
     special      attention mass on special tokens: [CLS] for the ViT, BOS/EOS for text (none in DETR)
-Padded queries and blocked keys (padding, the future) are left out of every average.
 The model's inputs are what the LightningModule passed to ``model`` on the fixed batch (`FirstCall`): ViT
 ``(images,)``, DETR ``(images, mask)``, translation ``(src, tgt)``, language model ``(tokens,)``.
 """
@@ -32,11 +29,8 @@ SATURATION = 0.9  # a query whose largest weight exceeds this attends, in effect
 
 @dataclass
 class Sequence:
-    """What the attention of one sequence needs besides the weights.
-
-    positions: (L, C) coordinates in ``unit`` (NaN rows have no place: [CLS], object queries).
-    special: (B, L) True at special tokens, or None when the modality has none.
-    """
+    """What the attention of one sequence needs besides the weights: ``positions`` (L, C), coordinates in ``unit``
+    (NaN rows have no place: [CLS], object queries); ``special`` (B, L), True at special tokens, or None."""
 
     positions: Tensor | None
     special: Tensor | None
@@ -69,8 +63,10 @@ def _grid(h: int, w: int, stride_h: float, stride_w: float) -> Tensor:
     return torch.stack([(rows.flatten() + 0.5) * stride_h, (cols.flatten() + 0.5) * stride_w], -1).float()  # (h·w, 2)
 
 
-def _special(tokens: Tensor, ids: tuple[int, ...]) -> Tensor:
-    return torch.isin(tokens, torch.tensor(ids, dtype=tokens.dtype, device=tokens.device))
+def _text(tokens: Tensor, special_ids: tuple[int, ...]) -> Sequence:
+    """Token ids (B, L) -> positions 0 .. L-1 and the special tokens."""
+    special = torch.isin(tokens, torch.tensor(special_ids, dtype=tokens.dtype, device=tokens.device))
+    return Sequence(torch.arange(tokens.shape[1], dtype=torch.float32)[:, None], special.cpu())
 
 
 def _sequences(
@@ -83,19 +79,14 @@ def _sequences(
         cells = _grid(g, g, images.shape[-2] / g, images.shape[-1] / g)
         prefix = getattr(model, "num_prefix_tokens", 1)
         positions = torch.cat([torch.full((prefix, 2), float("nan")), cells])  # [CLS] first, no place
-        special = torch.zeros(images.shape[0], len(positions), dtype=torch.bool)
-        special[:, :prefix] = True
+        special = (torch.arange(len(positions)) < prefix).expand(images.shape[0], -1)  # (B, L)
         return Sequence(positions, special), None
     if kind == "detection":
         images = args[0]
         h, w = feature_hw
         return Sequence(_grid(h, w, images.shape[-2] / h, images.shape[-1] / w), None), Sequence(None, None)
-    src = args[0]  # (B, S) token ids
-    enc = Sequence(torch.arange(src.shape[1], dtype=torch.float32)[:, None], _special(src, special_ids).cpu())
-    if len(args) > 1 and isinstance(args[1], Tensor):  # encoder-decoder: (src, tgt)
-        tgt = args[1]
-        return enc, Sequence(torch.arange(tgt.shape[1], dtype=torch.float32)[:, None], _special(tgt, special_ids).cpu())
-    return enc, None
+    decoder_side = len(args) > 1 and isinstance(args[1], Tensor)  # encoder-decoder: (src, tgt)
+    return _text(args[0], special_ids), _text(args[1], special_ids) if decoder_side else None
 
 
 def _layer_stats(
@@ -149,16 +140,8 @@ def attention_statistics(
     """
     kind = modality(model)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    padding: dict[str, Tensor | None] = {}  # key_padding_mask of each layer's first call: which queries are real
-
-    def record_padding(name: str, kwargs: dict) -> None:
-        padding.setdefault(name, kwargs.get("key_padding_mask"))
-
-    handles = [
-        m.register_forward_pre_hook(lambda m, a, kw, name=name: record_padding(name, kw), with_kwargs=True)
-        for name, m in layers.items()
-    ]
     feature_hw: list[tuple[int, int]] = []
+    handles = []
     if kind == "detection":
         handles.append(model.backbone.register_forward_hook(lambda m, a, out: feature_hw.append(tuple(out.shape[-2:]))))
     was_training = model.training
@@ -178,24 +161,20 @@ def attention_statistics(
             continue
         scores = maps[name][0]  # the first call: one forward pass
         b, _, lq, lk = scores.logits.shape
+        device = scores.logits.device
         blocked = (
-            scores.blocked
-            if scores.blocked is not None
-            else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=scores.logits.device)
+            scores.blocked if scores.blocked is not None else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=device)
         )
-        kpm = padding[name]
+        every_query = torch.ones(b, lq, dtype=torch.bool, device=device)
         cross = name.endswith("multihead_attn")
         in_decoder = "decoder" in name.split(".")
         if cross:
             q_seq, k_seq = dec, enc
-            valid_q = (
-                dec_valid
-                if dec_valid is not None and dec_valid.shape == (b, lq)
-                else torch.ones(b, lq, dtype=torch.bool, device=blocked.device)
-            )
+            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else every_query
         else:
             q_seq = k_seq = dec if in_decoder and dec is not None else enc
-            valid_q = ~kpm if kpm is not None else torch.ones(b, lq, dtype=torch.bool, device=blocked.device)
+            # a padded position is blocked as a key, also to itself, which no other mask blocks: the diagonal
+            valid_q = ~blocked.expand(b, -1, lq, lk).diagonal(dim1=-2, dim2=-1)[:, 0]  # (B, Lq)
             if in_decoder:
                 dec_valid = valid_q
         if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:

@@ -1,6 +1,5 @@
-"""What a text run shows people: sample translations with the sacreBLEU signatures, and text the
-language model writes, as tables in the logger (W&B table, TensorBoard text, or Markdown in the
-run folder)."""
+"""What a text run shows people, as tables in the logger: sample translations with the sacreBLEU signatures, and
+text the language model writes."""
 
 from __future__ import annotations
 
@@ -32,10 +31,10 @@ def log_table(trainer: pl.Trainer, key: str, columns: list[str], rows: list[list
 
 
 class TranslationSamples(pl.Callback):
-    """After each validation and test of a `models.text_module.TranslationModule`: the first
-    ``num_samples`` translations (in dataset order) as the table ``val|test/samples``; the sacreBLEU
-    signatures printed and logged as ``val|test/sacrebleu_signature`` at the first validation and at
-    each test; at a test, the samples printed too. Nothing during the sanity check.
+    """After each validation and test of a `models.text_module.TranslationModule`: the first ``num_samples``
+    translations (in dataset order) as the table ``val|test/samples``; the sacreBLEU signatures printed and logged
+    as ``val|test/sacrebleu_signature`` at the first validation and at each test; at a test, the samples printed
+    too. Nothing during the sanity check.
     """
 
     def __init__(self, num_samples: int = 5):
@@ -57,21 +56,16 @@ class TranslationSamples(pl.Callback):
             self._signature_shown = True
             signatures = pl_module.sacrebleu_signatures
             pl_module.print(f"sacreBLEU signatures: {signatures['BLEU']} | {signatures['chrF']}")
-            log_table(
-                trainer,
-                f"{stage}/sacrebleu_signature",
-                ["metric", "signature"],
-                [[k, v] for k, v in signatures.items()],
-            )
+            rows = [[k, v] for k, v in signatures.items()]
+            log_table(trainer, f"{stage}/sacrebleu_signature", ["metric", "signature"], rows)
         if stage == "test":
             pl_module.print("\n".join(f"  {src}\n  -> {hyp}\n  (ref {ref})" for src, ref, hyp in samples))
 
 
 class LanguageModelSamples(pl.Callback):
-    """After each validation (not the sanity check, not ``fast_dev_run``), ``tokens`` tokens written by
-    a `models.text_module.LanguageModelModule` after a newline (its ``temperature`` and ``top_k``),
-    logged as the table ``val/samples`` (step, sample). Every process generates, which FSDP needs
-    (`models.distributed.full_weights`); rank 0 logs.
+    """After each validation (not the sanity check, not ``fast_dev_run``), ``tokens`` tokens written by a
+    `models.text_module.LanguageModelModule` after a newline (its ``temperature`` and ``top_k``), logged as the
+    table ``val/samples`` (step, sample). Every process generates, which FSDP needs; rank 0 logs.
     """
 
     def __init__(self, tokens: int = 200):

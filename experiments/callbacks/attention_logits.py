@@ -13,27 +13,22 @@ from models.attention import capture_attention
 
 
 class MaxAttentionLogit(Callback):
-    """Log ``train/max_attn_logit``: the largest attention logit (the scaled similarity q·k before the softmax,
-    blocked keys left out) over every attention layer, head and query of the training batch, at each of
-    Lightning's logging steps (``trainer.log_every_n_steps``).
-
-    Only the batches of logging steps are recorded (`models.attention.capture_attention`, which takes the
-    reference attention path and keeps the logits of that one batch); every other step runs as without the
-    callback. Off unless a config lists it.
+    """Log ``train/max_attn_logit``: the largest attention logit (q·k scaled, before the softmax, blocked keys left
+    out) over every attention layer, head and query of the training batch, at Lightning's logging steps. Only those
+    batches are recorded (`models.attention.capture_attention`, the reference path); the others run as without it.
     """
 
     def __init__(self):
-        self._capture: contextlib.ExitStack | None = None
+        self._capture = contextlib.ExitStack()  # holds capture_attention from batch start to batch end
         self._maps: dict | None = None
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
         every = trainer.log_every_n_steps
         if every and (trainer.global_step + 1) % every == 0:  # the steps Lightning writes to the loggers
-            self._capture = contextlib.ExitStack()
             self._maps = self._capture.enter_context(capture_attention(pl_module, scores=True))
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
-        if self._capture is None:
+        if self._maps is None:
             return
         self._capture.close()
         largest = [
@@ -41,11 +36,10 @@ class MaxAttentionLogit(Callback):
             for calls in self._maps.values()
             for call in calls
         ]
-        self._capture = self._maps = None
+        self._maps = None
         if largest:
             pl_module.log("train/max_attn_logit", torch.stack(largest).max().float(), on_step=True, on_epoch=False)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if self._capture is not None:
-            self._capture.close()
-            self._capture = self._maps = None
+        self._capture.close()
+        self._maps = None

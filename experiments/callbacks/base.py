@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytorch_lightning as pl
@@ -9,28 +10,15 @@ import torch
 from pytorch_lightning.callbacks import Callback
 
 
-def _first_tensor(batch: Any) -> torch.Tensor | None:
-    if isinstance(batch, torch.Tensor):
-        return batch
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        found = _first_tensor(value)
-        if found is not None:
-            return found
-    return None
-
-
 def batch_size(batch: Any) -> int:
-    """Samples in a batch: the length of its first tensor (images, token ids, dataset indices)."""
-    first = _first_tensor(batch)
-    return int(first.shape[0]) if first is not None and first.dim() else 0
+    """Samples in a batch: the length of its first tensor (images, token ids, dataset indices); 0 without one."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 0
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    return next((n for n in map(batch_size, values) if n), 0)
 
 
 def shadowed(trainer: pl.Trainer, callback: Callback) -> bool:
     """True when an earlier callback of the same class exists: a default-on callback yields to one a config lists."""
-    for other in trainer.callbacks:
-        if other is callback:
-            return False
-        if type(other) is type(callback):
-            return True
-    return False
+    earlier = itertools.takewhile(lambda other: other is not callback, trainer.callbacks)
+    return any(type(other) is type(callback) for other in earlier)

@@ -9,16 +9,17 @@ import torch
 from pytorch_lightning.callbacks import Callback
 
 from experiments.callbacks.base import batch_size, shadowed
+from models.attention import MultiHeadAttention
 
 
 class Throughput(Callback):
     """Log training throughput over all devices: ``perf/samples_per_s`` and ``perf/tokens_per_s``, once per epoch.
 
-    Wall-clock time over spans of training batches (data loading included, validation not); the first batch of
-    an epoch and after a validation only starts a span (warm-up). Tokens are the positions, padding excluded,
-    that enter the first attention layer of each Transformer stack (patches + [CLS] for the ViT, source +
-    target tokens for translation, feature-map cells + object queries for DETR), summed on the device.
-    ``fit_samples_per_s`` / ``fit_tokens_per_s`` hold the whole fit's figures for the run summary.
+    Wall-clock time over spans of training batches (data loading included, validation not); the first batch of an
+    epoch and after a validation only starts a span (warm-up). Tokens are the positions, padding excluded, that
+    enter the first attention layer of each Transformer stack (patches + [CLS] for the ViT, source + target tokens
+    for translation, feature-map cells + object queries for DETR), summed on the device. ``fit_samples_per_s`` and
+    ``fit_tokens_per_s`` hold the whole fit's figures for the run summary.
     """
 
     def __init__(self):
@@ -27,46 +28,33 @@ class Throughput(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._active = stage == "fit" and not shadowed(trainer, self)
-        self._epoch = torch.zeros(3, dtype=torch.float64)  # samples, tokens, seconds (this epoch)
-        self._fit = torch.zeros(3, dtype=torch.float64)
-        self._samples, self._tokens, self._counting, self._start = 0, 0, False, None  # the span under way
-        self._handles = []
-        if self._active:
-            self._handles = [
-                m.register_forward_pre_hook(self._count, with_kwargs=True) for m in _entry_attention(pl_module)
-            ]
+        self._fit = torch.zeros(3, dtype=torch.float64)  # samples, tokens, seconds
+        self._logged = self._fit.clone()  # the totals at the last epoch's end
+        self._samples, self._tokens, self._start = 0, 0, None  # the span under way
+        entry = _entry_attention(pl_module) if self._active else []
+        self._handles = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in entry]
 
     def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._counting:
+        if self._start is not None:  # a training batch after the span's first
             query = args[0] if args else kwargs["query"]
             padding = kwargs.get("key_padding_mask")
             same = padding is not None and padding.shape == query.shape[:2]
-            self._tokens = self._tokens + (
-                padding.logical_not().sum() if same else query.shape[0] * query.shape[1]
-            )  # no GPU sync here
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._counting = self._active and self._start is not None
+            tokens = padding.logical_not().sum() if same else query.shape[0] * query.shape[1]
+            self._tokens = self._tokens + tokens  # on the device: no GPU sync here
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self._active:
             return
-        self._counting = False
         if self._start is None:
             self._start = _device_done(pl_module)
             return
         self._samples += batch_size(batch)
 
-    def _end_span(self, pl_module: pl.LightningModule) -> float | None:
-        """Add the span under way to the epoch's totals; returns when it ended (None: no span was under way)."""
-        if self._start is None:
-            return None
-        now = _device_done(pl_module)
-        self._epoch += torch.tensor([self._samples, float(self._tokens), now - self._start], dtype=torch.float64)
-        self._samples, self._tokens, self._start = 0, 0, None
-        return now
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
+    def _end_span(self, pl_module: pl.LightningModule) -> None:
+        """Add the span under way, if any, to the totals."""
+        if self._start is not None:
+            seconds = _device_done(pl_module) - self._start
+            self._fit += torch.tensor([self._samples, float(self._tokens), seconds], dtype=torch.float64)
         self._samples, self._tokens, self._start = 0, 0, None
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -82,21 +70,16 @@ class Throughput(Callback):
         if not self._active:
             return
         self._end_span(pl_module)
-        rates = self._global_rates(trainer, self._epoch.clone())
-        self._fit += self._epoch
-        self._epoch.zero_()
+        rates = self._global_rates(trainer, self._fit - self._logged)
+        self._logged = self._fit.clone()
         if self._fit[2] > 0:  # an epoch of one batch measures nothing
-            pl_module.log_dict(
-                {"perf/samples_per_s": float(rates[0]), "perf/tokens_per_s": float(rates[1])},
-                on_step=False,
-                on_epoch=True,
-            )
+            rates = dict(zip(("perf/samples_per_s", "perf/tokens_per_s"), rates.tolist()))
+            pl_module.log_dict(rates, on_step=False, on_epoch=True)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
             return
-        self._end_span(pl_module)
-        self._fit += self._epoch  # an epoch cut short (max_steps, interruption)
+        self._end_span(pl_module)  # an epoch cut short (max_steps, interruption)
         rates = self._global_rates(trainer, self._fit)  # every rank: a collective
         if self._fit[2] > 0:
             self.fit_samples_per_s, self.fit_tokens_per_s = float(rates[0]), float(rates[1])
@@ -109,8 +92,6 @@ class Throughput(Callback):
 
 def _entry_attention(pl_module: pl.LightningModule) -> list[torch.nn.Module]:
     """The self-attention of the first layer of each Transformer stack (``*layers.0.self_attn``)."""
-    from models.attention import MultiHeadAttention
-
     layers = [(n, m) for n, m in pl_module.named_modules() if isinstance(m, MultiHeadAttention)]
     entry = [m for n, m in layers if n.endswith("layers.0.self_attn")]
     return entry or [m for _, m in layers[:1]]

@@ -12,11 +12,10 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import measure_flops, rank_zero_warn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from experiments import stats as summary_stats
-from experiments.callbacks.attention_figure import plot_attention_maps
 from experiments.callbacks.base import batch_size, shadowed
 from experiments.callbacks.monitors import GradientNorm, Throughput
 from experiments.runfolder import read_json, write_json
@@ -28,11 +27,10 @@ class RunSummary(Callback):
     """Write ``summary.json`` (`experiments.runfolder.Summary`) into the run folder: at fit start (``status:
     running``) and again when training ends (``finished``) or fails.
 
-    FLOPs per sample and the attention statistics at initialisation and at the end are measured on the fixed
+    FLOPs per sample, the attention statistics at initialisation and at the end, and ``attention.png`` (each
+    layer's head-mean attention on the first sample, logged to W&B as ``val/attention``) are measured on the fixed
     batch: the inputs of the model's first call in the fit (the sanity check's first validation batch, or the
-    first training batch without one). Also saves ``attention.png`` (each layer's head-mean attention on the
-    first sample), logged to W&B as ``val/attention``. Every process runs the measuring forward passes on its
-    own fixed batch, which FSDP needs (`models.distributed.full_weights`); only rank 0 writes.
+    first training batch without one). Every process runs these forward passes (FSDP); only rank 0 writes.
     """
 
     def __init__(self, filename: str = "summary.json", attention_figure: bool = True):
@@ -52,7 +50,7 @@ class RunSummary(Callback):
         self._previous, self._resumed = read_json(self.path), None  # a resumed run's folder already has one
         if trainer.is_global_zero:
             self._summary.update(self._describe(trainer, pl_module))
-            self._write()
+            write_json(self.path, self._summary)
 
     def _describe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         dm = trainer.datamodule
@@ -77,7 +75,11 @@ class RunSummary(Callback):
                 "max_epochs": trainer.max_epochs,
             },
             "hardware": _hardware(trainer),
-            "versions": _versions(),
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "pytorch_lightning": pl.__version__,
+            },
             "wandb": _wandb_runs(trainer),
         }
 
@@ -105,7 +107,7 @@ class RunSummary(Callback):
             self._summary.update(
                 resumed_from=str(trainer.ckpt_path), started=self._resumed.get("started", self._summary["started"])
             )
-            self._write()
+            write_json(self.path, self._summary)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
         # without a sanity check the fixed batch is the first training batch: measure before the first update
@@ -117,7 +119,11 @@ class RunSummary(Callback):
             return
         final = self._measure(trainer, pl_module)
         flops = self._flops_per_sample(trainer)
-        figure = self._attention_maps(trainer) if self.attention_figure and final is not None else None
+        figure = None
+        if self.attention_figure and final is not None:  # each layer's head-mean attention on the first sample
+            with torch.no_grad(), capture_attention(self._model) as maps:
+                self._forward(trainer)
+            figure = {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}  # (Lq, Lk)
         if not trainer.is_global_zero:
             return
         throughput = next((cb for cb in trainer.callbacks if isinstance(cb, Throughput)), None)
@@ -125,19 +131,13 @@ class RunSummary(Callback):
         ckpt = trainer.checkpoint_callback
         best = None
         if ckpt is not None and getattr(ckpt, "monitor", None):
-            score = ckpt.best_model_score
-            best = {
-                "monitor": ckpt.monitor,
-                "mode": ckpt.mode,
-                "value": None if score is None else float(score),
-                "checkpoint": ckpt.best_model_path or None,
-            }
+            value = None if ckpt.best_model_score is None else float(ckpt.best_model_score)
+            best = dict(monitor=ckpt.monitor, mode=ckpt.mode, value=value, checkpoint=ckpt.best_model_path or None)
         previous = self._resumed or {}
-        previous_time = previous.get("train_time_s", 0.0)
         self._summary.update(
             status="finished",
             finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
-            train_time_s=previous_time + time.perf_counter() - self._start,
+            train_time_s=previous.get("train_time_s", 0.0) + time.perf_counter() - self._start,
             global_step=trainer.global_step,
             epochs=trainer.current_epoch,
             flops_per_sample=flops,
@@ -156,7 +156,7 @@ class RunSummary(Callback):
         # a resumed run keeps its first start's
         init = self._init_stats or (previous.get("attention") or {}).get("init")
         self._summary["attention"] = {"init": init, "final": final}
-        self._write()
+        write_json(self.path, self._summary)
         if figure is not None:
             self._log_figure(trainer, figure)
         for run in self._summary.get("wandb") or []:
@@ -167,60 +167,55 @@ class RunSummary(Callback):
         if getattr(self, "_active", False) and trainer.is_global_zero:
             stopped = isinstance(exception, (KeyboardInterrupt, SIGTERMException))  # Ctrl-C, or a scheduler's SIGTERM
             self._summary.update(status="interrupted" if stopped else "failed", error=repr(exception)[:500])
-            self._write()
+            write_json(self.path, self._summary)
+
+    def _forward(self, trainer: pl.Trainer) -> None:
+        """The model in eval mode on the fixed batch; a forward pass on every process (FSDP)."""
+        was_training = self._model.training
+        self._model.eval()
+        try:
+            with full_weights(trainer.model):
+                self._model(*self._inputs.args, **self._inputs.kwargs)
+        finally:
+            self._model.train(was_training)
 
     def _flops_per_sample(self, trainer: pl.Trainer) -> float | None:
-        """FLOPs of one forward pass per sample of the fixed batch; a forward pass on every process (FSDP)."""
-        from torch.utils.flop_counter import FlopCounterMode
-
         if self._inputs is None or self._inputs.args is None:
             return None
         n = batch_size(self._inputs.args)
-        was_training = self._model.training
-        self._model.eval()
         try:  # with autograd on: FlopCounterMode's module tracker fails under no_grad on some models (DETR)
-            with full_weights(trainer.model), FlopCounterMode(display=False) as counter:
-                self._model(*self._inputs.args, **self._inputs.kwargs)
+            flops = measure_flops(self._model, lambda: self._forward(trainer))
         except Exception as err:
             rank_zero_warn(f"FLOP counting failed: {err!r}")
             return None
-        finally:
-            self._model.train(was_training)
-        return counter.get_total_flops() / n if n else None
-
-    def _attention_maps(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
-        """Each layer's head-mean attention (Lq, Lk) on the first sample of the fixed batch; a forward pass on every process (FSDP)."""
-        with torch.no_grad(), full_weights(trainer.model), capture_attention(self._model) as maps:
-            was_training = self._model.training
-            self._model.eval()
-            try:
-                self._model(*self._inputs.args, **self._inputs.kwargs)
-            finally:
-                self._model.train(was_training)
-        return {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}
+        return flops / n if n else None
 
     def _log_figure(self, trainer: pl.Trainer, maps: dict[str, torch.Tensor]) -> None:
+        """``attention.png``: one heat map per layer, four to a row; logged to W&B as ``val/attention``."""
+        from matplotlib.figure import Figure  # no pyplot: no global backend, nothing to close
+
+        cols = min(4, len(maps)) or 1
+        rows = max(1, -(-len(maps) // cols))
+        fig = Figure(figsize=(3 * cols, 3 * rows))
+        axes = fig.subplots(rows, cols, squeeze=False)
+        for ax, (name, weights) in zip(axes.flat, maps.items()):
+            ax.imshow(weights.float().numpy(), cmap="viridis", aspect="auto", interpolation="nearest")
+            ax.set_title(name, fontsize=7)
+            ax.set_xlabel("key")
+            ax.set_ylabel("query")
+        for ax in axes.flat[len(maps) :]:
+            ax.axis("off")
+        fig.tight_layout()
         path = self.path.parent / "attention.png"
-        plot_attention_maps(maps, path)
+        fig.savefig(path, dpi=80)
         for logger in trainer.loggers:
             if hasattr(logger, "log_image"):
                 logger.log_image(key="val/attention", images=[str(path)], step=trainer.global_step)
 
-    def _write(self) -> None:
-        write_json(self.path, self._summary)
-
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in values.items():
-        if key.startswith("_"):  # LightningCLI's bookkeeping (_class_path, _instantiator)
-            continue
-        try:
-            json.dumps(value)
-            out[key] = value
-        except TypeError:
-            out[key] = str(value)
-    return out
+    """``values`` as JSON holds them (what it cannot, as its str), less LightningCLI's ``_class_path``, ``_instantiator``."""
+    return json.loads(json.dumps({k: v for k, v in values.items() if not k.startswith("_")}, default=str))
 
 
 def _hardware(trainer: pl.Trainer) -> dict[str, Any]:
@@ -238,10 +233,6 @@ def _hardware(trainer: pl.Trainer) -> dict[str, Any]:
     return info
 
 
-def _versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "torch": torch.__version__, "pytorch_lightning": pl.__version__}
-
-
 def _wandb_runs(trainer: pl.Trainer) -> list[dict[str, Any]]:
     """Id, mode and folder of each W&B logger's run (starts the run: rank 0 only)."""
     runs = []
@@ -249,9 +240,8 @@ def _wandb_runs(trainer: pl.Trainer) -> list[dict[str, Any]]:
         if type(logger).__name__ != "WandbLogger" or not hasattr(logger, "experiment"):
             continue
         run = logger.experiment
-        mode = (
-            "disabled" if getattr(run, "disabled", False) else "offline" if getattr(run, "offline", False) else "online"
-        )
+        disabled, offline = getattr(run, "disabled", False), getattr(run, "offline", False)
+        mode = "disabled" if disabled else "offline" if offline else "online"
         runs.append(
             {
                 "id": getattr(run, "id", None),
