@@ -1,7 +1,6 @@
 """The `attnlab` command: LightningCLI over every model and DataModule of the suite (`attnlab fit --config
 configs/vision/digits.yaml`), and the `TOOLS` `attnlab compare` and `attnlab sweep`. Configs name the classes
-(``model.class_path``, ``data.class_path``); facts about the data that a model needs are linked from the
-DataModule to the model (`experiments.links`), so they are never typed twice.
+(``model.class_path``, ``data.class_path``); the DataModule's facts a model needs are linked (`experiments.links`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import huggingface_hub.constants
 import pytorch_lightning as pl
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from experiments import guards, tracking
@@ -138,7 +138,8 @@ class AttnlabCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, FileNotFoundError) as err:  # a user's bad value, raised where it entered
             _fail(condense_error(str(err)))
-        guards.install_safe_checkpoint_io(self.trainer)  # whole checkpoint files, read without unpickling code
+        if type(self.trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default; a plugin stays
+            self.trainer.strategy.checkpoint_io = guards.SafeCheckpointIO()  # whole files, read as tensors only
         if self.subcommand in ("validate", "test", "predict"):
             self.resolve_saved_checkpoint()
 

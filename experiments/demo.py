@@ -31,16 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attnlab: demo: fit {config} -> {root}", flush=True)
         attnlab(["fit", "--config", config, f"--trainer.default_root_dir={root}", *extra])
         runs.append(str(root))
-    attnlab(
-        [
-            "compare",
-            *runs,
-            "--out",
-            str(out / "report"),
-            "--title",
-            "attnlab demo: three modalities, one attention core",
-        ]
-    )
+    title = "attnlab demo: three modalities, one attention core"
+    attnlab(["compare", *runs, "--out", str(out / "report"), "--title", title])
     print(
         "attnlab: demo: one seed per modality; for means with 95% intervals over seeds, run them as a sweep: "
         "`attnlab sweep configs/sweeps/ablation.yaml` (every similarity, 3 seeds; or `make ablation`), "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,8 +120,7 @@ class NonFiniteLoss(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._check(trainer)
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._check(trainer)
+    on_train_end = on_train_epoch_end
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -217,12 +217,6 @@ class SafeCheckpointIO(TorchCheckpointIO):
         return load_weights_file(path, "ckpt_path", map_location)
 
 
-def install_safe_checkpoint_io(trainer: pl.Trainer) -> None:
-    """Use `SafeCheckpointIO` where the trainer would use Lightning's default (a configured plugin stays)."""
-    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-        trainer.strategy.checkpoint_io = SafeCheckpointIO()
-
-
 def disk_full_message(err: OSError, trainer: pl.Trainer) -> str:
     """The CLI's line for ENOSPC/EDQUOT during a run: what could not be written, and what is still whole."""
     checkpoint = last_checkpoint(trainer)
@@ -239,12 +233,15 @@ def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: 
     """Before a fit: create and write to every folder it will write, and check its checkpoint folders have room
     for every checkpoint the ModelCheckpoints keep (top-k and last; a resumed run holds them already), one more
     while a checkpoint is rewritten beside the previous one, and `LOG_MARGIN_BYTES`."""
-    for folder, setting in _output_folders(trainer).items():
+    folders = {trainer.default_root_dir: "trainer.default_root_dir"}  # folder -> the setting that names it
+    for logger in trainer.loggers:
+        folders.setdefault(logger.save_dir, f"trainer.logger ({type(logger).__name__}) save_dir")
+    for callback in trainer.checkpoint_callbacks:
+        folders.setdefault(getattr(callback, "dirpath", None), "ModelCheckpoint dirpath")
+    for folder, setting in ((Path(f), s) for f, s in folders.items() if f and "://" not in str(f)):  # local ones
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            probe = folder / f".attnlab-write-test-{os.getpid()}"
-            probe.write_bytes(b"ok")
-            probe.unlink()
+            tempfile.TemporaryFile(dir=folder).close()  # a file can be made there
         except OSError as err:
             raise RunError(
                 f"{setting}: cannot write to {folder} ({err.strerror}: {err.filename}); choose a folder you can write to"
@@ -268,16 +265,6 @@ def check_output_folders(trainer: pl.Trainer, model: torch.nn.Module, resuming: 
                 f"{_size(one)} (weights and AdamW's two moments) and {_size(LOG_MARGIN_BYTES)} for logs; "
                 "free space or choose another trainer.default_root_dir"
             )
-
-
-def _output_folders(trainer: pl.Trainer) -> dict[Path, str]:
-    """Local folder -> the setting that names it."""
-    folders = {trainer.default_root_dir: "trainer.default_root_dir"}
-    for logger in trainer.loggers:
-        folders.setdefault(logger.save_dir, f"trainer.logger ({type(logger).__name__}) save_dir")
-    for callback in trainer.checkpoint_callbacks:
-        folders.setdefault(getattr(callback, "dirpath", None), "ModelCheckpoint dirpath")
-    return {Path(f): setting for f, setting in folders.items() if f and "://" not in str(f)}
 
 
 def _size(n: float) -> str:

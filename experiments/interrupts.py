@@ -109,10 +109,9 @@ class ExactResume(Callback):
     """Make a resumed fit continue exactly where the checkpoint left it: the training loader is rebuilt around a
     `ResumableSampler`, checkpoints hold the position in the epoch and every process's random states (restored
     before the first batch), and every loader seeds its workers from its own generator, not the global RNG.
-
-    Exact for what the training processes draw (dropout, augmentation with ``num_workers: 0``), not for workers.
-    A training loader that is not a map-style DataLoader with a plain ``BatchSampler`` is left alone (with a
-    warning). The number of processes must not change between the interrupted run and the resumed one.
+    Exact for what the training processes draw (dropout, augmentation with ``num_workers: 0``), not for workers;
+    it warns when the number of processes changed, or the training loader is not a map-style DataLoader with a
+    plain ``BatchSampler`` (left alone).
     """
 
     def __init__(self):

@@ -1,9 +1,8 @@
 """The run folder's schema: ``summary.json`` (one run) and ``sweep.json`` (one sweep) as dataclasses with read and
 write, the newest checkpoint below a folder, and a setting as it goes on the `attnlab fit` command line.
 
-A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.yaml``, ``hparams.yaml``,
-``metrics.csv``, ``checkpoints/{best,last}*.ckpt``, ``attention.png`` and ``summary.json``; a sweep's root holds
-``sweep.json``. Both are written whole (a temporary file renamed into place), read as empty when missing or unreadable.
+A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.yaml``, ``hparams.yaml``, ``metrics.csv``,
+``checkpoints/{best,last}*.ckpt``, ``attention.png`` and ``summary.json``; a sweep's root holds ``sweep.json``.
 """
 
 from __future__ import annotations

@@ -132,12 +132,9 @@ def _layer_stats(
 def attention_statistics(
     model: nn.Module, args: tuple, kwargs: dict | None = None, special_ids: tuple[int, ...] = ()
 ) -> dict[str, Any]:
-    """Run ``model(*args, **kwargs)`` once in eval mode and measure its attention (see the module docstring).
-
-    Returns ``{"modality", "unit", "batch_size", "layers": [{"name", "kind": "self"|"cross", "heads",
-    "entropy", "max_weight", "saturated", "logit_var", "distance", "special"}, ...]}`` with one value per
-    head in each list (``distance``/``special`` None where not defined), layers in module order.
-    """
+    """Run ``model(*args, **kwargs)`` once in eval mode and measure its attention: ``{"modality", "unit",
+    "batch_size", "layers": [{"name", "kind": "self"|"cross", "heads", and each statistic of the module docstring
+    as one value per head, or None where not defined}, ...]}``, layers in module order."""
     kind = modality(model)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
     feature_hw: list[tuple[int, int]] = []

@@ -71,15 +71,13 @@ class WandbLogger(_WandbLogger):
             raise ValueError(
                 f"trainer.logger: W&B mode={self.mode!r}; expected online, offline or disabled (WANDB_MODE)"
             )
-        if log_model and self.mode != "online":
-            log_model = False  # artifacts need the server; an offline run keeps its checkpoints locally
         # mode goes straight to wandb.init: Lightning's offline=True would set WANDB_MODE for the whole process
         super().__init__(
             name=name,
             save_dir=save_dir or ".",
             project=project,
             id=id,
-            log_model=log_model,
+            log_model=log_model and self.mode == "online",  # artifacts need the server; offline keeps them locally
             entity=entity,
             group=group,
             tags=tags,

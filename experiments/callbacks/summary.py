@@ -148,10 +148,8 @@ class RunSummary(Callback):
             grad_norm={"first": getattr(grad, "first", None), "mean": getattr(grad, "mean", None)},
             best=best,
             metrics={
-                k: float(v)
-                for k, v in trainer.callback_metrics.items()
-                if isinstance(v, torch.Tensor) and v.numel() == 1
-            },
+                k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1
+            },  # tensors, as Lightning keeps them
         )
         # a resumed run keeps its first start's
         init = self._init_stats or (previous.get("attention") or {}).get("init")
@@ -201,8 +199,7 @@ class RunSummary(Callback):
         for ax, (name, weights) in zip(axes.flat, maps.items()):
             ax.imshow(weights.float().numpy(), cmap="viridis", aspect="auto", interpolation="nearest")
             ax.set_title(name, fontsize=7)
-            ax.set_xlabel("key")
-            ax.set_ylabel("query")
+            ax.set(xlabel="key", ylabel="query")
         for ax in axes.flat[len(maps) :]:
             ax.axis("off")
         fig.tight_layout()
@@ -242,14 +239,9 @@ def _wandb_runs(trainer: pl.Trainer) -> list[dict[str, Any]]:
         run = logger.experiment
         disabled, offline = getattr(run, "disabled", False), getattr(run, "offline", False)
         mode = "disabled" if disabled else "offline" if offline else "online"
+        folder = str(Path(run.dir).parent) if getattr(run, "dir", None) and mode != "disabled" else None
+        url = getattr(run, "url", None) if mode == "online" else None
         runs.append(
-            {
-                "id": getattr(run, "id", None),
-                "project": getattr(run, "project", None),
-                "entity": getattr(run, "entity", None),
-                "mode": mode,
-                "dir": str(Path(run.dir).parent) if getattr(run, "dir", None) and mode != "disabled" else None,
-                "url": getattr(run, "url", None) if mode == "online" else None,
-            }
+            {**{k: getattr(run, k, None) for k in ("id", "project", "entity")}, "mode": mode, "dir": folder, "url": url}
         )
     return runs

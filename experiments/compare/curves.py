@@ -31,12 +31,6 @@ def final_value(run: dict[str, Any], key: str) -> float | None:
     return series[-1][1] if series else None
 
 
-def initial_loss(run: dict[str, Any]) -> float | None:
-    """The first logged training loss: the loss near initialisation (ℓ0 of the learning-rate sensitivity)."""
-    series = train_loss(run["metrics"])
-    return series[0][1] if series else None
-
-
 def swept_keys(cells: list[dict[str, Any]]) -> list[str]:
     """The grid keys of a sweep whose values are numbers, at least three of them, within one group of cells."""
     keys = []
@@ -107,9 +101,9 @@ def sensitivity_rows(series: list[dict[str, Any]], metric: str) -> list[tuple[st
         per_seed = []
         for seed in sorted(seeds, key=str):
             runs = [line["runs"][x][seed] for x in rates]
-            points = [(final_value(r, metric), initial_loss(r)) for r in runs]
-            if all(initial is not None for _, initial in points):
-                per_seed.append(lr_sensitivity(points))
+            first = [train_loss(r["metrics"])[:1] for r in runs]  # [(step, ℓ0)]: the loss near initialisation
+            if all(first):
+                per_seed.append(lr_sensitivity([(final_value(r, metric), f[0][1]) for r, f in zip(runs, first)]))
         if per_seed:
             rows.append((line["label"], interval(per_seed)))
     return rows

@@ -1,4 +1,4 @@
-"""Plots of the report, each one PNG drawn with matplotlib's Agg backend (no display needed): training loss,
+"""Plots of the report, each one PNG drawn on a matplotlib Figure (no display needed): training loss,
 attention statistics by layer, the √d section, every seed of every cell, a metric against a swept number."""
 
 from __future__ import annotations
@@ -7,18 +7,19 @@ import re
 from pathlib import Path
 from typing import Any
 
+from matplotlib import colormaps
+from matplotlib.figure import Figure  # no pyplot: no global backend, nothing to close
+
 from experiments.compare.runs import STATS, by_seed, train_loss
 from experiments.compare.stats import interval
 
 
 def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
     """One row per group, one panel per measure: every seed's value (dots) and the mean with its 95% interval (bars)."""
-    plt = _pyplot()
     groups = list(dict.fromkeys(c["group"] for c in cells))
     measures = [("best", "best")] + [(k, label) for k, label in STATS if any(by_seed(c, k) for c in cells)]
-    fig, axes = plt.subplots(
-        len(groups), len(measures), figsize=(3.2 * len(measures), 3.4 * len(groups)), squeeze=False
-    )
+    fig = Figure(figsize=(3.2 * len(measures), 3.4 * len(groups)))
+    axes = fig.subplots(len(groups), len(measures), squeeze=False)
     for axes_row, group in zip(axes, groups):
         members = [c for c in cells if c["group"] == group]
         names = [c["label"].removeprefix(f"{group}/") for c in members]
@@ -29,26 +30,11 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
                 values = list(by_seed(cell, key).values())
                 if not values:
                     continue
-                jitter = [(i - (len(values) - 1) / 2) * 0.06 for i in range(len(values))]
-                ax.plot(
-                    [x + j for j in jitter],
-                    values,
-                    "o",
-                    color="gray",
-                    alpha=0.6,
-                    ms=4,
-                    label="a seed" if x == 0 else None,
-                )
+                dots, bars = (None, None) if x else ("a seed", "mean, 95% CI")  # one legend entry each
+                xs = [x + (i - (len(values) - 1) / 2) * 0.06 for i in range(len(values))]  # jittered
+                ax.plot(xs, values, "o", color="gray", alpha=0.6, ms=4, label=dots)
                 stat = interval(values)
-                ax.errorbar(
-                    [x + 0.25],
-                    [stat["mean"]],
-                    yerr=[[stat["half"] or 0], [stat["half"] or 0]],
-                    fmt="s",
-                    color="tab:blue",
-                    capsize=4,
-                    label="mean, 95% CI" if x == 0 else None,
-                )
+                ax.errorbar(x + 0.25, stat["mean"], stat["half"] or 0, fmt="s", color="tab:blue", capsize=4, label=bars)
             monitor = next((c.get("monitor") for c in members if c.get("monitor")), None)
             ax.set_title(f"{group}: {monitor or label}" if key == "best" else f"{group}: {label}", fontsize=9)
             ax.set_xticks(range(len(members)), names, rotation=30, ha="right", fontsize=7)
@@ -60,10 +46,10 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
 
 def plot_losses(runs: list[dict[str, Any]], path: Path) -> None:
     """Training loss of every run against the fraction of its training, raw (log scale) and relative to its first value."""
-    plt = _pyplot()
-    fig, (raw, rel) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    raw, rel = fig.subplots(1, 2)
     for ax in (raw, rel):
-        ax.set_prop_cycle(color=[plt.get_cmap("tab20")(i % 20) for i in range(len(runs))])
+        ax.set_prop_cycle(color=[colormaps["tab20"](i % 20) for i in range(len(runs))])
         ax.grid(alpha=0.3)
     for r in runs:
         curve = train_loss(r["metrics"])
@@ -90,10 +76,10 @@ def plot_by_layer(runs: list[dict[str, Any]], key: str, ylabel: str, path: Path)
     panels = [(r, a) for r, a in panels if any(layer.get(key) for layer in a.get("layers", []))]
     if not panels:
         return False
-    plt = _pyplot()
     cols = min(len(panels), 4)
     rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.6 * rows), squeeze=False)
+    fig = Figure(figsize=(4 * cols, 3.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, (r, attention) in zip(axes.flat, panels):
@@ -129,40 +115,28 @@ def _short(name: str) -> str:
     return f"{stack[:3]}{index}{kind}" or name
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig: Figure, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    _pyplot().close(fig)
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_scaling(runs: list[dict[str, Any]], path: Path) -> None:
     """Logit variance and max weight at initialisation, by similarity, one group per modality (log scale)."""
-    plt = _pyplot()
     groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for r in runs:
         groups.setdefault(r["summary"].modality or "-", {}).setdefault(r["similarity"] or "-", []).append(r)
     groups = {m: g for m, g in groups.items() if len(g) > 1}
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    panels = (
+        ("logit_var", "init", "logit variance at init"),
+        ("max_weight", "init", "max weight at init"),
+        ("max_weight", "final", "max weight at the end"),
+    )
+    fig = Figure(figsize=(13, 3.6))
+    axes = fig.subplots(1, len(panels))
     sims = [s for s in ("scaled_dot", "dot", "general") if any(s in by_sim for by_sim in groups.values())]
     width = 0.8 / len(sims)
     colors = {"scaled_dot": "tab:blue", "dot": "tab:orange", "general": "tab:green"}
-    for ax, (key, stage, label) in zip(
-        axes,
-        (
-            ("logit_var", "init", "logit variance at init"),
-            ("max_weight", "init", "max weight at init"),
-            ("max_weight", "final", "max weight at the end"),
-        ),
-    ):
+    for ax, (key, stage, label) in zip(axes, panels):
         for j, sim in enumerate(sims):
             xs, ys = [], []
             for i, (_modality, by_sim) in enumerate(sorted(groups.items())):
@@ -183,22 +157,16 @@ def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: P
     and its 95% t-interval (band; none where one seed ran)."""
     from experiments.compare.curves import band
 
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for line in series:
         points = band(line["points"])
         if not points:
             continue
         drawn = ax.plot([x for x, _ in points], [s["mean"] for _, s in points], "o-", ms=4, label=line["label"])
-        spread = [(x, s) for x, s in points if s["half"] is not None]
+        spread = [(x, s["low"], s["high"]) for x, s in points if s["half"] is not None]
         if spread:
-            ax.fill_between(
-                [x for x, _ in spread],
-                [s["low"] for _, s in spread],
-                [s["high"] for _, s in spread],
-                color=drawn[0].get_color(),
-                alpha=0.2,
-            )
+            ax.fill_between(*zip(*spread), color=drawn[0].get_color(), alpha=0.2)  # x, low, high
     ax.set(xscale="log" if log_x else "linear", xlabel=xlabel, ylabel=ylabel)
     ticks = sorted({x for line in series for x in line["points"]})
     ax.set_xticks(ticks, [f"{x:g}" for x in ticks])  # the swept values themselves

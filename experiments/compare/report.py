@@ -1,10 +1,8 @@
 """`attnlab compare RUN_DIR... [--out DIR] [--wandb ENTITY/PROJECT]`: one report across runs and modalities.
 
-Each RUN_DIR is a run folder (``summary.json``) or a folder above run folders: then the newest finished run of
-each experiment below it. ``report.md`` and its plots (in ``--out``): a row per run, the training loss and attention
-by layer, the √d section (`tables`), each cell's mean over seeds and each cell against its reference (`runs`,
-`stats`), metrics against swept numbers (`curves`). ``--wandb ENTITY/PROJECT`` (or PROJECT) logs the tables and
-plots to a W&B run too (offline unless W&B is configured, like training runs).
+Each RUN_DIR is a run folder or a folder above run folders (`runs.find_runs`). ``report.md`` and its plots go to
+``--out`` (the sections as `experiments.compare` lists them); ``--wandb ENTITY/PROJECT`` (or PROJECT) logs the
+tables and plots to a W&B run too (offline unless W&B is configured, like training runs).
 """
 
 from __future__ import annotations
@@ -100,11 +98,7 @@ def build_report(
             )
     against_lines, sensitivity = against_numbers(cells, out, plots)
     lines += against_lines
-    lines += [
-        f"![{name}]({path.name})"
-        for name, path in plots.items()
-        if name not in ("scaling", "seeds") and not name.startswith("against/")
-    ]
+    lines += [f"![{name}]({plots[name].name})" for name in ("loss", "entropy", "distance") if name in plots]
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))
@@ -121,16 +115,15 @@ def build_report(
         "lr_sensitivity": sensitivity,
     }
     (out / "table.json").write_text(json.dumps(tables, indent=1))
-    return {**tables, "report": report, "table": table, "scaling": scale, "plots": plots}
+    return {**tables, "report": report, "table": table, "scaling": scale, "plots": plots, "runs": run_dirs}
 
 
 def against_numbers(
     cells: list[dict[str, Any]], out: Path, plots: dict[str, Path]
 ) -> tuple[list[str], list[list[str]]]:
-    """The section "against the swept numbers": per group of cells and numeric grid key, the final val/loss (or
-    the checkpoint monitor) and, when logged, ``train/max_attn_logit`` against the key (log x for a learning
-    rate); per ``@``-suffixed metric, the metric against its number; and the learning-rate sensitivity of every
-    series of a learning-rate sweep. Returns the report's lines and the sensitivity rows."""
+    """The section "against the swept numbers" (`experiments.compare.curves`): per group and numeric grid key, the
+    final val/loss (or the monitor) and ``train/max_attn_logit`` when logged, with the LR sensitivity of a learning
+    rate; per ``@``-suffixed metric, the metric against its number. Returns the lines and the sensitivity rows."""
     lines, sensitivity = [], []
     for key in swept_keys(cells):
         name = key.rsplit(".", 1)[-1]
@@ -202,12 +195,10 @@ def print_result(result: dict[str, Any], scaling: bool = False) -> None:
         print("Cells: mean ± half-width of the 95% t-interval over n seeds (scipy.stats.t)")
         print(markdown_table(result["cell_columns"], result["cell_rows"]))
     if result["conclusions"]:
-        print()
-        print("Paired over the same seeds (cell - reference; 95% t-interval, scipy.stats.ttest_rel):")
+        print("\nPaired over the same seeds (cell - reference; 95% t-interval, scipy.stats.ttest_rel):")
         print("\n".join(f"- {line}" for line in result["conclusions"]))
     if result["scaling"] and (scaling or not result["cell_rows"]):
-        print()
-        print(markdown_table(result["scaling_columns"], result["scaling"]))
+        print("\n" + markdown_table(result["scaling_columns"], result["scaling"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,13 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(2)
     out = Path(args.out)
     result = build_report(runs, out, args.title, args.baseline)
-    result["runs"] = runs
     print_result(result)
     if args.wandb:
         print(f"attnlab: W&B: {log_to_wandb(args.wandb, result, out)}")
     print(f"attnlab: report written to {result['report']}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

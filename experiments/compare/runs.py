@@ -165,11 +165,6 @@ def identify(run: dict[str, Any]) -> None:
     )
 
 
-def values_of(run: dict[str, Any]) -> dict[str, float | None]:
-    """The best value of the checkpoint monitor and the attention statistics at the end (means over layers, heads)."""
-    return {"best": (run["summary"].best or {}).get("value"), **{key: run["final"].get(key) for key, _ in STATS}}
-
-
 def one_per_seed(cell: dict[str, Any]) -> list[dict[str, Any]]:
     """The cell's runs but those of a seed that ran twice."""
     seeds = [r["seed"] for r in cell["runs"]]
@@ -177,9 +172,11 @@ def one_per_seed(cell: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def by_seed(cell: dict[str, Any], key: str) -> dict[Any, float]:
-    """seed -> the value of ``key`` of the cell's run with that seed (seeds that ran twice, or gave no value, left
-    out)."""
-    return {r["seed"]: values_of(r)[key] for r in one_per_seed(cell) if values_of(r)[key] is not None}
+    """seed -> the value of ``key`` of the cell's run with that seed: "best" (the checkpoint monitor's) or an
+    attention statistic at the end (`STATS`); seeds that ran twice, or gave no value, left out."""
+    runs = one_per_seed(cell)
+    values = {r["seed"]: (r["summary"].best or {}).get("value") if key == "best" else r["final"].get(key) for r in runs}
+    return {seed: value for seed, value in values.items() if value is not None}
 
 
 def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -192,17 +189,8 @@ def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for run in sorted(runs, key=lambda r: (r["sweep"] or "", -1 if r["order"] is None else r["order"])):
         key = (run["sweep"], run["group"], json.dumps(run["settings"], sort_keys=True))
         label = f"{run['sweep']}: {run['cell']}" if several and run["sweep"] else run["cell"]
-        cell = cells.setdefault(
-            key,
-            {
-                "label": label,
-                "group": run["group"],
-                "settings": run["settings"],
-                "reference": run["reference"],
-                "modality": run["summary"].modality or "-",
-                "runs": [],
-            },
-        )
+        shared = {k: run[k] for k in ("group", "settings", "reference")}
+        cell = cells.setdefault(key, {"label": label, **shared, "modality": run["summary"].modality or "-", "runs": []})
         cell["runs"].append(run)
         cell.setdefault("monitor", (run["summary"].best or {}).get("monitor"))
     out = list(cells.values())

@@ -77,10 +77,8 @@ def pairs(
 
 def comparison(cell: dict[str, Any], ref: dict[str, Any], key: str, varying: list[str]) -> str:
     """ "text, dot vs scaled_dot (positions=learned)": the group, the two values, the other settings that vary."""
-    context = [f"{k.rpartition('.')[2]}={cell['settings'][k]}" for k in varying if k != key]
-    return f"{cell['group']}, {cell['settings'][key]} vs {ref['settings'][key]}" + (
-        f" ({', '.join(context)})" if context else ""
-    )
+    context = ", ".join(f"{k.rpartition('.')[2]}={cell['settings'][k]}" for k in varying if k != key)
+    return f"{cell['group']}, {cell['settings'][key]} vs {ref['settings'][key]}" + (f" ({context})" if context else "")
 
 
 def lr_sensitivity(points: list[tuple[float | None, float]]) -> float:

@@ -93,31 +93,24 @@ def parse(path: Path, spec: Any) -> SweepFile:
     if len(set(sweep.seeds)) != len(sweep.seeds):
         raise SweepError(f"{path}: seeds: expected distinct integers, got {sweep.seeds!r}")
     # free-form values as YAML gave them: jsonargparse would read the string "1e-3" as a number
-    sweep.grid, sweep.overrides, sweep.slurm = (
-        spec.get("grid") or {},
-        spec.get("overrides") or {},
-        spec.get("slurm") or {},
-    )
+    for key in ("grid", "overrides", "slurm"):
+        setattr(sweep, key, spec.get(key) or {})
     sweep.name = spec.get("name", path.stem)
     if not sweep.name or "/" in sweep.name:
         raise SweepError(f"{path}: name: expected {EXPECTED['name']}, got {sweep.name!r}")
-    _nonempty(path, "grid", sweep.grid)
+    if where := _bad_grid(sweep.grid):
+        raise SweepError(f"{path}: grid{where}")
     for entry, raw in zip(sweep.configs, spec["configs"]):
         if isinstance(entry, ConfigEntry):
             entry.grid = raw.get("grid") or {}
-            _nonempty(path, f"configs[{entry.config}].grid", entry.grid)
+            if where := _bad_grid(entry.grid):
+                raise SweepError(f"{path}: configs[{entry.config}].grid{where}")
     if not sweep.configs:
         raise SweepError(f"{path}: configs: expected {EXPECTED['configs']}, got []")
     if sweep.wandb is None and sweep.launcher == "wandb":
         sweep.wandb = WandbSettings()
     sweep.report = sweep.report or ReportSettings()
     return sweep
-
-
-def _nonempty(path: Path, where: str, grid: dict[str, list]) -> None:
-    for key, values in grid.items():
-        if not values:
-            raise SweepError(f"{path}: {where}.{key}: expected a non-empty list of values, got {values!r}")
 
 
 def _explain(error: str, spec: dict[str, Any]) -> str:
@@ -149,9 +142,10 @@ def _explain(error: str, spec: dict[str, Any]) -> str:
 
 
 def _bad_grid(grid: Any) -> str | None:
+    """What is wrong with a grid, after its name (": expected ..." or ".KEY: expected ..."); None when nothing."""
     if not isinstance(grid, dict):
         return f": expected {EXPECTED['grid']}, got {grid!r}"
     for key, values in grid.items():
-        if not isinstance(values, list):
+        if not isinstance(values, list) or not values:
             return f".{key}: expected a non-empty list of values, got {values!r}"
     return None
