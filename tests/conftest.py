@@ -1,5 +1,4 @@
 import os
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -56,10 +55,3 @@ def attnlab(capsys):
         return code, out, err
 
     return run
-
-
-def pytest_collection_modifyitems(items):
-    """Files with the most slow tests first: `make test` hands each pytest-xdist worker whole files in this order
-    (--dist loadfile), so the long files start early and the workers finish together."""
-    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.path])  # stable: each file's tests stay together and in order
