@@ -66,6 +66,10 @@ def test_report_gives_lr_sensitivity_over_seeds_and_plots_loss_against_lr_and_ev
         "digits: qk_norm=null": ("3", f"1.1 ± {half:.3g}"),
         "digits: qk_norm=layernorm": ("3", f"0.2 ± {half:.3g}"),
     }
+    # paired over the seeds, QK-norm lowers it by 0.9 in each: an interval of zero width and no p-value
+    assert result["lr_sensitivity_pairs"] == [
+        ["digits: qk_norm=layernorm vs digits: qk_norm=null", "3", "-0.9", "-0.9 to -0.9", "-"]
+    ]
     plots = result["plots"]
     assert plots["against/digits_val_loss_against_lr"].is_file() and plots["against/val_loss_at_x"].is_file()
     assert plots["against/digits_train_max_attn_logit_against_lr"].is_file()
@@ -77,6 +81,20 @@ def test_report_gives_lr_sensitivity_over_seeds_and_plots_loss_against_lr_and_ev
     h = f"{stats.t.ppf(0.975, 2) * 0.3 / math.sqrt(3):.3g}"
     assert f"| digits: qk_norm=null | 2.3 ± {h} | 1.5 ± 0 | - |" in report
     assert "| series | 1x | 2x |" in report and f"| digits/lr=0.1,qk_norm=layernorm | 2 ± {h} | 3 ± {h} |" in report
+
+
+def test_each_series_lr_sensitivity_is_paired_with_the_first_of_its_group_over_common_seeds():
+    from scipy import stats
+
+    from experiments.compare.tables import sensitivity_rows
+
+    per_series = {"none": {0: 1.0, 1: 1.4, 2: 0.9, 3: 2.0}, "ln": {0: 0.3, 1: 0.5, 2: 0.4}, "rms": {5: 0.1}}
+    rows, pairs = sensitivity_rows(per_series)
+    assert [row[:2] for row in rows] == [["none", "4"], ["ln", "3"], ["rms", "1"]]
+    a, b = [0.3, 0.5, 0.4], [1.0, 1.4, 0.9]  # seed 3 has no QK-norm run; "rms" shares no seed: no pair
+    ci = stats.ttest_1samp([x - y for x, y in zip(a, b)], 0).confidence_interval(0.95)
+    p = stats.ttest_rel(a, b).pvalue
+    assert pairs == [["ln vs none", "3", f"{-0.7:+.3g}", f"{ci.low:.3g} to {ci.high:.3g}", f"{p:.2g}"]]
 
 
 def test_swept_series_band_is_the_t_interval_over_seeds(lr_sweep):

@@ -91,19 +91,19 @@ def band(points: dict[float, dict[Any, float | None]]) -> list[tuple[float, dict
     return out
 
 
-def sensitivity_rows(series: list[dict[str, Any]], metric: str) -> list[tuple[str, dict[str, Any]]]:
-    """Per series of a learning-rate sweep: `lr_sensitivity` of ``metric`` for each seed that ran every learning
-    rate, then its mean and 95% t-interval over those seeds."""
-    rows = []
+def sensitivities(series: list[dict[str, Any]], metric: str) -> dict[str, dict[Any, float]]:
+    """Per series of a learning-rate sweep: {seed: `lr_sensitivity` of ``metric``} over the seeds that ran every
+    learning rate (series with no such seed are left out)."""
+    out = {}
     for line in series:
         rates = sorted(line["runs"])
         seeds = set.intersection(*(set(line["runs"][x]) for x in rates))
-        per_seed = []
+        per_seed = {}
         for seed in sorted(seeds, key=str):
             runs = [line["runs"][x][seed] for x in rates]
             first = [train_loss(r["metrics"])[:1] for r in runs]  # [(step, ℓ0)]: the loss near initialisation
             if all(first):
-                per_seed.append(lr_sensitivity([(final_value(r, metric), f[0][1]) for r, f in zip(runs, first)]))
+                per_seed[seed] = lr_sensitivity([(final_value(r, metric), f[0][1]) for r, f in zip(runs, first)])
         if per_seed:
-            rows.append((line["label"], interval(per_seed)))
-    return rows
+            out[line["label"]] = per_seed
+    return out

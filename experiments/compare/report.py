@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.compare.curves import (
-    sensitivity_rows,
+    sensitivities,
     suffixed_metrics,
     suffixed_series,
     swept_keys,
@@ -27,9 +27,9 @@ from experiments.compare.tables import (
     cell_rows,
     markdown_table,
     paired_rows,
-    plus_minus,
     run_rows,
     scaling_rows,
+    sensitivity_rows,
     series_table,
 )
 
@@ -56,6 +56,8 @@ LR_SENSITIVITY = """### Learning-rate sensitivity (Wortsman et al. 2023)
 Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus
 the best final val/loss over the rates (a diverged run counts as the first loss); mean ± the half-width
 of the 95% t-interval over the seeds that ran every rate."""
+LR_SENSITIVITY_PAIRED = """Each series against the first of its group, paired over the seeds both ran: the mean difference of
+the LR sensitivity, its 95% t-interval and the p-value of a paired t-test."""
 
 
 def _section(*parts: str) -> list[str]:
@@ -96,7 +98,7 @@ def build_report(
                 "\n".join(f"- {line}" for line in conclusions),
                 markdown_table(paired_columns, paired_table),
             )
-    against_lines, sensitivity = against_numbers(cells, out, plots)
+    against_lines, sensitivity, sensitivity_pairs = against_numbers(cells, out, plots)
     lines += against_lines
     lines += [f"![{name}]({plots[name].name})" for name in ("loss", "entropy", "distance") if name in plots]
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
@@ -113,6 +115,7 @@ def build_report(
         "paired_rows": paired_table,
         "conclusions": conclusions,
         "lr_sensitivity": sensitivity,
+        "lr_sensitivity_pairs": sensitivity_pairs,
     }
     (out / "table.json").write_text(json.dumps(tables, indent=1))
     return {**tables, "report": report, "table": table, "scaling": scale, "plots": plots, "runs": run_dirs}
@@ -120,11 +123,12 @@ def build_report(
 
 def against_numbers(
     cells: list[dict[str, Any]], out: Path, plots: dict[str, Path]
-) -> tuple[list[str], list[list[str]]]:
+) -> tuple[list[str], list[list[str]], list[list[str]]]:
     """The section "against the swept numbers" (`experiments.compare.curves`): per group and numeric grid key, the
     final val/loss (or the monitor) and ``train/max_attn_logit`` when logged, with the LR sensitivity of a learning
-    rate; per ``@``-suffixed metric, the metric against its number. Returns the lines and the sensitivity rows."""
-    lines, sensitivity = [], []
+    rate; per ``@``-suffixed metric, the metric against its number. Returns the lines, the sensitivity rows and the
+    paired sensitivity rows."""
+    lines, sensitivity, sensitivity_pairs = [], [], []
     for key in swept_keys(cells):
         name = key.rsplit(".", 1)[-1]
         log_x = name == "lr"
@@ -145,9 +149,14 @@ def against_numbers(
                 )
             if log_x and metric == "val/loss":
                 series = swept_series(members, key, metric)
-                sensitivity += [[label, str(s["n"]), plus_minus(s)] for label, s in sensitivity_rows(series, metric)]
+                rows, against = sensitivity_rows(sensitivities(series, metric))
+                sensitivity += rows
+                sensitivity_pairs += against
     if sensitivity:
         lines += _section(LR_SENSITIVITY, markdown_table(["series", "seeds", "LR sensitivity"], sensitivity))
+    if sensitivity_pairs:
+        columns = ["comparison", "n", "difference", "95% CI", "p (paired t)"]
+        lines += _section(LR_SENSITIVITY_PAIRED, markdown_table(columns, sensitivity_pairs))
     for base, keys in suffixed_metrics(cells).items():
         metric, unit = base.split("@")
         slug = re.sub(r"\W+", "_", f"{metric}_at_{unit}")
@@ -156,7 +165,7 @@ def against_numbers(
         plot_against(series, f"evaluated at ({unit})", metric, path)
         points = ", ".join(k.split("@")[1] for k in keys)
         lines += _section(f"### {metric} at {points}", f"![{slug}]({path.name})", series_table(series, unit))
-    return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity
+    return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity, sensitivity_pairs
 
 
 def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:

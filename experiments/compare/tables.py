@@ -130,13 +130,32 @@ def paired_rows(
             seeds = [s for s in a if s in b]
             if len(seeds) < 2:
                 continue
-            d = paired([a[s] for s in seeds], [b[s] for s in seeds])
-            ci = f"{d['low']:.3g} to {d['high']:.3g}"
-            p = "-" if d["p"] is None or math.isnan(d["p"]) else f"{d['p']:.2g}"
-            rows.append([name, label, str(d["n"]), f"{d['mean']:+.3g}", ci, p])
+            n, difference, ci, p = _paired_cells(paired([a[s] for s in seeds], [b[s] for s in seeds]))
+            rows.append([name, label, n, difference, ci, p])
             if metric == "best":
-                conclusions.append(f"{name}: {d['mean']:+.3g} {label} (95% CI {ci}, n={d['n']}, paired t-test p={p})")
+                conclusions.append(f"{name}: {difference} {label} (95% CI {ci}, n={n}, paired t-test p={p})")
     return columns, rows, conclusions
+
+
+def _paired_cells(d: dict[str, Any]) -> list[str]:
+    """n, the mean difference, its 95% CI and the paired t-test's p-value, as the report prints them."""
+    p = "-" if d["p"] is None or math.isnan(d["p"]) else f"{d['p']:.2g}"
+    return [str(d["n"]), f"{d['mean']:+.3g}", f"{d['low']:.3g} to {d['high']:.3g}", p]
+
+
+def sensitivity_rows(per_series: dict[str, dict[Any, float]]) -> tuple[list[list[str]], list[list[str]]]:
+    """The LR sensitivity of each series (its seeds, mean ± half-width of the 95% t-interval), and each series
+    against the first of its group (paired over the seeds both ran: difference, 95% CI, p)."""
+    rows = [[label, str(len(v)), plus_minus(interval(list(v.values())))] for label, v in per_series.items()]
+    pairs_ = []
+    if len(per_series) > 1:
+        (ref_label, ref), *others = per_series.items()
+        for label, values in others:
+            seeds = [s for s in values if s in ref]
+            if len(seeds) > 1:
+                d = paired([values[s] for s in seeds], [ref[s] for s in seeds])
+                pairs_.append([f"{label} vs {ref_label}", *_paired_cells(d)])
+    return rows, pairs_
 
 
 def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
