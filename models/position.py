@@ -312,30 +312,49 @@ class T5RelativePositionBias(nn.Module):
         return self.relative_attention_bias(buckets).permute(2, 0, 1)  # (H, Lq, Lk)
 
 
+def relative_position_index(grid: Sequence[int], prefix_tokens: int = 0) -> Tensor:
+    """The row of each (query, key) cell pair in a (2h - 1)(2w - 1) offset table, (dy, dx) rows first; a class token
+    (``prefix_tokens`` = 1) takes BEiT's three last rows: class to cell, cell to class, class to class.
+    -> (p + h·w, p + h·w)."""
+    h, w = grid
+    n_offsets = (2 * h - 1) * (2 * w - 1)
+    cells = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")).flatten(1)  # (2, N)
+    delta = cells[:, :, None] - cells[:, None, :]  # (2, N, N): query minus key
+    index = (delta[0] + h - 1) * (2 * w - 1) + delta[1] + w - 1  # (N, N)
+    if prefix_tokens:
+        index = nn.functional.pad(index, (1, 0, 1, 0))
+        index[0, :], index[:, 0], index[0, 0] = n_offsets, n_offsets + 1, n_offsets + 2
+    return index
+
+
 class RelativePositionBias2D(nn.Module):
     """Swin's relative position bias over a patch grid (Liu et al. 2021), timm's ``RelPosBias``: a table of
     (2h - 1)(2w - 1) offsets x heads, indexed by the (dy, dx) between query and key cells (rows first).
     ``prefix_tokens`` = 1 (a class token) adds BEiT's three entries: class to cell, cell to class, class to class.
-    () -> bias (H, p + h·w, p + h·w)."""
+    For another grid than the table's, the table is resized as BEiT fine-tunes at a higher resolution (timm's
+    ``resize_rel_pos_bias_table``: offsets spread geometrically, then interpolated; the class entries kept).
+    (grid) -> bias (H, p + h·w, p + h·w)."""
 
     def __init__(self, grid: Sequence[int], num_heads: int, prefix_tokens: int = 0):
         super().__init__()
         if prefix_tokens not in (0, 1):
             raise ValueError(f"a relative position bias takes 0 or 1 prefix tokens, got {prefix_tokens}")
-        h, w = grid
-        n_offsets = (2 * h - 1) * (2 * w - 1)
+        self.grid, self.prefix_tokens = tuple(grid), prefix_tokens
+        n_offsets = (2 * grid[0] - 1) * (2 * grid[1] - 1)
         self.relative_position_bias_table = nn.Parameter(torch.empty(n_offsets + 3 * prefix_tokens, num_heads))
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
-        cells = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")).flatten(1)  # (2, N)
-        delta = cells[:, :, None] - cells[:, None, :]  # (2, N, N): query minus key
-        index = (delta[0] + h - 1) * (2 * w - 1) + delta[1] + w - 1  # (N, N)
-        if prefix_tokens:
-            index = nn.functional.pad(index, (1, 0, 1, 0))
-            index[0, :], index[:, 0], index[0, 0] = n_offsets, n_offsets + 1, n_offsets + 2
-        self.register_buffer("relative_position_index", index, persistent=False)
+        self.register_buffer("relative_position_index", relative_position_index(grid, prefix_tokens), persistent=False)
 
-    def forward(self) -> Tensor:
-        return self.relative_position_bias_table[self.relative_position_index].permute(2, 0, 1)  # (H, N, N)
+    def forward(self, grid: Sequence[int] | None = None) -> Tensor:
+        table, index = self.relative_position_bias_table, self.relative_position_index
+        if grid is not None and tuple(grid) != self.grid:
+            from timm.layers import resize_rel_pos_bias_table
+
+            h, w = grid
+            shape = ((2 * h - 1) * (2 * w - 1) + 3 * self.prefix_tokens, table.shape[1])
+            table = resize_rel_pos_bias_table(table, (h, w), shape, old_window_size=self.grid)
+            index = relative_position_index(grid, self.prefix_tokens).to(table.device)
+        return table[index].permute(2, 0, 1)  # (H, N, N)
 
 
 # The text models' positions: added to the token embeddings, or acting inside self-attention.

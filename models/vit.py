@@ -119,7 +119,8 @@ class VisionTransformer(nn.Module):
         qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
     Shapes: images (B, C, H, W) -> logits (B, num_classes). Images of another size than ``img_size`` (trained
     small, evaluated large) give another patch grid: learned positions are resampled to it (bicubic, timm's
-    ``resample_abs_pos_embed``), sine-cosine and RoPE positions are computed for it; "relpos" tables are refused.
+    ``resample_abs_pos_embed``), sine-cosine and RoPE positions are computed for it, and "relpos" tables are resized
+    to it (BEiT's geometric interpolation, timm's ``resize_rel_pos_bias_table``).
     """
 
     num_prefix_tokens = 1  # the class token
@@ -252,13 +253,7 @@ class VisionTransformer(nn.Module):
                 return {"rope": [r.with_prefix(self.num_prefix_tokens) for r in rotation]}
             return {"rope": rotation.with_prefix(self.num_prefix_tokens)}
         if self.rel_pos_bias is not None:
-            trained = self.patch_embed.grid_size
-            if grid != (trained, trained):
-                raise ValueError(
-                    f"model.positions=relpos has tables for the {trained}x{trained} patch grid of model.img_size="
-                    f"{self.patch_embed.img_size}, these images give {grid[0]}x{grid[1]}; evaluate at the training size"
-                )
-            return {"position_bias": [table() for table in self.rel_pos_bias]}
+            return {"position_bias": [table(grid) for table in self.rel_pos_bias]}
         return {}
 
     def forward_head(self, tokens: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ class ImageClassifier(pl.LightningModule):
             block i of L trains at ``lr * layer_decay ** (L + 1 - i)``, the head at ``lr``.
         eval_sizes: also evaluate with the images resized (bilinear, antialiased when shrinking) to each of these
             sides, e.g. [28, 42, 56] for a model trained at 28 px: a larger patch grid, whose positions the ViT
-            resamples or computes (`models.vit.VisionTransformer`; not "relpos").
+            resamples, resizes or computes (`models.vit.VisionTransformer`).
     Logged: ``train/loss``, ``train/acc``, ``val/loss``, ``val/acc``, ``test/loss``, ``test/acc``; with
     ``eval_sizes``, also ``val/acc@42px``, ``val/loss@42px`` ... per size (and ``test/`` alike).
     """
@@ -72,11 +72,6 @@ class ImageClassifier(pl.LightningModule):
                 self.model.patch_embed.patch_grid(size, size)
             except ValueError as error:
                 raise ValueError(f"model.eval_sizes={eval_sizes}: {error}") from None
-            if network.get("positions") == "relpos" and size != self.model.patch_embed.img_size:
-                raise ValueError(
-                    f"model.eval_sizes={eval_sizes}: positions=relpos holds tables for the training grid only; "
-                    "choose learned, sincos2d, rope_axial or rope_mixed"
-                )
         self.size_acc = nn.ModuleDict(
             {
                 f"{stage}_{size}": MulticlassAccuracy(classes, average="micro")

@@ -60,7 +60,7 @@ def test_eval_context_needs_1_and_windows_that_split_into_every_length(tmp_path)
         _trainer(tmp_path).fit(_lm(data, positions="rope", eval_context=[1, 4]), data)
 
 
-@pytest.mark.parametrize("positions", ["learned", "sincos2d", "rope_axial", "rope_mixed"])
+@pytest.mark.parametrize("positions", ["learned", "sincos2d", "rope_axial", "rope_mixed", "relpos"])
 def test_vit_trained_at_8px_is_scored_at_8_12_and_16px(tmp_path, positions):
     torch.manual_seed(0)
     data = DigitsDataModule(batch_size=32)
@@ -74,12 +74,10 @@ def test_vit_trained_at_8px_is_scored_at_8_12_and_16px(tmp_path, positions):
     assert trainer.callback_metrics["val/acc@8px"] == trainer.callback_metrics["val/acc"]
 
 
-def test_eval_sizes_the_patches_do_not_tile_or_relpos_are_refused():
+def test_eval_sizes_the_patches_do_not_tile_are_refused():
     net = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depth=1, num_heads=2)
     with pytest.raises(ValueError, match=r"model.eval_sizes=\[8, 9\]: model.patch_size=2 does not divide"):
         ImageClassifier(eval_sizes=[8, 9], **net)
-    with pytest.raises(ValueError, match="positions=relpos holds tables for the training grid only"):
-        ImageClassifier(eval_sizes=[8, 12], positions="relpos", **net)
 
 
 def test_max_attention_logit_is_logged_at_logging_steps_only(tmp_path):

@@ -136,6 +136,11 @@ def test_swin_table_equals_timm_rel_pos_bias(prefix):
     )
     ours.load_state_dict(theirs.state_dict())
     torch.testing.assert_close(ours(), theirs.get_bias()[0])
+    theirs.set_window_size((5, 6))  # a larger grid: timm resizes its table in place, ours is resized on the fly
+    torch.testing.assert_close(ours((5, 6)), theirs.get_bias()[0])
+    torch.testing.assert_close(ours((3, 4)), ours())  # the table's own grid: unchanged
+    if prefix:  # the class token's three entries are kept as they are
+        torch.testing.assert_close(ours((5, 6))[:, 0, 0], ours()[:, 0, 0])
 
 
 def test_swin_table_depends_on_the_offset_only():
