@@ -34,7 +34,7 @@ demo: $(STAMP)
 ablation: $(STAMP)
 	$(BIN)/attnlab sweep configs/sweeps/ablation.yaml
 
-# Three findings reproduced in every modality, 5 seeds each, one sweep after the other (about 78 min in all on a 2-core
+# Three findings reproduced in every modality, 5 seeds each, one sweep after the other (about 83 min in all on a 2-core
 # CPU; resumable: run it again after an interruption), each with its report in runs/sweeps/<name>/report:
 # train short, test long (Press et al. 2022), QK-norm against the learning rate (Wortsman et al. 2023), DETR's
 # encoder with 2D RoPE against sine positions.
