@@ -55,9 +55,8 @@ LR_SENSITIVITY = """### Learning-rate sensitivity (Wortsman et al. 2023)
 
 Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus
 the best final val/loss over the rates (a diverged run counts as the first loss); mean ± the half-width
-of the 95% t-interval over the seeds that ran every rate."""
-LR_SENSITIVITY_PAIRED = """Each series against the first of its group, paired over the seeds both ran: the mean difference of
-the LR sensitivity, its 95% t-interval and the p-value of a paired t-test."""
+of the 95% t-interval over the seeds that ran every rate. Then each series against the first of its group, paired
+over the seeds both ran: the mean difference, its 95% t-interval and the p-value of a paired t-test."""
 
 
 def _section(*parts: str) -> list[str]:
@@ -128,7 +127,7 @@ def against_numbers(
     final val/loss (or the monitor) and ``train/max_attn_logit`` when logged, with the LR sensitivity of a learning
     rate; per ``@``-suffixed metric, the metric against its number. Returns the lines, the sensitivity rows and the
     paired sensitivity rows."""
-    lines, sensitivity, sensitivity_pairs = [], [], []
+    lines, sensitivity, pairs = [], [], []
     for key in swept_keys(cells):
         name = key.rsplit(".", 1)[-1]
         log_x = name == "lr"
@@ -150,13 +149,12 @@ def against_numbers(
             if log_x and metric == "val/loss":
                 series = swept_series(members, key, metric)
                 rows, against = sensitivity_rows(sensitivities(series, metric))
-                sensitivity += rows
-                sensitivity_pairs += against
+                sensitivity, pairs = sensitivity + rows, pairs + against
     if sensitivity:
-        lines += _section(LR_SENSITIVITY, markdown_table(["series", "seeds", "LR sensitivity"], sensitivity))
-    if sensitivity_pairs:
         columns = ["comparison", "n", "difference", "95% CI", "p (paired t)"]
-        lines += _section(LR_SENSITIVITY_PAIRED, markdown_table(columns, sensitivity_pairs))
+        tables = [markdown_table(["series", "seeds", "LR sensitivity"], sensitivity)]
+        tables += [markdown_table(columns, pairs)] if pairs else []
+        lines += _section(LR_SENSITIVITY, *tables)
     for base, keys in suffixed_metrics(cells).items():
         metric, unit = base.split("@")
         slug = re.sub(r"\W+", "_", f"{metric}_at_{unit}")
@@ -165,7 +163,7 @@ def against_numbers(
         plot_against(series, f"evaluated at ({unit})", metric, path)
         points = ", ".join(k.split("@")[1] for k in keys)
         lines += _section(f"### {metric} at {points}", f"![{slug}]({path.name})", series_table(series, unit))
-    return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity, sensitivity_pairs
+    return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity, pairs
 
 
 def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:

@@ -147,14 +147,12 @@ def sensitivity_rows(per_series: dict[str, dict[Any, float]]) -> tuple[list[list
     """The LR sensitivity of each series (its seeds, mean ± half-width of the 95% t-interval), and each series
     against the first of its group (paired over the seeds both ran: difference, 95% CI, p)."""
     rows = [[label, str(len(v)), plus_minus(interval(list(v.values())))] for label, v in per_series.items()]
+    (ref_label, ref), *others = per_series.items() or [(None, {})]
     pairs_ = []
-    if len(per_series) > 1:
-        (ref_label, ref), *others = per_series.items()
-        for label, values in others:
-            seeds = [s for s in values if s in ref]
-            if len(seeds) > 1:
-                d = paired([values[s] for s in seeds], [ref[s] for s in seeds])
-                pairs_.append([f"{label} vs {ref_label}", *_paired_cells(d)])
+    for label, values in others:
+        if len(seeds := [s for s in values if s in ref]) > 1:
+            d = paired([values[s] for s in seeds], [ref[s] for s in seeds])
+            pairs_.append([f"{label} vs {ref_label}", *_paired_cells(d)])
     return rows, pairs_
 
 
