@@ -76,7 +76,10 @@ def condense_error(message: str) -> str:
     reason = re.sub(r"Expected a (\w+)", r"expected \1", reason)
     if m := re.search(r"Option '([^']+)' is not accepted", reason):
         options = _accepted_options(class_path) if class_path else []
-        close = difflib.get_close_matches(m.group(1), options, n=1)
+        # a key that moved into a block (model.similarity -> model.attention.similarity) is named exactly
+        close = [o for o in options if o.endswith("." + m.group(1))] or difflib.get_close_matches(
+            m.group(1), options, n=1
+        )
         reason = f"{m.group(1)!r} is not an option of {class_path}" + (f"; did you mean {close[0]!r}?" if close else "")
     elif value is not None and "Got value" not in reason and not value.startswith(("Namespace(", "NestedArg(")):
         reason = f"{reason}, got {value!r}"

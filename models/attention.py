@@ -1,24 +1,26 @@
-"""The shared attention core: similarity functions, multi-head attention, masks, capture.
+"""The shared attention core: the attention block, multi-head attention, capture.
 
-Every model in attnlab (text, ViT, DETR) attends through `MultiHeadAttention` below.
+Every model in attnlab (text, ViT, DETR) attends through `MultiHeadAttention` below, with the options of ONE
+block, `AttentionConfig`, which each model takes as ``attention:`` and hands unchanged to every layer::
 
-Similarity functions (``similarity=``), for a query q and key k of one head (size d):
+    attention: {similarity: scaled_dot, qk_norm: null, normalization: softmax, gate: null}
+
+Similarities (``similarity``), for a query q and key k of one head (size d):
     "scaled_dot"  q·k / √d        (Vaswani et al. 2017, the default)
     "dot"         q·k             (Luong et al. 2015, "dot")
     "general"     qᵀ W k          (Luong et al. 2015, "general"; W is a learned d×d map per head,
                                    initialised to the identity, so it starts equal to "dot")
-Softmax is taken over keys; the output is the weighted sum of values, heads are concatenated and
-projected by ``out_proj``.
-
-Mask convention (ONE for the whole project, the one of ``torch.nn.MultiheadAttention`` and DETR):
-    a boolean mask is True where attention is BLOCKED (padding, the future).
-    ``key_padding_mask``  (B, Lk)                      True at padded keys
-    ``attn_mask``         (Lq, Lk), (B, Lq, Lk) or (B, H, Lq, Lk): boolean (True = blocked) or
-                          float (added to the logits; -inf blocks)
-    ``is_causal``         query i may attend to keys j <= i, aligned to the END of the keys, so
-                          that a decoder step with cached keys (Lq < Lk) sees its whole past.
-A query row whose keys are all blocked gets all-zero weights and a zero attention output (before
-``out_proj``), never NaN.
+    a class path  an ``nn.Module`` of your own whose ``forward(q, k)`` takes (B, H, Lq, d) and (B, H, Lk, d)
+                  and returns the logits (B, H, Lq, Lk); it runs on the reference path.
+QK-norm (``qk_norm="layernorm"|"rmsnorm"``, Dehghani et al. 2023, Wortsman et al. 2023): each head's queries
+and keys are normalised over d after the projections (learned scale shared by the heads, as in timm), before
+the rotation and the similarity; it bounds the logits, whose maximum `capture_attention(scores=True)` records.
+Normalisations over the keys (``normalization``: softmax, softmax1, clipped, sigmoid or a class path), the masks
+and the kernels: see `models.attend`.
+Output gate (``gate="headwise"|"elementwise"``, Qiu et al. 2025's G1; Bondarenko et al. 2023's gated attention):
+each head's output is multiplied by σ(x W_g + b_g), computed from the layer's query input x, before ``out_proj``:
+one gate per head and query (headwise) or per channel (elementwise). b_g starts at logit(0.25), Bondarenko et
+al.'s initial gate. It keeps every kernel.
 
 Positions inside attention (the tables come from `models.position`):
     ``rope``           a `Rotation` of the queries and keys after the projections (RoPE, 1D or 2D), before the
@@ -26,44 +28,39 @@ Positions inside attention (the tables come from `models.position`):
                        (at the cache's offset, which the caller gives).
     ``position_bias``  (H, Lq, Lk) or (B, H, Lq, Lk) added to the logits (ALiBi, T5, Swin); merged with the
                        masks into one additive float mask.
-QK-norm (``qk_norm="layernorm"|"rmsnorm"``, Dehghani et al. 2023, Wortsman et al. 2023): each head's queries
-and keys are normalised over d after the projections (learned scale shared by the heads, as in timm), before
-the rotation and the similarity; it bounds the logits, whose maximum `capture_attention(scores=True)` records.
 
-SDPA kernel that each option gets on a GPU: no mask, or ``is_causal`` alone (keys as long as queries): flash;
-a boolean mask (a cached causal step, padding that the padding-free path below does not take): memory-efficient;
-``position_bias``: memory-efficient with a float mask (its gradient flows to a learned bias); math where those
-kernels do not apply (e.g. head sizes they lack). ``rope`` and ``qk_norm`` act before the kernel, so they keep
-whichever kernel the masks allow.
+Paths. Fast: ``F.scaled_dot_product_attention`` whenever weights are not requested and the similarity and the
+normalisation are built in and fused (softmax, softmax1). On a GPU: no mask, or ``is_causal`` alone: flash; a
+boolean mask: memory-efficient; ``position_bias``: memory-efficient with a float mask; math where those kernels do
+not apply. ``rope``, ``qk_norm`` and the gate act outside the kernel, so they keep whichever kernel the masks
+allow. Reference: explicit weights, used when weights are requested (``need_weights=True`` or inside
+`capture_attention`), for the other normalisations and similarities, and as the test oracle.
 
 Padding-free path (`models.padding_free`): a boolean key-padding mask alone (with ``is_causal`` in self-attention;
-no other mask, no ``position_bias``, weights not requested, no KV cache, not under torch.compile) packs the valid
-rows and runs one variable-length flash kernel over them, so padded keys (and, in self-attention, padded query
-rows, which come back as zeros) cost nothing. ``PADDING_FREE`` gives each device type its kernels, first choice
-first; the first that takes the call runs (varlen_attn has no dropout). Off by default: on the CPU it cannot be
-faster, and on CUDA it waits for its measurement (issue 28); the tests set ``PADDING_FREE["cpu"]`` to hold it to
-the reference path.
-
-Fast path: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU) whenever
-weights are not needed. Reference path: explicit softmax, used when weights are requested
-(``need_weights=True`` or inside `capture_attention`) and as the test oracle.
+no other mask, no ``position_bias``, softmax, weights not requested, no KV cache, not under torch.compile) packs
+the valid rows and runs one variable-length flash kernel over them, so padded keys (and, in self-attention, padded
+query rows, which come back as zeros) cost nothing. ``PADDING_FREE`` gives each device type its kernels, first
+choice first; the first that takes the call runs (varlen_attn has no dropout). Empty by default: on the CPU it
+cannot be faster, and CUDA's has not been measured on a GPU (benchmarks/RESULTS.md, "Padding"); the tests set
+``PADDING_FREE["cpu"]`` to hold it to the reference path.
 
 Incremental decoding: ``forward(cache=...)`` reads and writes the layer's keys and values in a cache, decoding state
 that lives in `models.kv_cache` (a `KVCache` growing by each step, or a `StaticKVCache` of fixed length).
 
-Grouped-query attention (``num_kv_heads`` < ``num_heads``, Ainslie et al. 2023; Llama 2/3, Mistral): keys
-and values have ``num_kv_heads`` heads, each shared by ``num_heads // num_kv_heads`` consecutive query heads.
-The KV cache holds the key/value heads; they are repeated to the query heads just before the kernel.
+Grouped-query attention (``num_kv_heads`` < ``num_heads``, Ainslie et al. 2023; Llama 2/3, Mistral): keys and values
+have ``num_kv_heads`` heads, each shared by ``num_heads // num_kv_heads`` consecutive query heads. The KV cache
+holds the key/value heads; they are repeated to the query heads just before the kernel.
 
-Parameters use the layout of ``torch.nn.MultiheadAttention`` (packed ``in_proj_weight`` of shape
-(3D, D), ``in_proj_bias``, ``out_proj``), so its state dict loads unchanged and timm's ``attn.qkv``
-/ DETR's checkpoints load by renaming keys. With grouped-query attention the packing stays, with
-narrower keys and values: ``in_proj_weight`` is (D + 2·D_kv, D), the q rows, then k, then v
-(D_kv = num_kv_heads·d), as Llama's ``q_proj``, ``k_proj``, ``v_proj`` concatenated.
+Parameters use the layout of ``torch.nn.MultiheadAttention`` (packed ``in_proj_weight`` of shape (3D, D),
+``in_proj_bias``, ``out_proj``), so its state dict loads unchanged and timm's ``attn.qkv`` / DETR's checkpoints
+load by renaming keys. With grouped-query attention ``in_proj_weight`` is (D + 2·D_kv, D), the q rows, then k,
+then v (D_kv = num_kv_heads·d), as Llama's ``q_proj``, ``k_proj``, ``v_proj`` concatenated.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,148 +71,90 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.attend import (
+    FUSED,
+    NORMALIZATIONS,
+    Softmax1,
+    attention_fast,
+    attention_reference,
+    blocked_of,
+    cpu_sdpa_zeroes_empty_rows,
+    merge_masks,
+)
 from models.kv_cache import KVCache, StaticKVCache
 from models.padding_free import PaddingFree, attention_padding_free, packing, supported
 from models.position import Rotation
 
-Similarity = Literal["scaled_dot", "dot", "general"]
 SIMILARITIES = ("scaled_dot", "dot", "general")
 QKNorm = Literal["layernorm", "rmsnorm"]
+Gate = Literal["headwise", "elementwise"]
 _QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+GATE_INIT = 0.25  # σ(b_g) at initialisation: Bondarenko et al.'s attn_gate_init
 # device type -> the padding-free kernels for a key-padding mask, first choice first (module docstring); none: the
-# masked SDPA. Off on CUDA too until a GPU session has run tests/test_padding_free.py's CUDA tests and
-# `python -m benchmarks --only padding`, then sets the kernels the measurement supports, e.g. ("varlen", "nested").
+# masked SDPA
 PADDING_FREE: dict[str, tuple[PaddingFree, ...]] = {"cuda": (), "cpu": ()}
 
 
-def subsequent_mask(size: int, device: torch.device | None = None) -> Tensor:
-    """(size, size) boolean mask, True above the diagonal: position i may not see j > i."""
-    return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
-
-
-def _causal_mask(lq: int, lk: int, device: torch.device) -> Tensor:
-    # Aligned to the end: query i sits at absolute position lk - lq + i.
-    return torch.ones(lq, lk, dtype=torch.bool, device=device).triu(lk - lq + 1)
-
-
-def merge_masks(
-    batch: int,
-    lq: int,
-    lk: int,
-    *,
-    attn_mask: Tensor | None = None,
-    key_padding_mask: Tensor | None = None,
-    is_causal: bool = False,
-    position_bias: Tensor | None = None,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> Tensor | None:
-    """Combine causal, key-padding and arbitrary masks and a position bias into one broadcastable
-    (B|1, H|1, Lq, Lk) mask.
-
-    Returns a boolean mask (True = blocked) when every input is boolean, else an additive float
-    mask; None when nothing is masked.
-    """
-    parts: list[Tensor] = []
-    if position_bias is not None:
-        if position_bias.shape[-2:] != (lq, lk) or position_bias.dim() not in (3, 4):
-            raise ValueError(
-                f"position_bias has shape {tuple(position_bias.shape)}, expected (heads, {lq}, {lk}) or (batch, heads, {lq}, {lk})"
-            )
-        parts.append(position_bias.to(device) if position_bias.dim() == 4 else position_bias.to(device)[None])
-    if is_causal:
-        parts.append(_causal_mask(lq, lk, device))
-    if key_padding_mask is not None:
-        if key_padding_mask.shape != (batch, lk):
-            raise ValueError(
-                f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected (batch={batch}, keys={lk})"
-            )
-        parts.append(key_padding_mask.to(device)[:, None, None, :])
-    if attn_mask is not None:
-        if attn_mask.shape[-2:] != (lq, lk):
-            raise ValueError(f"attn_mask has shape {tuple(attn_mask.shape)}, expected (..., {lq}, {lk})")
-        m = attn_mask.to(device)
-        if m.dim() == 3:
-            m = m[:, None]
-        parts.append(m)
-    if not parts:
-        return None
-    if all(p.dtype == torch.bool for p in parts):
-        mask = parts[0]
-        for p in parts[1:]:
-            mask = mask | p
-        return mask if mask.dim() == 4 else mask[None, None]
-    additive = torch.zeros((), dtype=dtype, device=device)
-    for p in parts:
-        additive = additive + (
-            torch.zeros_like(p, dtype=dtype).masked_fill(p, float("-inf")) if p.dtype == torch.bool else p.to(dtype)
-        )
-    return additive if additive.dim() == 4 else additive.reshape((1,) * (4 - additive.dim()) + additive.shape)
-
-
-def _empty_rows(mask: Tensor) -> Tensor:
-    """(B|1, H|1, Lq, 1): True where a query row blocks every key."""
-    return (mask if mask.dtype == torch.bool else torch.isneginf(mask)).all(-1, keepdim=True)
-
-
-def _split_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Unblock rows that block every key (so softmax stays finite) and return which rows they were."""
-    empty = _empty_rows(mask)
-    if mask.dtype == torch.bool:
-        return mask & ~empty, empty
-    return mask.masked_fill(empty, 0.0), empty
-
-
-def attention_reference(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Explicit softmax attention. q (B, H, Lq, d), k/v (B, H, Lk, d) -> out (B, H, Lq, d), weights (B, H, Lq, Lk)
-    and logits (B, H, Lq, Lk): the scaled similarities before the mask (and a position bias in it) and the softmax."""
-    logits = (q @ k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
-    scores, empty = logits, None
-    if mask is not None:
-        mask, empty = _split_empty_rows(mask)
-        scores = logits.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-    weights = scores.softmax(dim=-1)
-    if empty is not None:
-        weights = weights.masked_fill(empty, 0.0)
-    out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v
-    return out, weights, logits
-
-
-def _cpu_sdpa_zeroes_empty_rows() -> bool:
-    """Whether this torch's CPU SDPA already returns zeros (and finite gradients) for a query row whose
-    keys are all blocked (torch >= 2.5 uses a safe softmax there); then the fast path skips its own fix,
-    a pass over the output that costs ~15% of self-attention at L=64 with padding."""
-    q = torch.ones(1, 1, 1, 2, requires_grad=True)
-    out = F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(1, 1, 1, 1, dtype=torch.bool))
-    out.sum().backward()
-    return bool((out == 0).all() and torch.isfinite(q.grad).all())
-
-
-_CPU_SDPA_SAFE = _cpu_sdpa_zeroes_empty_rows()
-
-
-def attention_fast(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0, is_causal: bool = False
-) -> Tensor:
-    """SDPA with the project's mask convention. ``is_causal`` only when Lq == Lk and no other mask."""
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-    if q.device.type == "cpu" and _CPU_SDPA_SAFE:  # GPU kernels are not all known to: fix the rows below
-        sdpa_mask = ~mask if mask.dtype == torch.bool else mask
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
-    empty = _empty_rows(mask)
-    if mask.dtype == torch.bool:
-        # SDPA's boolean convention is True = attend; an empty row attends to all, then is zeroed (two
-        # kernels: each launch counts at these sizes on a GPU)
-        sdpa_mask = torch.logical_not(mask).logical_or_(empty)
+def _own_class(key: str, path: str, builtins: tuple[str, ...], probe: tuple[Tensor | None, ...]) -> None:
+    """Check the class at ``path`` (module.Class): an nn.Module whose output on ``probe`` has the logits' shape
+    (1, 1, 2, 3)."""
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError) as error:
+        cls, why = None, f"{type(error).__name__}: {error}"
     else:
-        sdpa_mask = mask.masked_fill(empty, 0.0)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
-    # where, not masked_fill: it keeps SDPA's memory layout (B, L, H, d), so that merging the heads stays a
-    # view; masked_fill returns a contiguous (B, H, L, d) copy, which the merge then copies once more
-    return torch.where(empty, 0.0, out)
+        why = "no such class" if module else "no module named"
+    if not (inspect.isclass(cls) and issubclass(cls, nn.Module)):
+        raise ValueError(
+            f"attention.{key}={path!r} is neither one of {', '.join(builtins)} nor the class path of an nn.Module "
+            f"(module.Class, importable from here: {why})"
+        )
+    out = cls()(*probe)
+    if not isinstance(out, Tensor) or out.shape != (1, 1, 2, 3):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            f"attention.{key}={path!r} returned {got} where the logits are (1, 1, 2, 3) (B, H, Lq, Lk); it must return that shape"
+        )
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The attention block: every model takes it as ``attention:`` and passes it to every `MultiHeadAttention`.
+
+    Args:
+        similarity: "scaled_dot", "dot", "general", or the class path of your own (module docstring).
+        qk_norm: null, "layernorm" or "rmsnorm" on each head's queries and keys.
+        normalization: over the keys: "softmax", "softmax1", "clipped", "sigmoid", or the class path of your own
+            (`models.attend`).
+        gate: null, "headwise" or "elementwise": a sigmoid gate on each head's output (module docstring).
+    """
+
+    similarity: str = "scaled_dot"
+    qk_norm: QKNorm | None = None
+    normalization: str = "softmax"
+    gate: Gate | None = None
+
+    def __post_init__(self):
+        if self.similarity not in SIMILARITIES:
+            _own_class("similarity", self.similarity, SIMILARITIES, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4)))
+        if self.normalization not in NORMALIZATIONS:
+            _own_class("normalization", self.normalization, tuple(NORMALIZATIONS), (torch.zeros(1, 1, 2, 3), None))
+        if self.qk_norm is not None and self.qk_norm not in _QK_NORMS:
+            raise ValueError(f"attention.qk_norm={self.qk_norm!r} is not known; choose null, {' or '.join(_QK_NORMS)}")
+        if self.gate not in (None, "headwise", "elementwise"):
+            raise ValueError(f"attention.gate={self.gate!r} is not known; choose null, headwise or elementwise")
+
+    def build(self, key: str) -> nn.Module:
+        """A fresh instance of the normalisation (``key="normalization"``) or of one's own similarity."""
+        name = getattr(self, key)
+        if key == "normalization" and name in NORMALIZATIONS:
+            return NORMALIZATIONS[name]()
+        module, _, cls = name.rpartition(".")
+        return getattr(importlib.import_module(module), cls)()
+
+
+DEFAULT_ATTENTION = AttentionConfig()  # frozen: one instance serves as every model's default
 
 
 def _padding_free_kernel(
@@ -234,7 +173,7 @@ class AttentionScores:
     """What one call of a layer computed, recorded by ``capture_attention(model, scores=True)``.
 
     weights (B, H, Lq, Lk): the attention; logits (B, H, Lq, Lk): the scaled similarities before the
-    mask, the position bias and the softmax (their maximum is the largest attention logit, which QK-norm
+    mask, the position bias and the normalisation (their maximum is the largest attention logit, which QK-norm
     bounds); blocked: the mask, True where attention is blocked, broadcastable to the weights
     ((B|1, H|1, Lq, Lk)), or None when nothing was masked.
     """
@@ -245,15 +184,15 @@ class AttentionScores:
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention for self- and cross-attention, with a choice of similarity.
+    """Multi-head attention for self- and cross-attention, with the options of one `AttentionConfig`.
 
     Args:
         embed_dim: model width D.
         num_heads: number of heads H; D must be divisible by H.
         dropout: dropout on the attention weights during training.
-        similarity: "scaled_dot", "dot" or "general" (see the module docstring).
+        attention: the attention block (similarity, qk_norm, normalization, gate; see the module docstring), or
+            its fields as a dict (as a checkpoint's hyper-parameters hold it).
         bias: biases on the input and output projections.
-        qk_norm: None, "layernorm" or "rmsnorm": normalise each head's queries and keys (module docstring).
         num_kv_heads: key/value heads; fewer than ``num_heads`` (a divisor): grouped-query attention (module
             docstring). None: ``num_heads``.
 
@@ -266,16 +205,12 @@ class MultiHeadAttention(nn.Module):
         embed_dim: int,
         num_heads: int,
         dropout: float = 0.0,
-        similarity: Similarity = "scaled_dot",
+        attention: AttentionConfig | dict | None = None,
         bias: bool = True,
-        qk_norm: QKNorm | None = None,
         num_kv_heads: int | None = None,
     ):
         super().__init__()
-        if similarity not in SIMILARITIES:
-            raise ValueError(f"similarity={similarity!r} is not known; choose one of {', '.join(SIMILARITIES)}")
-        if qk_norm is not None and qk_norm not in _QK_NORMS:
-            raise ValueError(f"qk_norm={qk_norm!r} is not known; choose null, {' or '.join(_QK_NORMS)}")
+        attention = AttentionConfig(**attention) if isinstance(attention, dict) else attention  # a checkpoint's
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
@@ -283,25 +218,34 @@ class MultiHeadAttention(nn.Module):
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads={self.num_kv_heads} does not divide num_heads={num_heads}")
         self.kv_dim = self.num_kv_heads * self.head_dim  # D_kv
-        self.dropout, self.similarity = dropout, similarity
+        self.dropout, self.config = dropout, attention or AttentionConfig()
+        self.similarity, self.qk_norm = self.config.similarity, self.config.qk_norm
         self.in_proj_weight = nn.Parameter(torch.empty(embed_dim + 2 * self.kv_dim, embed_dim))
         self.in_proj_bias = nn.Parameter(torch.zeros(embed_dim + 2 * self.kv_dim)) if bias else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        if similarity == "general":
+        if self.similarity == "general":
             self.general_weight = nn.Parameter(torch.eye(self.head_dim).repeat(num_heads, 1, 1))  # (H, d, d)
-        if qk_norm is not None:  # timm's names
-            self.q_norm = _QK_NORMS[qk_norm](self.head_dim, eps=1e-6)
-            self.k_norm = _QK_NORMS[qk_norm](self.head_dim, eps=1e-6)
-        self.qk_norm = qk_norm
+        elif self.similarity not in SIMILARITIES:
+            self.similarity_fn = self.config.build("similarity")
+        if self.qk_norm is not None:  # timm's names
+            self.q_norm = _QK_NORMS[self.qk_norm](self.head_dim, eps=1e-6)
+            self.k_norm = _QK_NORMS[self.qk_norm](self.head_dim, eps=1e-6)
+        self.normalization = self.config.build("normalization")
+        self.fused = type(self.normalization) in FUSED and self.similarity in SIMILARITIES
+        if self.config.gate is not None:  # W_g: D -> H (headwise) or D (elementwise)
+            self.gate_proj = nn.Linear(embed_dim, num_heads if self.config.gate == "headwise" else embed_dim)
         self._captured: list[Tensor] | list[AttentionScores] | None = None
         self._capture_scores = False
         self._reset_parameters()
+        cpu_sdpa_zeroes_empty_rows()
 
     def _reset_parameters(self) -> None:
         nn.init.xavier_uniform_(self.in_proj_weight)
         if self.in_proj_bias is not None:
             nn.init.zeros_(self.in_proj_bias)
             nn.init.zeros_(self.out_proj.bias)
+        if self.config.gate is not None:
+            nn.init.constant_(self.gate_proj.bias, math.log(GATE_INIT / (1 - GATE_INIT)))
 
     @property
     def scale(self) -> float:
@@ -375,101 +319,147 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        if cache is not None and cache.static and cache.k is not None:
+        reads_cache = cache is not None and cache.static and cache.k is not None
+        q, k, v = self._qkv(query, key, value, cache if reads_cache else None, rope)
+        if cache is not None and not reads_cache:
+            k, v, attn_mask, is_causal, position_bias = self._cache(
+                cache, k, v, attn_mask, key_padding_mask, is_causal, position_bias
+            )
+        masks = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
+        out, weights = self._kernel(
+            q, k, v, masks, position_bias, need_weights, self_attention=key is query, cached=cache is not None
+        )
+        out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], self.embed_dim)  # (B, Lq, D)
+        return self.out_proj(self._gate(query, out)), (weights if need_weights else None)
+
+    def _qkv(
+        self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None, rope: Rotation | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Project: q (B, H, Lq, d), k and v (B, H_kv, Lk, d), QK-normed and rotated. A filled static
+        (cross-attention) ``cache`` holds the keys and values: only the queries are projected."""
+        if cache is not None:
             if rope is not None:
                 raise ValueError("rope rotates self-attention; a static (cross-attention) cache takes none")
-            d, b = self.embed_dim, self.in_proj_bias  # the queries alone: the cache holds the keys and values
+            d, b = self.embed_dim, self.in_proj_bias
             q = self._heads(F.linear(query, self.in_proj_weight[:d], None if b is None else b[:d]))[0]
-            k, v = cache.k, cache.v
-            if self.qk_norm is not None:
-                q = self.q_norm(q)
-        else:
-            q, k, v = self._project(query, key, value)
-            if self.qk_norm is not None:  # (B, H, L, d), over d
-                q, k = self.q_norm(q), self.k_norm(k)
-            if rope is not None:
-                q, k = rope(q), rope(k)
-            if isinstance(cache, StaticKVCache):
-                if attn_mask is not None or key_padding_mask is not None:
-                    raise ValueError("a StaticKVCache masks the positions it has not filled itself; pass no other mask")
-                k, v, attn_mask = cache.update(k, v, is_causal)
-                is_causal = False
-                if position_bias is not None:  # given over the filled keys: the rest are blocked
-                    position_bias = F.pad(position_bias, (0, cache.max_len - position_bias.size(-1)))
-            elif cache is not None:
-                k, v = cache.append(k, v)
+            return (q if self.qk_norm is None else self.q_norm(q)), cache.k, cache.v
+        q, k, v = self._project(query, key, value)
+        if self.qk_norm is not None:  # (B, H, L, d), over d
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rope(q), rope(k)
+        return q, k, v
+
+    @staticmethod
+    def _cache(
+        cache: KVCache | StaticKVCache,
+        k: Tensor,
+        v: Tensor,
+        attn_mask: Tensor | None,
+        key_padding_mask: Tensor | None,
+        is_causal: bool,
+        position_bias: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor | None, bool, Tensor | None]:
+        """Cache: the new keys and values join the cached ones; a `StaticKVCache` also gives the mask of its
+        filled positions (then ``is_causal`` is in it, and ``position_bias`` is padded to its length)."""
+        if not isinstance(cache, StaticKVCache):
+            return *cache.append(k, v), attn_mask, is_causal, position_bias
+        if attn_mask is not None or key_padding_mask is not None:
+            raise ValueError("a StaticKVCache masks the positions it has not filled itself; pass no other mask")
+        k, v, attn_mask = cache.update(k, v, is_causal)
+        if position_bias is not None:  # given over the filled keys: the rest are blocked
+            position_bias = F.pad(position_bias, (0, cache.max_len - position_bias.size(-1)))
+        return k, v, attn_mask, False, position_bias
+
+    def _kernel(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        masks: dict,
+        position_bias: Tensor | None,
+        need_weights: bool,
+        self_attention: bool,
+        cached: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Kernel: out (B, H, Lq, d) and, on the reference path, the weights (B, H, Lq, Lk); the padding-free,
+        SDPA or reference path as the module docstring says. Records the call inside `capture_attention`."""
         if self.num_kv_heads != self.num_heads:
             # kv head j serves q heads j·g .. j·g + g - 1: (B, H_kv, Lk, d) -> (B, H, Lk, d)
             k, v = (x.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1) for x in (k, v))
         if self.similarity == "general":
             q = torch.einsum("bhld,hde->bhle", q, self.general_weight)  # qᵀW, then ·k below
-        bsz, _, lq, _ = q.shape
-        kv_bsz, _, lk, _ = k.shape
-        group = bsz // kv_bsz  # query rows per key/value row
-        if group * kv_bsz != bsz:
-            raise ValueError(f"query batch {bsz} is not a multiple of the key/value batch {kv_bsz}")
-        if group > 1:  # the rows of one key/value row's group attend as one longer query (beams sharing a memory)
-            if attn_mask is not None or is_causal or position_bias is not None:
-                raise ValueError(
-                    "a query batch larger than the key/value batch (beams sharing one memory) takes key_padding_mask only"
-                )
-            q = (
-                q.view(kv_bsz, group, self.num_heads, lq, self.head_dim)
-                .transpose(1, 2)
-                .reshape(kv_bsz, self.num_heads, group * lq, self.head_dim)
-            )
+        bsz, lq, (kv_bsz, _, lk, _) = q.shape[0], q.shape[2], k.shape
+        q = self._fold(q, kv_bsz, masks, position_bias)
         dropout_p = self.dropout if self.training else 0.0
-        want_weights = need_weights or self._captured is not None
-        plain_causal = (
-            is_causal and lq == lk and attn_mask is None and key_padding_mask is None and position_bias is None
-        )
-        self_attention = key is query  # then the query rows are padded as the keys (no cache: as many)
+        want_weights = need_weights or self._captured is not None or not self.fused
+        plain_causal = masks["is_causal"] and lq == lk and position_bias is None and masks["attn_mask"] is None
+        plain_causal = plain_causal and masks["key_padding_mask"] is None
+        padding_free = not (want_weights or cached or masks["attn_mask"] is not None or position_bias is not None)
         kernel = (
-            None
-            if want_weights or attn_mask is not None or position_bias is not None or group > 1 or cache is not None
-            else _padding_free_kernel(q, lk, key_padding_mask, is_causal, self_attention, dropout_p)
+            _padding_free_kernel(q, lk, masks["key_padding_mask"], masks["is_causal"], self_attention, dropout_p)
+            if padding_free and q.shape[0] == bsz and isinstance(self.normalization, FUSED[0])
+            else None
         )
         if kernel is not None:
-            pack = packing(key_padding_mask.to(q.device), lq, self_attention)
-            out = attention_padding_free(q, k, v, pack, self.scale, dropout_p, is_causal, kernel)
-            return self.out_proj(out.transpose(1, 2).reshape(bsz, lq, self.embed_dim)), None
+            pack = packing(masks["key_padding_mask"].to(q.device), lq, self_attention)
+            return attention_padding_free(q, k, v, pack, self.scale, dropout_p, masks["is_causal"], kernel), None
         mask = (
             None
             if plain_causal and not want_weights
             else merge_masks(
-                kv_bsz,
-                q.shape[2],
-                lk,
-                attn_mask=attn_mask,
-                key_padding_mask=key_padding_mask,
-                is_causal=is_causal,
-                position_bias=position_bias,
-                device=q.device,
-                dtype=q.dtype,
+                kv_bsz, q.shape[2], lk, **masks, position_bias=position_bias, device=q.device, dtype=q.dtype
             )
         )
-        weights = logits = None
-        if want_weights:
-            out, weights, logits = attention_reference(q, k, v, mask, self.scale, dropout_p)
-        else:
-            out = attention_fast(q, k, v, mask, self.scale, dropout_p, is_causal=plain_causal)
-        if group > 1:  # (B_kv, H, group·Lq, ·) -> (B, H, Lq, ·)
-            out = out.view(kv_bsz, self.num_heads, group, lq, -1).transpose(1, 2).reshape(bsz, self.num_heads, lq, -1)
-            if weights is not None:
-                weights, logits = (
-                    x.view(kv_bsz, self.num_heads, group, lq, lk).transpose(1, 2).reshape(bsz, self.num_heads, lq, lk)
-                    for x in (weights, logits)
-                )
-                # key padding only: (B_kv, 1, 1, Lk) -> (B, 1, 1, Lk)
-                mask = None if mask is None else mask.repeat_interleave(group, 0)
+        if not want_weights:
+            softmax1 = isinstance(self.normalization, Softmax1)
+            out = attention_fast(q, k, v, mask, self.scale, dropout_p, plain_causal, softmax1)
+            return self._unfold(out, bsz, lq), None
+        logits = None if self.similarity in SIMILARITIES else self.similarity_fn(q, k)
+        out, weights, logits = attention_reference(q, k, v, mask, self.scale, dropout_p, self.normalization, logits)
+        out, weights, logits = (self._unfold(x, bsz, lq) for x in (out, weights, logits))
         if self._captured is not None:
-            if self._capture_scores:
-                blocked = None if mask is None else mask if mask.dtype == torch.bool else torch.isneginf(mask)
-                self._captured.append(AttentionScores(weights.detach(), logits.detach(), blocked))
-            else:
-                self._captured.append(weights.detach())
-        out = out.transpose(1, 2).reshape(bsz, lq, self.embed_dim)  # (B, Lq, D)
-        return self.out_proj(out), (weights if need_weights else None)
+            blocked = blocked_of(mask)
+            blocked = None if blocked is None else blocked.repeat_interleave(bsz // kv_bsz, 0)
+            self._captured.append(
+                AttentionScores(weights.detach(), logits.detach(), blocked)
+                if self._capture_scores
+                else weights.detach()
+            )
+        return out, weights
+
+    def _fold(self, q: Tensor, kv_bsz: int, masks: dict, position_bias: Tensor | None) -> Tensor:
+        """Beams sharing one memory: the ``group`` query rows of one key/value row attend as one longer query,
+        (B, H, Lq, d) -> (B_kv, H, group·Lq, d)."""
+        bsz, _, lq, d = q.shape
+        group = bsz // kv_bsz
+        if group * kv_bsz != bsz:
+            raise ValueError(f"query batch {bsz} is not a multiple of the key/value batch {kv_bsz}")
+        if group == 1:
+            return q
+        if masks["attn_mask"] is not None or masks["is_causal"] or position_bias is not None:
+            raise ValueError(
+                "a query batch larger than the key/value batch (beams sharing one memory) takes key_padding_mask only"
+            )
+        return q.view(kv_bsz, group, self.num_heads, lq, d).transpose(1, 2).reshape(kv_bsz, self.num_heads, -1, d)
+
+    def _unfold(self, x: Tensor, bsz: int, lq: int) -> Tensor:
+        """(B_kv, H, group·Lq, ·) -> (B, H, Lq, ·): the inverse of `_fold`."""
+        if x.shape[0] == bsz:
+            return x
+        kv_bsz = x.shape[0]
+        return (
+            x.view(kv_bsz, self.num_heads, bsz // kv_bsz, lq, -1).transpose(1, 2).reshape(bsz, self.num_heads, lq, -1)
+        )
+
+    def _gate(self, query: Tensor, out: Tensor) -> Tensor:
+        """Gate: out (B, Lq, D) times σ(query W_g + b_g), per head (headwise) or per channel (elementwise)."""
+        if self.config.gate is None:
+            return out
+        gate = torch.sigmoid(self.gate_proj(query))  # (B, Lq, H) or (B, Lq, D)
+        if self.config.gate == "elementwise":
+            return out * gate
+        return (out.unflatten(-1, (self.num_heads, self.head_dim)) * gate[..., None]).flatten(-2)
 
 
 @contextmanager

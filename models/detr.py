@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.attention import QKNorm, Similarity
+from models.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.backbone import Backbone, BackboneNorm
 from models.box_ops import box_cxcywh_to_xyxy, inverse_sigmoid
 from models.denoising import DenoisingQueries, check_denoising, denoising_queries
@@ -68,8 +68,7 @@ class DETRTransformer(nn.Module):
         dim_feedforward: int,
         dropout: float,
         activation: str,
-        similarity: Similarity,
-        qk_norm: QKNorm | None = None,
+        attention: AttentionConfig | None = None,
     ):
         super().__init__()
         layer_kwargs = dict(
@@ -77,8 +76,7 @@ class DETRTransformer(nn.Module):
             dropout=dropout,
             activation=activation,
             norm_first=False,
-            similarity=similarity,
-            qk_norm=qk_norm,
+            attention=attention,
         )
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=False, **layer_kwargs)
         self.decoder = TransformerDecoder(
@@ -124,8 +122,9 @@ class DETR(nn.Module):
             (K sigmoid outputs with ``class_loss="focal"``).
         num_queries: N object queries, the most objects one image can yield.
         d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout,
-        activation, similarity: the Transformer (see models.transformer).
-        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys, in every attention.
+        activation: the Transformer (see models.transformer).
+        attention: the attention block of every attention (similarity, qk_norm, normalization, gate; see
+            models.attention).
         encoder_positions: "sine" (the paper: the 2D sine encoding added to the encoder's queries and keys)
             or "rope_axial" / "rope_mixed" (2D RoPE over the feature-map cells, Heo et al. 2024, counted from
             the top-left cell, so that padding at the bottom and right moves no cell; padded cells stay
@@ -166,8 +165,7 @@ class DETR(nn.Module):
         dim_feedforward: int = 2048,
         dropout: float = 0.1,
         activation: str = "relu",
-        similarity: Similarity = "scaled_dot",
-        qk_norm: QKNorm | None = None,
+        attention: AttentionConfig = DEFAULT_ATTENTION,
         encoder_positions: Literal["sine", "rope_axial", "rope_mixed"] = "sine",
         aux_loss: bool = True,
         query_type: QueryType = "vanilla",
@@ -218,8 +216,7 @@ class DETR(nn.Module):
             dim_feedforward,
             dropout,
             activation,
-            similarity,
-            qk_norm,
+            attention,
         )
         self.class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
         self.bbox_embed = MLP(d_model, d_model, 4, 3)

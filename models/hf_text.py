@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from models.attention import AttentionConfig
 from models.position import IN_ATTENTION
 from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.weights import load_checked, read_state, resolve
@@ -387,7 +388,7 @@ def from_pretrained(
     """The network holding the pretrained model of ``name`` (folder or hub name) of one of ``model_types``, and
     the architecture arguments it was built with. Of ``network`` (the run's arguments of the family's network,
     with the data's vocabulary facts) the folder's architecture replaces all but the vocabulary facts, the
-    dropout rates, ``similarity`` and ``qk_norm``, which must be the family's (and ``positions``, which may only
+    dropout rates and ``attention``, which must be the default block (and ``positions``, which may only
     be left at its default, or be the folder's); the vocabulary facts, and ``data_ids`` (token ids the network is
     not built with), must be the folder's."""
     source = f"{KEY}={name}"
@@ -397,12 +398,12 @@ def from_pretrained(
     bound = inspect.signature(family.network).bind(**network)
     bound.apply_defaults()
     arguments = family.arguments(config, source)
-    if bound.arguments["similarity"] != "scaled_dot":
+    changed = {k: v for k, v in vars(bound.arguments["attention"]).items() if v != getattr(AttentionConfig(), k)}
+    if changed:
         raise ValueError(
-            f"{source}: {family.title} was trained with scaled dot-product attention; set model.similarity=scaled_dot"
+            f"{source}: {family.title} was trained with the default attention block; set "
+            + ", ".join(f"model.attention.{k}={getattr(AttentionConfig(), k)}" for k in changed).replace("None", "null")
         )
-    if bound.arguments["qk_norm"] is not None:
-        raise ValueError(f"{source}: {family.title} was trained without QK-norm; set model.qk_norm=null")
     positions = bound.arguments["positions"]
     if positions in IN_ATTENTION and positions != arguments["positions"]:
         raise ValueError(

@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from models.attention import QKNorm, Similarity
+from models.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.decoding import CacheKind, DecodingStep, check_cache_kind
 from models.kv_cache import KVCache, StaticKVCache
 from models.position import Positions, SelfAttentionPositions, positional_encoding
@@ -100,7 +100,7 @@ class Seq2SeqTransformer(nn.Module):
         activation_dropout: dropout after the MLP's activation (fairseq's); None: ``dropout``.
         activation: MLP activation (the paper: relu; see `models.transformer`).
         norm_first: pre-norm layers with final norms; post-norm (the paper) when false.
-        similarity: attention similarity (see `models.attention`).
+        attention: the attention block (similarity, qk_norm, normalization, gate; see `models.attention`).
         positions: "sinusoidal" (the paper), "sinusoidal_concat" (sines, then cosines: Marian), "learned",
             "rope", "alibi" or "t5" (see the module docstring).
         max_positions: longest sequence the positions cover: the learned table's length (sines, RoPE, ALiBi and
@@ -108,7 +108,6 @@ class Seq2SeqTransformer(nn.Module):
         resample_positions: learned positions beyond ``max_positions`` interpolate the table (see
             `models.position.LearnedPositionalEncoding`) instead of raising a ValueError.
         rope_theta: RoPE's frequency base θ (positions=rope).
-        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
         tie_output: the output projection is the target embedding matrix (Press & Wolf 2017).
         pad_id: the PAD index, masked everywhere.
@@ -129,7 +128,7 @@ class Seq2SeqTransformer(nn.Module):
         dropout: float = 0.1,
         activation: Activation = "relu",
         norm_first: bool = False,
-        similarity: Similarity = "scaled_dot",
+        attention: AttentionConfig = DEFAULT_ATTENTION,
         positions: Positions = "sinusoidal",
         max_positions: int = 256,
         share_embeddings: bool = False,
@@ -140,7 +139,6 @@ class Seq2SeqTransformer(nn.Module):
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
         rope_theta: float = 10000.0,
-        qk_norm: QKNorm | None = None,
         resample_positions: bool = False,
     ):
         super().__init__()
@@ -166,8 +164,7 @@ class Seq2SeqTransformer(nn.Module):
             activation_dropout=activation_dropout,
             activation=activation,
             norm_first=norm_first,
-            similarity=similarity,
-            qk_norm=qk_norm,
+            attention=attention,
         )
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=norm_first, **layer)
         self.decoder = TransformerDecoder(num_decoder_layers, d_model, nhead, final_norm=norm_first, **layer)
@@ -283,14 +280,13 @@ class DecoderOnlyLM(nn.Module):
         activation_dropout: dropout after the MLP's activation (fairseq's); None: ``dropout``.
         activation: MLP activation (see `models.transformer`; "swiglu": Llama's gated MLP).
         norm_first: pre-norm blocks with a final norm (GPT-2); post-norm when false.
-        similarity: attention similarity (see `models.attention`).
+        attention: the attention block (similarity, qk_norm, normalization, gate; see `models.attention`).
         positions: "learned" (GPT), "sinusoidal", "sinusoidal_concat", "rope", "alibi" or "t5" (module docstring).
         max_positions: the longest training context (block size): the learned table's length (sines, RoPE, ALiBi
             and T5 have no bound; `generate` slides its window at this length).
         resample_positions: learned positions beyond ``max_positions`` interpolate the table (see
             `models.position.LearnedPositionalEncoding`) instead of raising a ValueError.
         rope_theta: RoPE's frequency base θ (positions=rope).
-        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
         tie_embeddings: the output projection is the token embedding matrix.
         norm: the blocks' and the final norm: "layernorm" (GPT) or "rmsnorm" (Llama).
         layer_norm_eps: the norms' ε.
@@ -311,14 +307,13 @@ class DecoderOnlyLM(nn.Module):
         dropout: float = 0.2,
         activation: Activation = "gelu",
         norm_first: bool = True,
-        similarity: Similarity = "scaled_dot",
+        attention: AttentionConfig = DEFAULT_ATTENTION,
         positions: Positions = "learned",
         max_positions: int = 256,
         tie_embeddings: bool = True,
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
         rope_theta: float = 10000.0,
-        qk_norm: QKNorm | None = None,
         norm: Norm = "layernorm",
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
@@ -348,8 +343,7 @@ class DecoderOnlyLM(nn.Module):
             activation_dropout=activation_dropout,
             activation=activation,
             norm_first=norm_first,
-            similarity=similarity,
-            qk_norm=qk_norm,
+            attention=attention,
             norm=norm,
             layer_norm_eps=layer_norm_eps,
             bias=bias,

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import Tensor, nn
 
-from models.attention import MultiHeadAttention, QKNorm, Similarity
+from models.attention import AttentionConfig, MultiHeadAttention
 from models.kv_cache import KVCache, StaticKVCache
 from models.position import Rotation
 
@@ -133,8 +133,8 @@ class TransformerEncoderLayer(nn.Module):
         dropout: dropout after attention and MLP (the paper's residual dropout), and the two below unless given.
         activation: "relu", "gelu", "gelu_tanh" or "silu".
         norm_first: pre-norm if True, post-norm (the paper) if False.
-        similarity: attention similarity (see models.attention). drop_path: stochastic depth rate.
-        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see models.attention).
+        attention: the attention block (similarity, qk_norm, normalization, gate; see models.attention).
+        drop_path: stochastic depth rate.
         attn_dropout: dropout on the attention weights. activation_dropout: dropout inside the MLP, after
             its activation (fairseq's ``attention_dropout`` and ``activation_dropout``). None: ``dropout``.
         norm: "layernorm" or "rmsnorm" (Llama). bias: biases on the attention's and the MLP's projections.
@@ -150,19 +150,18 @@ class TransformerEncoderLayer(nn.Module):
         dropout: float = 0.1,
         activation: Activation = "relu",
         norm_first: bool = False,
-        similarity: Similarity = "scaled_dot",
+        attention: AttentionConfig | None = None,
         layer_norm_eps: float = 1e-5,
         drop_path: float = 0.0,
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
-        qk_norm: QKNorm | None = None,
         norm: Norm = "layernorm",
         bias: bool = True,
         num_kv_heads: int | None = None,
     ):
         super().__init__()
         self.self_attn = MultiHeadAttention(
-            d_model, nhead, _or(attn_dropout, dropout), similarity, bias, qk_norm, num_kv_heads
+            d_model, nhead, _or(attn_dropout, dropout), attention=attention, bias=bias, num_kv_heads=num_kv_heads
         )
         self.linear1 = _mlp_in(d_model, dim_feedforward, activation, bias)
         self.dropout = nn.Dropout(_or(activation_dropout, dropout))
@@ -221,19 +220,20 @@ class TransformerDecoderLayer(nn.Module):
         dropout: float = 0.1,
         activation: Activation = "relu",
         norm_first: bool = False,
-        similarity: Similarity = "scaled_dot",
+        attention: AttentionConfig | None = None,
         layer_norm_eps: float = 1e-5,
         attn_dropout: float | None = None,
         activation_dropout: float | None = None,
-        qk_norm: QKNorm | None = None,
         norm: Norm = "layernorm",
         bias: bool = True,
         num_kv_heads: int | None = None,
     ):
         super().__init__()
         rate = _or(attn_dropout, dropout)
-        self.self_attn = MultiHeadAttention(d_model, nhead, rate, similarity, bias, qk_norm, num_kv_heads)
-        self.multihead_attn = MultiHeadAttention(d_model, nhead, rate, similarity, bias, qk_norm, num_kv_heads)
+        self.self_attn, self.multihead_attn = (
+            MultiHeadAttention(d_model, nhead, rate, attention=attention, bias=bias, num_kv_heads=num_kv_heads)
+            for _ in range(2)
+        )
         self.linear1 = _mlp_in(d_model, dim_feedforward, activation, bias)
         self.dropout = nn.Dropout(_or(activation_dropout, dropout))
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)

@@ -30,7 +30,7 @@ from timm.layers import ConvNormAct, resample_abs_pos_embed
 from timm.models import adapt_input_conv, get_pretrained_cfg
 from torch import Tensor, nn
 
-from models.attention import QKNorm, Similarity
+from models.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.position import PositionEmbeddingSine2D, RelativePositionBias2D, RotaryEmbedding2D
 from models.transformer import TransformerEncoder
 from models.weights import WEIGHT_SUFFIXES, load_checked, network_state, read_state, resolve
@@ -107,7 +107,8 @@ class VisionTransformer(nn.Module):
         drop_path_rate: stochastic depth, rising linearly to this rate in the last layer.
         global_pool: "token" (class token after the final norm) or "avg" (mean of the patch
             tokens, then ``fc_norm``; the class token is kept, as in timm, but unread).
-        similarity: attention similarity of the shared core (see `models.attention`).
+        attention: the attention block of the shared core (similarity, qk_norm, normalization, gate; see
+            `models.attention`).
         stem_channels: widths of a convolutional stem before the patch projection (see `PatchEmbed`);
             ``patch_size`` then applies to the stem's feature map. Empty: the plain ViT.
         positions: "learned" (ViT: ``pos_embed`` added to the tokens), "sincos2d" (fixed 2D sine-cosine added to
@@ -116,7 +117,6 @@ class VisionTransformer(nn.Module):
             "rope_mixed" (2D RoPE, Heo et al. 2024, timm's RoPE ViTs), "relpos" (a Swin/BEiT relative
             position table per layer). See `models.position`.
         rope_theta: the 2D RoPE frequency base; None: the RoPE ViTs' (100 axial, 10 mixed).
-        qk_norm: None, "layernorm" or "rmsnorm" on each head's queries and keys (see `models.attention`).
     Shapes: images (B, C, H, W) -> logits (B, num_classes). Images of another size than ``img_size`` (trained
     small, evaluated large) give another patch grid: learned positions are resampled to it (bicubic, timm's
     ``resample_abs_pos_embed``), sine-cosine and RoPE positions are computed for it, and "relpos" tables are resized
@@ -140,11 +140,10 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         global_pool: Literal["token", "avg"] = "token",
-        similarity: Similarity = "scaled_dot",
+        attention: AttentionConfig = DEFAULT_ATTENTION,
         stem_channels: Sequence[int] = (),
         positions: Literal["learned", "sincos2d", "rope_axial", "rope_mixed", "relpos"] = "learned",
         rope_theta: float | None = None,
-        qk_norm: QKNorm | None = None,
     ):
         super().__init__()
         if positions not in self.POSITIONS:
@@ -192,9 +191,8 @@ class VisionTransformer(nn.Module):
             attn_dropout=attn_drop_rate,
             activation="gelu",
             norm_first=True,
-            similarity=similarity,
+            attention=attention,
             layer_norm_eps=1e-6,
-            qk_norm=qk_norm,
         )
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "avg" else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()

@@ -9,8 +9,9 @@ from builders import encoder_decoder
 from test_padding_free import cpu_varlen_attn
 from torch import nn
 
-from models import attention, padding_free
-from models.attention import SIMILARITIES, MultiHeadAttention, capture_attention, subsequent_mask
+from models import attend, attention, padding_free
+from models.attend import subsequent_mask
+from models.attention import SIMILARITIES, AttentionConfig, MultiHeadAttention, capture_attention
 from models.kv_cache import KVCache
 from models.position import ALiBi, RotaryEmbedding, T5RelativePositionBias
 
@@ -20,7 +21,7 @@ B, LQ, LK, D, H = 3, 5, 7, 16, 4
 def _pair(similarity="scaled_dot"):
     torch.manual_seed(0)
     ref = nn.MultiheadAttention(D, H, batch_first=True)
-    ours = MultiHeadAttention(D, H, similarity=similarity)
+    ours = MultiHeadAttention(D, H, attention=AttentionConfig(similarity=similarity))
     nn.init.normal_(ref.in_proj_bias)
     nn.init.normal_(ref.out_proj.bias)
     missing, unexpected = ours.load_state_dict(ref.state_dict(), strict=False)
@@ -116,7 +117,7 @@ def test_general_with_identity_equals_dot_and_dot_is_scaled_dot_times_sqrt_d():
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_fully_masked_row_is_finite_forward_and_backward(need_weights, native_safe_softmax, monkeypatch):
     # the fast path trusts CPU SDPA's safe softmax when this torch has it, else fixes the rows itself (as on GPU)
-    monkeypatch.setattr(attention, "_CPU_SDPA_SAFE", native_safe_softmax and attention._CPU_SDPA_SAFE)
+    monkeypatch.setattr(attend, "_CPU_SDPA_SAFE", native_safe_softmax and attend.cpu_sdpa_zeroes_empty_rows())
     _, ours = _pair()
     x = torch.randn(B, LQ, D, requires_grad=True)
     mask = torch.zeros(LQ, LQ, dtype=torch.bool)
@@ -135,7 +136,7 @@ def test_fully_masked_row_is_finite_forward_and_backward(need_weights, native_sa
 @pytest.mark.parametrize("boolean", [True, False], ids=["bool-mask", "float-mask"])
 def test_own_fix_for_empty_rows_equals_the_reference(boolean, monkeypatch):
     # the GPU's path (the core unblocks empty rows for SDPA, then zeroes them), taken on the CPU
-    monkeypatch.setattr(attention, "_CPU_SDPA_SAFE", False)
+    monkeypatch.setattr(attend, "_CPU_SDPA_SAFE", False)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 4, generator=g, requires_grad=True) for _ in range(3))
     blocked = torch.rand(2, 1, 5, 5, generator=g) < 0.4
@@ -144,8 +145,8 @@ def test_own_fix_for_empty_rows_equals_the_reference(boolean, monkeypatch):
     mask = blocked if boolean else torch.zeros(blocked.shape).masked_fill(blocked, float("-inf"))
     results = []
     for fn in (
-        lambda: attention.attention_fast(q, k, v, mask, 0.5),
-        lambda: attention.attention_reference(q, k, v, mask, 0.5)[0],
+        lambda: attend.attention_fast(q, k, v, mask, 0.5),
+        lambda: attend.attention_reference(q, k, v, mask, 0.5)[0],
     ):
         out = fn()
         grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
@@ -204,7 +205,7 @@ def test_capture_attention_records_every_layer_without_editing_the_model():
 
 def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="similarity='cosine'.*scaled_dot"):
-        MultiHeadAttention(D, H, similarity="cosine")
+        MultiHeadAttention(D, H, attention=AttentionConfig(similarity="cosine"))
     with pytest.raises(ValueError, match="embed_dim=16 is not divisible by num_heads=3"):
         MultiHeadAttention(D, 3)
 
@@ -216,8 +217,8 @@ def test_every_model_starts_general_at_the_identity():
     from models.vit import VisionTransformer
 
     models = [
-        Seq2SeqTransformer(20, 20, **encoder_decoder(16, 4, 1), similarity="general"),
-        DecoderOnlyLM(20, d_model=16, nhead=4, num_layers=1, similarity="general"),
+        Seq2SeqTransformer(20, 20, **encoder_decoder(16, 4, 1), attention=AttentionConfig(similarity="general")),
+        DecoderOnlyLM(20, d_model=16, nhead=4, num_layers=1, attention=AttentionConfig(similarity="general")),
         VisionTransformer(
             img_size=8,
             patch_size=4,
@@ -226,9 +227,11 @@ def test_every_model_starts_general_at_the_identity():
             embed_dim=16,
             depth=1,
             num_heads=4,
-            similarity="general",
+            attention=AttentionConfig(similarity="general"),
         ),
-        DETRTransformer(**encoder_decoder(16, 4, 1), dropout=0.1, activation="relu", similarity="general"),
+        DETRTransformer(
+            **encoder_decoder(16, 4, 1), dropout=0.1, activation="relu", attention=AttentionConfig(similarity="general")
+        ),
     ]
     for model in models:
         weights = [m.general_weight for m in model.modules() if isinstance(m, MultiHeadAttention)]
@@ -285,7 +288,7 @@ def _with_option(option, similarity="scaled_dot"):
     """A layer (with non-trivial norm and bias parameters) and the keyword arguments of a self-attention call."""
     qk_norm = "rmsnorm" if "rmsnorm" in option else "layernorm" if "layernorm" in option else None
     torch.manual_seed(1)
-    mha = MultiHeadAttention(D, H, similarity=similarity, qk_norm=qk_norm)
+    mha = MultiHeadAttention(D, H, attention=AttentionConfig(similarity=similarity, qk_norm=qk_norm))
     for p in mha.parameters():
         if p.dim() == 1:
             nn.init.normal_(p, mean=0.5 if p.shape == (D // H,) else 0.0, std=0.3)
@@ -364,7 +367,7 @@ def test_qk_norm_normalises_each_head_of_queries_and_keys(similarity):
 def test_qk_norm_bounds_the_largest_logit_that_capture_records():
     """|q|, |k| = √d after a LayerNorm with unit scale, so |q·k/√d| <= √d however large the inputs."""
     torch.manual_seed(0)
-    plain, normed = MultiHeadAttention(D, H), MultiHeadAttention(D, H, qk_norm="layernorm")
+    plain, normed = MultiHeadAttention(D, H), MultiHeadAttention(D, H, attention=AttentionConfig(qk_norm="layernorm"))
     normed.load_state_dict(plain.state_dict(), strict=False)
     x = 30 * torch.randn(B, LQ, D)
     largest = {}
@@ -401,7 +404,7 @@ def test_alibi_cached_decoding_equals_the_full_causal_pass():
 @pytest.mark.parametrize("native_safe_softmax", [True, False], ids=["sdpa-zeroes-rows", "own-fix"])
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_position_bias_keeps_fully_masked_rows_finite(need_weights, native_safe_softmax, monkeypatch):
-    monkeypatch.setattr(attention, "_CPU_SDPA_SAFE", native_safe_softmax and attention._CPU_SDPA_SAFE)
+    monkeypatch.setattr(attend, "_CPU_SDPA_SAFE", native_safe_softmax and attend.cpu_sdpa_zeroes_empty_rows())
     mha, kw = _with_option("t5")
     x = torch.randn(B, LQ, D, requires_grad=True)
     kpm = torch.zeros(B, LQ, dtype=torch.bool)
@@ -416,7 +419,7 @@ def test_position_bias_keeps_fully_masked_rows_finite(need_weights, native_safe_
 
 def test_position_options_are_refused_with_their_names():
     with pytest.raises(ValueError, match="qk_norm='l2'.*layernorm or rmsnorm"):
-        MultiHeadAttention(D, H, qk_norm="l2")
+        MultiHeadAttention(D, H, attention=AttentionConfig(qk_norm="l2"))
     mha = MultiHeadAttention(D, H)
     with pytest.raises(ValueError, match=r"position_bias has shape \(4, 5, 6\), expected \(heads, 5, 5\)"):
         mha(torch.randn(B, LQ, D), position_bias=torch.zeros(H, LQ, 6))

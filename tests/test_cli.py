@@ -1,6 +1,7 @@
 """The real `attnlab` CLI end to end on the embedded digits, and its errors for bad input."""
 
 import csv
+import dataclasses
 import inspect
 import json
 import re
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 
 from models.text import DecoderOnlyLM, Seq2SeqTransformer
 from models.text_module import LanguageModelModule, TranslationModule
@@ -73,7 +74,9 @@ def test_print_config_shows_every_knob(attnlab):
     code, out, _ = attnlab("fit", "--config", DIGITS, "--print_config")
     assert code == 0
     cfg = yaml.safe_load(out)
-    assert {"patch_size", "embed_dim", "depth", "num_heads", "similarity", "lr"} <= set(cfg["model"]["init_args"])
+    assert {"patch_size", "embed_dim", "depth", "num_heads", "attention", "lr"} <= set(cfg["model"]["init_args"])
+    attention = cfg["model"]["init_args"]["attention"]
+    assert attention == {"similarity": "scaled_dot", "qk_norm": None, "normalization": "softmax", "gate": None}
     assert cfg["data"]["init_args"]["batch_size"] == 64 and cfg["trainer"]["max_epochs"] == 40
 
 
@@ -90,7 +93,10 @@ def test_a_module_takes_its_networks_options_with_the_networks_defaults(module, 
     parser.add_class_arguments(module)
     defaults = parser.get_defaults()
     for name, p in inspect.signature(network).parameters.items():  # model.init_args.<name>, defaulted by the network
-        assert defaults[name] == (None if p.default is inspect.Parameter.empty else p.default), name
+        default = defaults[name]
+        default = vars(default) if isinstance(default, Namespace) else default  # a block (the attention's): its fields
+        expected = None if p.default is inspect.Parameter.empty else p.default
+        assert default == (dataclasses.asdict(expected) if dataclasses.is_dataclass(expected) else expected), name
     built = module(**given)
     assert given.items() <= dict(built.hparams).items()  # recorded, so a checkpoint rebuilds the same network
     rebuilt = module(**built.hparams)
@@ -106,8 +112,27 @@ def test_a_module_takes_its_networks_options_with_the_networks_defaults(module, 
         ),
         ("--model.init_args.depth=three", "model.init_args.depth: expected int. Got value: three"),
         (
-            "--model.init_args.similarity=cosine",
-            "model.init_args.similarity: expected one of 'scaled_dot', 'dot', 'general'. Got value: cosine",
+            "--model.init_args.attention.similarity=cosine",
+            "attention.similarity='cosine' is neither one of scaled_dot, dot, general nor the class path of an "
+            "nn.Module (module.Class, importable from here: no module named)",
+        ),
+        (  # the keys that moved into the attention block
+            "--model.init_args.similarity=dot",
+            "model: 'similarity' is not an option of models.vit_module.ImageClassifier; did you mean 'attention.similarity'?",
+        ),
+        (
+            "--model.init_args.qk_norm=layernorm",
+            "model: 'qk_norm' is not an option of models.vit_module.ImageClassifier; did you mean 'attention.qk_norm'?",
+        ),
+        (
+            "--model.init_args.attention.normalization=attnlab_nowhere.Norm",
+            "attention.normalization='attnlab_nowhere.Norm' is neither one of softmax, softmax1, clipped, sigmoid nor "
+            "the class path of an nn.Module (module.Class, importable from here: ModuleNotFoundError: No module named "
+            "'attnlab_nowhere')",
+        ),
+        (
+            "--model.init_args.attention.gate=perhead",
+            "model.init_args.attention.gate: expected one of 'headwise', 'elementwise'",
         ),
         (
             "--model.init_args.patch_size=3",

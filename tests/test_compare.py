@@ -27,7 +27,7 @@ def two_runs(tmp_path_factory):
                 "--trainer.limit_train_batches=4",
                 "--trainer.limit_val_batches=2",
                 "--trainer.log_every_n_steps=1",
-                f"--model.init_args.similarity={similarity}",
+                f"--model.init_args.attention.similarity={similarity}",
             ]
         )
     return root
@@ -124,7 +124,7 @@ def sweep_root(tmp_path, monkeypatch):
             {
                 "name": "sims",
                 "configs": [DIGITS],
-                "grid": {"model.init_args.similarity": list(SCORES)},
+                "grid": {"model.init_args.attention.similarity": list(SCORES)},
                 "seeds": [0, 1, 2],
                 "root": str(tmp_path / "sweep"),
             }
@@ -133,7 +133,7 @@ def sweep_root(tmp_path, monkeypatch):
     sweep = sweeps.load(path)
     sweeps.record(sweep)
     for run in sweep.runs():
-        similarity = run.cell["model.init_args.similarity"]
+        similarity = run.cell["model.init_args.attention.similarity"]
         _fake_run(run.folder, SCORES[similarity][run.seed], entropy=1.0 + run.seed + len(similarity) / 10)
     return sweep.root
 
@@ -216,7 +216,7 @@ def test_runs_outside_a_sweep_form_cells_by_their_config_without_the_seed(tmp_pa
             config = {
                 "seed_everything": seed,
                 "trainer": {"default_root_dir": f"x/{seed}", "max_epochs": 3},
-                "model": {"init_args": {"similarity": similarity}},
+                "model": {"init_args": {"attention": {"similarity": similarity}}},
             }
             _fake_run(tmp_path / "runs" / similarity / f"seed{seed}", SCORES[similarity][seed], 1.0, config)
     result = build_report(find_runs([str(tmp_path / "runs")]), tmp_path / "report")
@@ -256,14 +256,14 @@ def _sweep_with(tmp_path, scores, statuses=None):
     spec = {
         "name": "sims",
         "configs": [DIGITS],
-        "grid": {"model.init_args.similarity": list(scores)},
+        "grid": {"model.init_args.attention.similarity": list(scores)},
         "seeds": [0, 1, 2],
     }
     path.write_text(yaml.safe_dump({**spec, "root": str(tmp_path / "sweep")}))
     sweep = sweeps.load(path)
     sweeps.record(sweep)
     for run in sweep.runs():
-        similarity = run.cell["model.init_args.similarity"]
+        similarity = run.cell["model.init_args.attention.similarity"]
         if scores[similarity][run.seed] is not None:
             _fake_run(run.folder, scores[similarity][run.seed], entropy=1.0)
             status = (statuses or {}).get((similarity, run.seed))

@@ -25,13 +25,13 @@ def lr_sweep(tmp_path, monkeypatch):
 
     monkeypatch.chdir(ROOT)
     path = tmp_path / "s.yaml"
-    grid = {"model.init_args.lr": RATES, "model.init_args.qk_norm": [None, "layernorm"]}
+    grid = {"model.init_args.lr": RATES, "model.init_args.attention.qk_norm": [None, "layernorm"]}
     spec = {"name": "lr", "configs": ["configs/vision/digits.yaml"], "grid": grid, "seeds": [0, 1, 2]}
-    path.write_text(yaml.safe_dump({**spec, "root": str(tmp_path / "sweep")}))
+    path.write_text(yaml.safe_dump({**spec, "root": str(tmp_path / "sweep")}, sort_keys=False))
     sweep = sweeps.load(path)
     sweeps.record(sweep)
     for run in sweep.runs():
-        qk_norm, lr = run.cell["model.init_args.qk_norm"], run.cell["model.init_args.lr"]
+        qk_norm, lr = run.cell["model.init_args.attention.qk_norm"], run.cell["model.init_args.lr"]
         final = _final_losses(qk_norm, run.seed)[RATES.index(lr)]
         folder = run.folder / "lightning_logs" / "version_0"
         folder.mkdir(parents=True)

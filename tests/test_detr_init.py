@@ -280,7 +280,7 @@ def test_the_finetune_config_is_the_papers_detr_r50():
         "num_decoder_layers",
         "dim_feedforward",
         "num_queries",
-        "similarity",
+        "attention",
         "backbone_kwargs",
     ):
         assert config.get(key, defaults[key]) == defaults[key], key

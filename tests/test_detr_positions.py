@@ -5,7 +5,7 @@ import torch
 from builders import encoder_decoder
 from conftest import TINY_TRUNK
 
-from models.attention import MultiHeadAttention
+from models.attention import AttentionConfig, MultiHeadAttention
 from models.backbone import Backbone
 from models.detr import DETR, DETRTransformer
 from models.position import RotaryEmbedding2D
@@ -15,7 +15,7 @@ from models.position import RotaryEmbedding2D
 def test_rope_encoder_reads_padded_and_unpadded_images_alike(mode):
     """Cells are counted from the top-left, so padding at the bottom and right moves none, and padded keys stay blocked."""
     torch.manual_seed(0)
-    transformer = DETRTransformer(24, 3, 2, 1, 48, 0.0, "relu", "scaled_dot", qk_norm="layernorm").eval()
+    transformer = DETRTransformer(24, 3, 2, 1, 48, 0.0, "relu", attention=AttentionConfig(qk_norm="layernorm")).eval()
     rope = RotaryEmbedding2D(8, 3, mode, depth=2)
     src = torch.randn(1, 24, 3, 4)
     padded = torch.randn(1, 24, 5, 6)  # garbage in the padding
@@ -37,7 +37,7 @@ def test_detr_with_rope_encoder_and_qk_norm_runs_and_refuses_bad_values():
         4,
         **encoder_decoder(24, 3),
         dropout=0.0,
-        qk_norm="rmsnorm",
+        attention=AttentionConfig(qk_norm="rmsnorm"),
         encoder_positions="rope_mixed",
     ).eval()
     assert all(m.qk_norm == "rmsnorm" for m in model.modules() if isinstance(m, MultiHeadAttention))

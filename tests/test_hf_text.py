@@ -26,6 +26,7 @@ from transformers import (
 
 from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
 from datamodules.toy_text import toy_translation_pairs
+from models.attention import AttentionConfig
 from models.text_module import LanguageModelModule, TranslationModule
 from models.vit_module import ImageClassifier
 
@@ -516,7 +517,14 @@ def test_rope_scaling_of_an_older_config_is_refused(llama_gqa, tmp_path):
 @pytest.mark.parametrize(
     "option, message",
     [
-        ({"qk_norm": "rmsnorm"}, "GPT-2 was trained without QK-norm; set model.qk_norm=null"),
+        (
+            {"attention": AttentionConfig(qk_norm="rmsnorm")},
+            "GPT-2 was trained with the default attention block; set model.attention.qk_norm=null",
+        ),
+        (
+            {"attention": AttentionConfig(normalization="sigmoid", gate="headwise")},
+            "set model.attention.normalization=softmax, model.attention.gate=null",
+        ),
         ({"positions": "rope"}, "GPT-2 was trained with positions='learned', not 'rope'; set model.positions=learned"),
         (
             {"positions": "alibi"},
@@ -534,7 +542,10 @@ def test_gpt2_with_qk_norm_or_positions_in_attention_is_refused(gpt2, option, me
 @pytest.mark.parametrize(
     "option, message",
     [
-        ({"qk_norm": "layernorm"}, "Marian was trained without QK-norm; set model.qk_norm=null"),
+        (
+            {"attention": AttentionConfig(qk_norm="layernorm")},
+            "Marian was trained with the default attention block; set model.attention.qk_norm=null",
+        ),
         ({"positions": "t5"}, "Marian was trained with positions='sinusoidal_concat', not 't5'"),
     ],
 )

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from models.attention import AttentionConfig
 from models.kv_cache import KVCache
 from models.position import (
     LearnedPositionalEncoding,
@@ -163,7 +164,9 @@ def test_stacks_hand_one_rope_or_bias_to_every_layer_or_one_per_layer():
     from models.position import RotaryEmbedding
 
     torch.manual_seed(0)
-    enc = TransformerEncoder(2, 12, 3, dim_feedforward=FF, dropout=0.0, qk_norm="rmsnorm").eval()
+    enc = TransformerEncoder(
+        2, 12, 3, dim_feedforward=FF, dropout=0.0, attention=AttentionConfig(qk_norm="rmsnorm")
+    ).eval()
     dec = TransformerDecoder(2, 12, 3, dim_feedforward=FF, dropout=0.0).eval()
     x, memory = torch.randn(2, 5, 12), torch.randn(2, 4, 12)
     biases = [torch.randn(3, 5, 5), torch.randn(3, 5, 5)]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import TINY_TRUNK
 
 from models import attention, padding_free
-from models.attention import MultiHeadAttention
+from models.attention import AttentionConfig, MultiHeadAttention
 from models.backbone import Backbone
 from models.criterion import SetCriterion
 from models.detr import DETR
@@ -81,7 +81,7 @@ def assert_same(a, b, rows):
 def test_self_attention_with_key_padding_equals_the_reference(forced, rope):
     kernel, calls = forced
     torch.manual_seed(0)
-    layer = MultiHeadAttention(32, 4, qk_norm="rmsnorm")
+    layer = MultiHeadAttention(32, 4, attention=AttentionConfig(qk_norm="rmsnorm"))
     kpm = lengths_mask([7, 3, 0, 5], 7)  # one full row, one sequence all padding
     x = torch.randn(4, 7, 32)
     rot = RotaryEmbedding(8)(7) if rope else None
@@ -131,7 +131,7 @@ def test_causal_self_attention_with_padding_equals_the_reference(forced):
 def test_cross_attention_with_memory_padding_equals_the_reference(forced):
     kernel, calls = forced
     torch.manual_seed(0)
-    layer = MultiHeadAttention(32, 4, similarity="general")
+    layer = MultiHeadAttention(32, 4, attention=AttentionConfig(similarity="general"))
     memory_mask = lengths_mask([9, 4, 0], 9)  # the last memory all padding: its queries get zeros
     query, memory = torch.randn(3, 5, 32), torch.randn(3, 9, 32, requires_grad=True)
     rows = torch.ones(3, 5, dtype=torch.bool)

@@ -5,6 +5,7 @@ import pytest
 import torch
 from timm.layers import RelPosBias, RotaryEmbeddingCat, RotaryEmbeddingMixed, apply_rot_embed_cat
 
+from models.attention import AttentionConfig
 from models.position import (
     ALiBi,
     RelativePositionBias2D,
@@ -166,7 +167,7 @@ def test_positions_inside_attention_keep_forward_one_graph(model):
         inputs = (torch.randn(2, 3, 16, 16),)
     elif kind == "seq2seq":
         net = Seq2SeqTransformer(30, 30, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                                 dim_feedforward=32, positions=positions, qk_norm="rmsnorm")  # fmt: skip
+                                 dim_feedforward=32, positions=positions, attention=AttentionConfig(qk_norm="rmsnorm"))  # fmt: skip
         src = torch.randint(1, 30, (2, 7))
         src[1, 4:] = 0
         inputs = (src, torch.randint(1, 30, (2, 5)))

@@ -67,10 +67,10 @@ def test_the_newest_checkpoint_below_a_folder(tmp_path):
 
 
 def test_settings_become_fit_arguments_and_extra_arguments_follow_the_double_dash():
-    flags = {"trainer.max_epochs": 3, "model.init_args.similarity": "dot", "a": None, "b": True, "c": [1, 2]}
+    flags = {"trainer.max_epochs": 3, "model.init_args.attention.similarity": "dot", "a": None, "b": True, "c": [1, 2]}
     assert cli_flags(flags) == [
         "--trainer.max_epochs=3",
-        "--model.init_args.similarity=dot",
+        "--model.init_args.attention.similarity=dot",
         "--a=null",
         "--b=true",
         "--c=[1, 2]",

@@ -9,7 +9,7 @@ from benchmarks import peers
 from benchmarks.cases import GPU_DECODING, static_cache_case
 from datamodules.text import BOS_ID, EOS_ID, PAD_ID
 from models import decoding, text
-from models.attention import MultiHeadAttention
+from models.attention import AttentionConfig, MultiHeadAttention
 from models.decoding import DecodingStep, beam_search, greedy_decode, seq2seq_step
 from models.kv_cache import KVCache, StaticKVCache
 from models.position import ALiBi, RotaryEmbedding, Rotation
@@ -51,7 +51,7 @@ def sentences_left_after_drops(model: Seq2SeqTransformer) -> list[int]:
 
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_static_cache_decodes_step_by_step_as_the_whole_prefix(positions):
-    model = seq2seq(positions, qk_norm="rmsnorm" if positions == "alibi" else None)
+    model = seq2seq(positions, attention=AttentionConfig(qk_norm="rmsnorm") if positions == "alibi" else None)
     src = padded_batch(V, [5, 2, 7])
     memory, mask = model.encode(src), src.eq(PAD_ID)
     tgt = torch.cat([torch.full((3, 1), BOS_ID), padded_batch(V, [6, 6, 6], seed=3)], dim=1)  # (3, 7)
@@ -99,7 +99,7 @@ def test_lm_generates_the_same_with_the_static_cache_even_past_the_context(posit
 @pytest.mark.parametrize("kind", ["rope", "alibi"])
 def test_static_kv_cache_attends_as_the_growing_cache_after_a_prompt(kind):
     torch.manual_seed(0)
-    attn = MultiHeadAttention(16, 2, qk_norm="layernorm").eval()
+    attn = MultiHeadAttention(16, 2, attention=AttentionConfig(qk_norm="layernorm")).eval()
     x = torch.randn(3, 6, 16)
     rope, alibi = RotaryEmbedding(8, 16), ALiBi(2)
     growing, static = KVCache(), StaticKVCache(max_len=9)

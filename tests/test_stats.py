@@ -11,7 +11,8 @@ from conftest import TINY_TRUNK
 from torch import nn
 
 from experiments.stats import SATURATION, Sequence, _layer_stats, _sequences, attention_statistics
-from models.attention import MultiHeadAttention, capture_attention, merge_masks
+from models.attend import merge_masks
+from models.attention import AttentionConfig, MultiHeadAttention, capture_attention
 from models.backbone import Backbone
 from models.detr import DETR
 from models.text import DecoderOnlyLM, Seq2SeqTransformer
@@ -173,7 +174,9 @@ def _cases():
     src = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 2, 0, 0]])
     tgt = torch.tensor([[1, 9, 4, 2], [1, 3, 0, 0]])
     for similarity in ("scaled_dot", "general"):
-        s2s = Seq2SeqTransformer(12, 12, **encoder_decoder(16, 2), similarity=similarity, pad_id=0)
+        s2s = Seq2SeqTransformer(
+            12, 12, **encoder_decoder(16, 2), attention=AttentionConfig(similarity=similarity), pad_id=0
+        )
         if similarity == "general":  # away from the identity, so that the map counts
             for m in s2s.modules():
                 if isinstance(m, MultiHeadAttention):

@@ -46,7 +46,7 @@ def write(tmp_path: Path, name: str = "s", **spec) -> Path:
     spec = {
         "name": name,
         "configs": [DIGITS],
-        "grid": {"model.init_args.similarity": ["scaled_dot", "dot"]},
+        "grid": {"model.init_args.attention.similarity": ["scaled_dot", "dot"]},
         "seeds": [0, 1],
         "root": str(tmp_path / "root"),
         **spec,
@@ -60,7 +60,7 @@ def test_one_run_per_config_cell_and_seed_with_stable_names_and_commands(tmp_pat
     sweep = sweeps.load(
         write(
             tmp_path,
-            grid={"model.init_args.similarity": ["scaled_dot", "dot"], "trainer.max_epochs": [1, 2]},
+            grid={"model.init_args.attention.similarity": ["scaled_dot", "dot"], "trainer.max_epochs": [1, 2]},
             seeds=[0, 7],
             overrides={"data.init_args.batch_size": 32},
         )
@@ -75,7 +75,7 @@ def test_one_run_per_config_cell_and_seed_with_stable_names_and_commands(tmp_pat
     run = runs[-1]
     assert run.folder == tmp_path / "root" / "digits" / "similarity=dot,max_epochs=2" / "seed=7"
     assert (
-        run.cell == {"model.init_args.similarity": "dot", "trainer.max_epochs": 2}
+        run.cell == {"model.init_args.attention.similarity": "dot", "trainer.max_epochs": 2}
         and run.cell_name == "digits/similarity=dot,max_epochs=2"
     )
     assert sweep.command(run) == [
@@ -92,7 +92,7 @@ def test_one_run_per_config_cell_and_seed_with_stable_names_and_commands(tmp_pat
         "--ckpt_path",
         "last",
         "--data.init_args.batch_size=32",
-        "--model.init_args.similarity=dot",
+        "--model.init_args.attention.similarity=dot",
         "--trainer.max_epochs=2",
     ]
     assert sweeps.load(write(tmp_path)).runs()[0].name == runs[0].name.replace(
@@ -119,7 +119,7 @@ def test_the_ablation_sweeps_report_has_the_sqrt_d_section(attnlab, tmp_path):
     root = tmp_path / "ablation"
     sweep = sweeps.load("configs/sweeps/ablation.yaml", str(root))
     for run in sweep.runs():
-        similarity = run.cell["model.init_args.similarity"]
+        similarity = run.cell["model.init_args.attention.similarity"]
         layer = {"name": "blocks.0.attn", "kind": "self", "logit_var": [{"dot": 16.0}.get(similarity, 1.0)]}
         summary = _finished_run(run.folder) / "summary.json"
         summary.write_text(
@@ -127,7 +127,7 @@ def test_the_ablation_sweeps_report_has_the_sqrt_d_section(attnlab, tmp_path):
                 {
                     "status": "finished",
                     "modality": Path(run.config).stem,
-                    "hparams": {"similarity": similarity},
+                    "hparams": {"attention": {"similarity": similarity}},
                     "best": {"monitor": "val/loss", "value": 1.0 + run.seed / 10},
                     "attention": {"init": {"layers": [layer]}, "final": {"layers": [layer]}},
                 }
@@ -184,7 +184,7 @@ def test_the_status_file_records_every_run_and_keeps_their_state(tmp_path):
     sweeps.record(sweep)
     status = json.loads((sweep.root / "sweep.json").read_text())
     assert status["name"] == "s" and status["configs"]["digits"]["grid"] == {
-        "model.init_args.similarity": ["scaled_dot", "dot"]
+        "model.init_args.attention.similarity": ["scaled_dot", "dot"]
     }
     assert list(status["runs"]) == [r.name for r in sweep.runs()] and {
         e["status"] for e in status["runs"].values()
@@ -192,7 +192,7 @@ def test_the_status_file_records_every_run_and_keeps_their_state(tmp_path):
     entry = status["runs"]["digits/similarity=dot/seed=1"]
     assert (
         entry["seed"] == 1
-        and entry["cell"] == {"model.init_args.similarity": "dot"}
+        and entry["cell"] == {"model.init_args.attention.similarity": "dot"}
         and "--seed_everything 1" in entry["command"]
     )
     sweeps.update(sweep.root, "digits/similarity=dot/seed=1", status="failed", error="attnlab: error: boom")
@@ -217,7 +217,7 @@ BAD = {
         {"grid": {"model.init_args.similarty": ["dot"]}},
         (
             "grid.model.init_args.similarty=dot (configs/vision/digits.yaml): model: 'similarty' is not an option of "
-            "models.vit_module.ImageClassifier; did you mean 'similarity'?"
+            "models.vit_module.ImageClassifier; did you mean 'attention.similarity'?"
         ),
     ),
     "grid value type": (
@@ -225,12 +225,12 @@ BAD = {
         "grid.trainer.max_epochs=many (configs/vision/digits.yaml): trainer.max_epochs: expected int, got 'many'",
     ),
     "grid value choice": (
-        {"grid": {"model.init_args.similarity": ["cosine"]}},
-        "grid.model.init_args.similarity=cosine",
+        {"grid": {"model.init_args.attention.similarity": ["cosine"]}},
+        "grid.model.init_args.attention.similarity=cosine",
     ),
     "grid not a list": (
-        {"grid": {"model.init_args.similarity": "dot"}},
-        "grid.model.init_args.similarity: expected a non-empty list",
+        {"grid": {"model.init_args.attention.similarity": "dot"}},
+        "grid.model.init_args.attention.similarity: expected a non-empty list",
     ),
     "override type": (
         {"overrides": {"trainer.max_epochs": "lots"}},

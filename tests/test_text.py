@@ -14,7 +14,7 @@ from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
 from datamodules.text_batching import LengthBucketSampler, collate_pairs
 from datamodules.text_tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_tokenizer
 from datamodules.toy_text import toy_translation_pairs
-from models.attention import capture_attention
+from models.attention import AttentionConfig, capture_attention
 from models.decoding import beam_search, greedy_decode
 from models.optim import param_groups
 from models.text import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
@@ -179,7 +179,9 @@ IN_ATTENTION = ["rope", "alibi", "t5"]
 
 @pytest.mark.parametrize("positions,qk_norm", [("rope", None), ("alibi", "rmsnorm"), ("t5", "layernorm")])
 def test_positions_inside_attention_decode_with_the_cache_as_without(positions, qk_norm):
-    model = tiny_seq2seq(V, d_model=24, nhead=3, positions=positions, qk_norm=qk_norm, seed=11)  # head size 8
+    model = tiny_seq2seq(
+        V, d_model=24, nhead=3, positions=positions, attention=AttentionConfig(qk_norm=qk_norm), seed=11
+    )  # head size 8
     assert model.pos is None
     src = padded_batch(V, [5, 3, 6], seed=12)
     memory, mask = model.encode(src), src.eq(PAD_ID)
@@ -235,7 +237,7 @@ def test_position_and_qk_norm_keys_are_refused_with_their_names():
     with pytest.raises(ValueError, match=r"model.positions=rope needs an even head size, .* = 5"):
         DecoderOnlyLM(V, d_model=15, nhead=3, positions="rope")
     with pytest.raises(ValueError, match="qk_norm='l2' is not known"):
-        DecoderOnlyLM(V, d_model=16, nhead=2, qk_norm="l2")
+        DecoderOnlyLM(V, d_model=16, nhead=2, attention=AttentionConfig(qk_norm="l2"))
 
 
 def test_beam_of_one_is_greedy():

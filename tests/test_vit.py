@@ -5,7 +5,7 @@ import torch
 from builders import tiny_vit
 
 from datamodules.vision import DigitsDataModule, split_lengths
-from models.attention import capture_attention
+from models.attention import AttentionConfig, capture_attention
 from models.optim import param_groups
 from models.vit import PatchEmbed, VisionTransformer
 from models.vit_module import ImageClassifier
@@ -118,7 +118,9 @@ def _rope_pair(positions, qk_norm, folder):
         p.data.add_(0.1 * torch.randn_like(p))
     path = folder / "eva.pth"
     torch.save(theirs.state_dict(), path)
-    ours = ImageClassifier(**size, positions=positions, qk_norm=qk_norm, init_from=str(path)).model.eval()
+    ours = ImageClassifier(
+        **size, positions=positions, attention=AttentionConfig(qk_norm=qk_norm), init_from=str(path)
+    ).model.eval()
     return theirs, ours
 
 

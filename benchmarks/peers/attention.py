@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from benchmarks.harness import Step
 from benchmarks.peers.bench import Bench, Settings, max_diff
-from models.attention import MultiHeadAttention, attention_fast, merge_masks
+from models.attend import attention_fast, merge_masks
+from models.attention import MultiHeadAttention
 
 
 class SDPAAttention(nn.Module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -211,8 +212,13 @@ class RunSummary(Callback):
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` as JSON holds them (what it cannot, as its str), less LightningCLI's ``_class_path``, ``_instantiator``."""
-    return json.loads(json.dumps({k: v for k, v in values.items() if not k.startswith("_")}, default=str))
+    """``values`` as JSON holds them (a dataclass as its fields, what it cannot as its str), less LightningCLI's
+    ``_class_path``, ``_instantiator``."""
+
+    def fallback(value: Any) -> Any:
+        return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
+
+    return json.loads(json.dumps({k: v for k, v in values.items() if not k.startswith("_")}, default=fallback))
 
 
 def _hardware(trainer: pl.Trainer) -> dict[str, Any]:

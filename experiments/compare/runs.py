@@ -105,7 +105,9 @@ def _load_run(run: Path) -> dict[str, Any]:
         "dir": run,
         "summary": summary,
         "metrics": read_metrics(run),
-        "similarity": hp.get("similarity"),
+        "similarity": (hp.get("attention") or {}).get(
+            "similarity", hp.get("similarity")
+        ),  # before the block: top level
         "positions": hp.get("positions"),
         "final": summarize(attention["final"]) if attention.get("final") else {},
         "init": summarize(attention["init"]) if attention.get("init") else {},
