@@ -228,12 +228,30 @@ def hub_offline_unless_asked() -> None:
         huggingface_hub.constants.HF_HUB_OFFLINE = True
 
 
+def _null_as_dict(argv: list[str]) -> list[str]:
+    """``--model.init_args.attention.qk_norm=null`` as ``--model.init_args.attention={qk_norm: null}``: jsonargparse
+    4.x does not read ``null`` for a field of a block (a dataclass) inside a subclass's ``init_args``, while the dict
+    form sets that one field and keeps the others."""
+    out = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        parts = key.split(".")
+        if value == "null" and parts[0] == "--model" and len(parts) == 4 and parts[1] == "init_args":
+            arg = f"{'.'.join(parts[:3])}={{{parts[3]}: null}}"
+        out.append(arg)
+    return out
+
+
 def main(args: list[str] | None = None) -> None:
     hub_offline_unless_asked()
     quiet_lightning_notes()
-    argv = sys.argv[1:] if args is None else list(args)
+    argv = _null_as_dict(sys.argv[1:] if args is None else list(args))
     if argv[:1] and argv[0] in TOOLS:
         return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
+    if args is None:
+        sys.argv[1:] = argv
+    else:
+        args = argv
     AttnlabCLI(
         model_class=pl.LightningModule,
         datamodule_class=pl.LightningDataModule,

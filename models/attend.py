@@ -17,7 +17,7 @@ Normalisations (``attention.normalization``), for the scores s_j of one query ov
     "softmax1"  exp(s_j) / (1 + Σ_k exp(s_k))  (Miller 2023, "off by one")  fast path: SDPA with one more key
                 whose logit is 0 and whose value is 0, so a head can put its weight nowhere
     "clipped"   clip((ζ - γ)·softmax(s)_j + γ, 0, 1), ζ = 1, γ = -α/n, α = 12 (Bondarenko et al. 2023, the
-                α of their published BERT command): exact zeros without infinite logits   reference path
+                α of their published BERT command; their T is n): exact zeros without infinite logits   reference path
     "sigmoid"   σ(s_j - log n)  (Ramapuram et al. 2025): each key on its own, no sum to one   reference path
     a class path (``my_module.MyNorm``): an ``nn.Module`` of your own whose ``forward(scores, blocked)`` takes
                 the scores (B, H, Lq, Lk), -inf where blocked, and the boolean mask (B|1, H|1, Lq, Lk) or None,
@@ -118,6 +118,12 @@ class Softmax1(nn.Module):
         return e / (e.sum(-1, keepdim=True) + (-m).exp())
 
 
+def visible_keys(scores: Tensor, blocked: Tensor | None) -> Tensor | float:
+    """n, the keys each query may see: (B|1, H|1, Lq, 1), or Lk when nothing is blocked. Counting them per
+    query (not the padded length) keeps a cached decoding step equal to the full causal pass."""
+    return float(scores.size(-1)) if blocked is None else (~blocked).sum(-1, keepdim=True).clamp(min=1).to(scores)
+
+
 class ClippedSoftmax(nn.Module):
     """clip((ζ - γ)·softmax(s) + γ, 0, 1) with ζ = 1 and γ = -α/n over n keys (Bondarenko et al. 2023)."""
 
@@ -126,7 +132,7 @@ class ClippedSoftmax(nn.Module):
         self.alpha = alpha
 
     def forward(self, scores: Tensor, blocked: Tensor | None) -> Tensor:
-        gamma = -self.alpha / scores.size(-1)
+        gamma = -self.alpha / visible_keys(scores, blocked)
         return ((1.0 - gamma) * scores.softmax(dim=-1) + gamma).clamp(0.0, 1.0)
 
 
@@ -134,7 +140,8 @@ class SigmoidAttention(nn.Module):
     """σ(s_j - log n) over n keys, each key on its own (Ramapuram et al. 2025)."""
 
     def forward(self, scores: Tensor, blocked: Tensor | None) -> Tensor:
-        return torch.sigmoid(scores - math.log(scores.size(-1)))
+        n = visible_keys(scores, blocked)
+        return torch.sigmoid(scores - (math.log(n) if isinstance(n, float) else n.log()))
 
 
 NORMALIZATIONS: dict[str, type[nn.Module]] = {

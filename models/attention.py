@@ -110,7 +110,10 @@ def _own_class(key: str, path: str, builtins: tuple[str, ...], probe: tuple[Tens
             f"attention.{key}={path!r} is neither one of {', '.join(builtins)} nor the class path of an nn.Module "
             f"(module.Class, importable from here: {why})"
         )
-    out = cls()(*probe)
+    try:
+        out = cls()(*probe)
+    except Exception as error:  # noqa: BLE001 - any failure of a user's class is reported as one line
+        raise ValueError(f"attention.{key}={path!r} failed on a probe call: {type(error).__name__}: {error}") from None
     if not isinstance(out, Tensor) or out.shape != (1, 1, 2, 3):
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(

@@ -170,3 +170,17 @@ def test_help_lists_every_subcommand(attnlab):
     assert code == 0
     listed = set(re.findall(r"^    (\w+) ", out, re.M))
     assert {"fit", "validate", "test", "predict", "compare"} | set(TOOLS) <= listed
+
+
+def test_a_block_field_set_to_null_keeps_the_blocks_other_fields(attnlab):
+    code, out, _ = attnlab(
+        "fit",
+        "--config",
+        DIGITS,
+        "--model.init_args.attention.similarity=dot",
+        "--model.init_args.attention.qk_norm=layernorm",
+        "--model.init_args.attention.qk_norm=null",
+        "--print_config",
+    )
+    attention = yaml.safe_load(out)["model"]["init_args"]["attention"]
+    assert code == 0 and attention == {"similarity": "dot", "qk_norm": None, "normalization": "softmax", "gate": None}
