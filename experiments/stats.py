@@ -16,6 +16,8 @@ The model's inputs are what the LightningModule passed to ``model`` on the fixed
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +58,20 @@ def modality(model: nn.Module) -> str:
     if hasattr(model, "backbone") and hasattr(model, "transformer"):
         return "detection"
     return "text"
+
+
+@contextmanager
+def feature_sizes(model: nn.Module) -> Iterator[list[tuple[int, int]]]:
+    """The (h, w) of DETR's backbone feature map at each forward pass inside (none for other models)."""
+    sizes: list[tuple[int, int]] = []
+    handle = None
+    if modality(model) == "detection":
+        handle = model.backbone.register_forward_hook(lambda m, a, out: sizes.append(tuple(out.shape[-2:])))
+    try:
+        yield sizes
+    finally:
+        if handle is not None:
+            handle.remove()
 
 
 def _grid(h: int, w: int, stride_h: float, stride_w: float) -> Tensor:
@@ -137,19 +153,13 @@ def attention_statistics(
     as one value per head, or None where not defined}, ...]}``, layers in module order."""
     kind = modality(model)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    feature_hw: list[tuple[int, int]] = []
-    handles = []
-    if kind == "detection":
-        handles.append(model.backbone.register_forward_hook(lambda m, a, out: feature_hw.append(tuple(out.shape[-2:]))))
     was_training = model.training
     model.eval()
     try:
-        with capture_attention(model, scores=True) as maps:
+        with capture_attention(model, scores=True) as maps, feature_sizes(model) as feature_hw:
             model(*args, **(kwargs or {}))
     finally:
         model.train(was_training)
-        for h in handles:
-            h.remove()
     enc, dec = _sequences(kind, model, args, feature_hw[0] if feature_hw else None, special_ids)
     dec_valid = None
     stats = []

@@ -239,14 +239,6 @@ def test_cells_and_paired_comparisons_go_to_wandb_as_tables(attnlab, sweep_root,
     )
 
 
-def test_a_panel_says_the_modality_once():
-    from experiments.compare.plots import panel_title
-    from experiments.runfolder import Summary
-
-    assert panel_title({"label": "vision", "summary": Summary(modality="vision")}) == "vision"
-    assert panel_title({"label": "runs/a", "summary": Summary(modality="text")}) == "runs/a\ntext"
-
-
 def _sweep_with(tmp_path, scores, statuses=None):
     """A recorded sweep over similarities x seeds 0-2 whose runs give ``scores[similarity][seed]`` (None: the run
     left no summary) and end with ``statuses`` (similarity, seed) -> status (default finished)."""

@@ -122,7 +122,11 @@ class RunSummary(Callback):
         flops = self._flops_per_sample(trainer)
         figure = None
         if self.attention_figure and final is not None:  # each layer's head-mean attention on the first sample
-            with torch.no_grad(), capture_attention(self._model) as maps:
+            with (
+                torch.no_grad(),
+                capture_attention(self._model) as maps,
+                summary_stats.feature_sizes(self._model) as hw,
+            ):
                 self._forward(trainer)
             figure = {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}  # (Lq, Lk)
         if not trainer.is_global_zero:
@@ -157,7 +161,7 @@ class RunSummary(Callback):
         self._summary["attention"] = {"init": init, "final": final}
         write_json(self.path, self._summary)
         if figure is not None:
-            self._log_figure(trainer, figure)
+            self._log_figure(trainer, figure, hw[0] if hw else None)
         for run in self._summary.get("wandb") or []:
             if run.get("mode") == "offline" and run.get("dir"):
                 print(f"attnlab: W&B run saved offline in {run['dir']}; upload it with `wandb sync {run['dir']}`")
@@ -189,23 +193,15 @@ class RunSummary(Callback):
             return None
         return flops / n if n else None
 
-    def _log_figure(self, trainer: pl.Trainer, maps: dict[str, torch.Tensor]) -> None:
-        """``attention.png``: one heat map per layer, four to a row; logged to W&B as ``val/attention``."""
-        from matplotlib.figure import Figure  # no pyplot: no global backend, nothing to close
+    def _log_figure(
+        self, trainer: pl.Trainer, maps: dict[str, torch.Tensor], feature_hw: tuple[int, int] | None
+    ) -> None:
+        """``attention.png`` (`attention_figure`) of ``maps``, logged to W&B as ``val/attention``."""
+        from experiments.callbacks.attention_figure import attention_figure, token_sides  # matplotlib: when drawing
 
-        cols = min(4, len(maps)) or 1
-        rows = max(1, -(-len(maps) // cols))
-        fig = Figure(figsize=(3 * cols, 3 * rows))
-        axes = fig.subplots(rows, cols, squeeze=False)
-        for ax, (name, weights) in zip(axes.flat, maps.items()):
-            ax.imshow(weights.float().numpy(), cmap="viridis", aspect="auto", interpolation="nearest")
-            ax.set_title(name, fontsize=7)
-            ax.set(xlabel="key", ylabel="query")
-        for ax in axes.flat[len(maps) :]:
-            ax.axis("off")
-        fig.tight_layout()
+        sides = token_sides(self._model, self._inputs.args, feature_hw, trainer.datamodule)
         path = self.path.parent / "attention.png"
-        fig.savefig(path, dpi=80)
+        attention_figure(maps, *sides).savefig(path, dpi=100)
         for logger in trainer.loggers:
             if hasattr(logger, "log_image"):
                 logger.log_image(key="val/attention", images=[str(path)], step=trainer.global_step)

@@ -1,5 +1,7 @@
 """Plots of the report, each one PNG drawn on a matplotlib Figure (no display needed): training loss,
-attention statistics by layer, the √d section, every seed of every cell, a metric against a swept number."""
+attention statistics by layer, the √d section, every seed of every cell, a metric against a swept number.
+Each cell (a run and its seeds) has one colour in every plot (`cell_colours`); ``loss_figure`` and
+``layer_figure`` return their Figure, which `save` writes."""
 
 from __future__ import annotations
 
@@ -9,17 +11,20 @@ from typing import Any
 
 from matplotlib import colormaps
 from matplotlib.figure import Figure  # no pyplot: no global backend, nothing to close
+from matplotlib.lines import Line2D
 
 from experiments.compare.runs import STATS, by_seed, train_loss
 from experiments.compare.stats import interval
 
 
 def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
-    """One row per group, one panel per measure: every seed's value (dots) and the mean with its 95% interval (bars)."""
+    """One row per group, one panel per measure: every seed's value (dots) and the mean with its 95% interval (bars,
+    in the cell's colour)."""
     groups = list(dict.fromkeys(c["group"] for c in cells))
     measures = [("best", "best")] + [(k, label) for k, label in STATS if any(by_seed(c, k) for c in cells)]
     fig = Figure(figsize=(3.2 * len(measures), 3.4 * len(groups)))
     axes = fig.subplots(len(groups), len(measures), squeeze=False)
+    colours = dict(zip(map(id, cells), cell_colours(cells)))  # as in the other plots
     for axes_row, group in zip(axes, groups):
         members = [c for c in cells if c["group"] == group]
         names = [c["label"].removeprefix(f"{group}/") for c in members]
@@ -34,77 +39,112 @@ def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
                 xs = [x + (i - (len(values) - 1) / 2) * 0.06 for i in range(len(values))]  # jittered
                 ax.plot(xs, values, "o", color="gray", alpha=0.6, ms=4, label=dots)
                 stat = interval(values)
-                ax.errorbar(x + 0.25, stat["mean"], stat["half"] or 0, fmt="s", color="tab:blue", capsize=4, label=bars)
+                ax.errorbar(
+                    x + 0.25, stat["mean"], stat["half"] or 0, fmt="s", color=colours[id(cell)], capsize=4, label=bars
+                )
             monitor = next((c.get("monitor") for c in members if c.get("monitor")), None)
             ax.set_title(f"{group}: {monitor or label}" if key == "best" else f"{group}: {label}", fontsize=9)
             ax.set_xticks(range(len(members)), names, rotation=30, ha="right", fontsize=7)
             ax.set_xlabel(keys, fontsize=7)
             ax.grid(alpha=0.3, axis="y")
         axes_row[0].legend(fontsize=6)
-    _save(fig, path)
+    save(fig, path)
 
 
-def plot_losses(runs: list[dict[str, Any]], path: Path) -> None:
-    """Training loss of every run against the fraction of its training, raw (log scale) and relative to its first value."""
-    fig = Figure(figsize=(11, 4))
+def cell_colours(cells: list[dict[str, Any]]) -> list[Any]:
+    """One colour per cell, pairwise distinct, in the cells' order: tab10's, then tab20's lighter ten (the same run
+    keeps its colour in every figure drawn from the same cells)."""
+    tab20 = colormaps["tab20"].colors
+    palette = list(colormaps["tab10"].colors) + [tab20[i] for i in range(1, 20, 2)]
+    return [palette[i % len(palette)] for i in range(len(cells))]
+
+
+def _legend_label(cell: dict[str, Any]) -> str:
+    n = len(cell["runs"])
+    return cell["label"] + (f" ({n} seeds)" if n > 1 else "")
+
+
+def loss_figure(cells: list[dict[str, Any]]) -> Figure:
+    """Training loss of every run against the fraction of its training, raw (log scale) and relative to its first
+    value; one colour per cell (its seeds share it), a legend in each panel."""
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
     raw, rel = fig.subplots(1, 2)
-    for ax in (raw, rel):
-        ax.set_prop_cycle(color=[colormaps["tab20"](i % 20) for i in range(len(runs))])
-        ax.grid(alpha=0.3)
-    for r in runs:
-        curve = train_loss(r["metrics"])
-        if not curve:
-            continue
-        last = max(step for step, _ in curve) or 1
-        x = [step / last for step, _ in curve]
-        y = [v for _, v in curve]
-        raw.plot(x, y, label=r["label"])
-        rel.plot(x, [v / y[0] for v in y] if y[0] else y, label=r["label"])
-        val = r["metrics"].get("val/loss")
-        if val:
-            raw.plot([s / last for s, _ in val], [v for _, v in val], "o", ms=3, color=raw.lines[-1].get_color())
+    for cell, colour in zip(cells, cell_colours(cells)):
+        label = _legend_label(cell)
+        for r in cell["runs"]:
+            curve = train_loss(r["metrics"])
+            if not curve:
+                continue
+            last = max(step for step, _ in curve) or 1
+            x = [step / last for step, _ in curve]
+            y = [v for _, v in curve]
+            lone = dict(marker="_", ms=12) if len(x) == 1 else {}  # a line of one point: a dash, not nothing
+            raw.plot(x, y, color=colour, label=label, **lone)
+            rel.plot(x, [v / y[0] for v in y] if y[0] else y, color=colour, label=label, **lone)
+            label = None  # one legend entry per cell
+            val = r["metrics"].get("val/loss")
+            if val:
+                raw.plot([s / last for s, _ in val], [v for _, v in val], "o", ms=3, color=colour)
     raw.set(xlabel="fraction of training", ylabel="loss (train: line, val: dots)", yscale="log", title="loss")
     rel.set(xlabel="fraction of training", ylabel="train loss / first train loss", title="loss relative to its start")
-    if rel.lines:
-        rel.legend(fontsize=7)
-    _save(fig, path)
-
-
-def plot_by_layer(runs: list[dict[str, Any]], key: str, ylabel: str, path: Path) -> bool:
-    """One panel per run: ``key`` of each attention layer (mean over heads as a line, heads as dots)."""
-    panels = [(r, ((r["summary"].attention or {}).get("final") or {})) for r in runs]
-    panels = [(r, a) for r, a in panels if any(layer.get(key) for layer in a.get("layers", []))]
-    if not panels:
-        return False
-    cols = min(len(panels), 4)
-    rows = -(-len(panels) // cols)
-    fig = Figure(figsize=(4 * cols, 3.6 * rows))
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for ax in axes.flat[len(panels) :]:
-        ax.axis("off")
-    for ax, (r, attention) in zip(axes.flat, panels):
-        layers = [layer for layer in attention["layers"] if layer.get(key)]
-        for kind, marker in (("self", "o"), ("cross", "s")):
-            idx = [i for i, layer in enumerate(layers) if layer["kind"] == kind]
-            if not idx:
-                continue
-            means = [sum(layers[i][key]) / len(layers[i][key]) for i in idx]
-            ax.plot(idx, means, marker=marker, label=f"{kind}-attention (head mean)")
-            for i in idx:
-                ax.plot([i] * len(layers[i][key]), layers[i][key], ".", color="gray", alpha=0.5, ms=4)
-        ax.set_xticks(range(len(layers)), [_short(layer["name"]) for layer in layers], rotation=60, fontsize=6)
-        unit = f" ({attention.get('unit')})" if key == "distance" else ""
-        ax.set(title=panel_title(r), ylabel=ylabel + unit)
+    for ax in (raw, rel):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    _save(fig, path)
-    return True
+        if ax.lines:
+            ax.legend(fontsize=7)
+    return fig
 
 
-def panel_title(run: dict[str, Any]) -> str:
-    """The run's label, and its modality below when the label does not already say it (not "vision / vision")."""
-    modality_ = run["summary"].modality
-    return run["label"] if not modality_ or modality_ in run["label"].split("/") else f"{run['label']}\n{modality_}"
+def _final(run: dict[str, Any]) -> dict[str, Any]:
+    return (run["summary"].attention or {}).get("final") or {}
+
+
+def layer_figure(cells: list[dict[str, Any]], key: str, ylabel: str) -> Figure | None:
+    """``key`` of each attention layer at the end of training, one panel per modality with every run on it: the
+    mean over heads as a line (one colour per cell), each head as a dot; one legend. None when no run has ``key``."""
+    drawn = [c for c in cells if any(layer.get(key) for r in c["runs"] for layer in _final(r).get("layers", []))]
+    if not drawn:
+        return None
+    colours = dict(zip(map(id, cells), cell_colours(cells)))
+    modalities = list(dict.fromkeys(c["modality"] for c in drawn))
+    fig = Figure(figsize=(2.5 + 4.5 * len(modalities), 4), layout="constrained")
+    axes = fig.subplots(1, len(modalities), squeeze=False)[0]
+    for ax, modality_ in zip(axes, modalities):
+        runs = [(r, c) for c in drawn if c["modality"] == modality_ for r in c["runs"]]
+        names = list(dict.fromkeys(layer["name"] for r, _ in runs for layer in _final(r).get("layers", [])))
+        for r, cell in runs:
+            label = _legend_label(cell) if r is cell["runs"][0] else None  # one legend entry per cell
+            _draw_layers(ax, names, _final(r).get("layers", []), key, colours[id(cell)], label)
+        units = sorted({_final(r).get("unit") for r, _ in runs} - {None})
+        unit = f" ({', '.join(units)})" if key == "distance" and units else ""
+        ax.set_xticks(range(len(names)), [_short(name) for name in names], rotation=60, fontsize=7)
+        ax.set(title=modality_, ylabel=ylabel + unit)
+        ax.grid(alpha=0.3)
+    fig.legend(handles=_layer_legend(axes), fontsize=7, loc="outside right upper")
+    return fig
+
+
+def _draw_layers(ax: Any, names: list[str], layers: list[dict], key: str, colour: Any, label: str | None) -> None:
+    """One run's ``key`` at x = the layer's place in ``names``: self- and cross-attention layers as two lines of the
+    head means, each head a dot."""
+    for kind, style in (("self", "o-"), ("cross", "s--")):
+        ours = [layer for layer in layers if layer["kind"] == kind and layer.get(key)]
+        if not ours:
+            continue
+        xs = [names.index(layer["name"]) for layer in ours]
+        ax.plot(xs, [sum(layer[key]) / len(layer[key]) for layer in ours], style, color=colour, ms=4, label=label)
+        label = None
+        for x, layer in zip(xs, ours):
+            ax.plot([x] * len(layer[key]), layer[key], ".", color=colour, alpha=0.35, ms=4)
+
+
+def _layer_legend(axes: Any) -> list[Line2D]:
+    """The cells (by colour), then the markers: self- and cross-attention head means, a head."""
+    lines = [line for ax in axes for line in ax.lines]
+    keys = [Line2D([], [], color="gray", marker="o", ms=4, label="self-attention: mean over heads")]
+    if any(line.get_marker() == "s" for line in lines):
+        keys.append(Line2D([], [], color="gray", marker="s", ls="--", ms=4, label="cross-attention: mean over heads"))
+    keys.append(Line2D([], [], color="gray", marker=".", ls="", alpha=0.5, label="one head"))
+    return [line for line in lines if not line.get_label().startswith("_")] + keys
 
 
 def _short(name: str) -> str:
@@ -115,8 +155,10 @@ def _short(name: str) -> str:
     return f"{stack[:3]}{index}{kind}" or name
 
 
-def _save(fig: Figure, path: Path) -> None:
-    fig.tight_layout()
+def save(fig: Figure, path: Path) -> None:
+    """``fig`` as a PNG, laid out tight unless it brings its own layout engine."""
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fig.savefig(path, dpi=90)
 
 
@@ -149,7 +191,7 @@ def plot_scaling(runs: list[dict[str, Any]], path: Path) -> None:
         ax.set(title=label, yscale="log" if key == "logit_var" else "linear")
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7)
-    _save(fig, path)
+    save(fig, path)
 
 
 def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: Path, log_x: bool = False) -> None:
@@ -174,4 +216,4 @@ def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: P
     ax.set_title("mean over the seeds; band: 95% t-interval", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    _save(fig, path)
+    save(fig, path)

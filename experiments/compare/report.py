@@ -21,7 +21,7 @@ from experiments.compare.curves import (
     swept_keys,
     swept_series,
 )
-from experiments.compare.plots import plot_against, plot_by_layer, plot_cells, plot_losses, plot_scaling
+from experiments.compare.plots import layer_figure, loss_figure, plot_against, plot_cells, plot_scaling, save
 from experiments.compare.runs import find_runs, group_cells, load_runs
 from experiments.compare.tables import (
     cell_rows,
@@ -71,11 +71,13 @@ def build_report(
     runs = load_runs(run_dirs)
     out.mkdir(parents=True, exist_ok=True)
     columns, rows = run_rows(runs)
+    cells = group_cells(runs)  # one colour per cell in every plot
     plots = {"loss": out / "loss_curves.png"}
-    plot_losses(runs, plots["loss"])
+    save(loss_figure(cells), plots["loss"])
     for key, ylabel in (("entropy", "attention entropy (nats)"), ("distance", "mean attention distance")):
-        if plot_by_layer(runs, key, ylabel, out / f"attention_{key}.png"):
+        if fig := layer_figure(cells, key, ylabel):
             plots[key] = out / f"attention_{key}.png"
+            save(fig, plots[key])
     table = markdown_table(columns, rows)
     lines = _section(f"# {title}", RUNS, table)
     scale_columns, scale = scaling_rows(runs)
@@ -83,7 +85,6 @@ def build_report(
         plots["scaling"] = out / "sqrt_d.png"
         plot_scaling(runs, plots["scaling"])
         lines += _section(SCALING, markdown_table(scale_columns, scale), f"![√d]({plots['scaling'].name})")
-    cells = group_cells(runs)
     cell_columns, cell_table, paired_columns, paired_table, conclusions = [], [], [], [], []
     if any(len(c["runs"]) > 1 for c in cells):
         cell_columns, cell_table = cell_rows(cells)
