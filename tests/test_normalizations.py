@@ -2,7 +2,9 @@
 their fast paths against the reference path; KV-cached decoding; the padding-free path; a class of one's own."""
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from models.kv_cache import KVCache
 B, L, D, H = 2, 6, 16, 4
 NORMALIZATIONS = ["softmax", "softmax1", "clipped", "sigmoid"]
 GATES = [None, "headwise", "elementwise"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _by_hand(name: str, scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -196,3 +199,57 @@ def test_bad_blocks_are_one_line_naming_the_key(fields, message):
     with pytest.raises(ValueError) as error:
         AttentionConfig(**fields)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+OWN_MODULE = '''
+import torch
+from torch import nn
+
+
+class ReluNorm(nn.Module):
+    """relu(s) normalised over the keys: a normalisation of one's own, in a file outside attnlab."""
+
+    def forward(self, scores, blocked):
+        w = torch.relu(scores)
+        return w / (w.sum(-1, keepdim=True) + 1e-6)
+'''
+MODALITIES = {
+    "vision": ["--config", "configs/vision/digits.yaml"],
+    "translation": ["--config", "configs/text/toy_en_de.yaml"],
+    "language model": ["--config", "configs/text/shakespeare_char_cpu.yaml", "--data.init_args.block_size=32"],
+    "detection": ["--config", "configs/detection/shapes_two_stage.yaml"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("modality", MODALITIES)
+def test_a_normalization_of_ones_own_from_yaml_trains_in_every_modality(modality, attnlab, tmp_path, monkeypatch):
+    """The README's example: a class in the researcher's own file, named in the YAML, trains a step of each model
+    (with the gate), and the run folder's summary says which normalisation ran."""
+    (tmp_path / "my_attention.py").write_text(OWN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 40)
+    block = tmp_path / "attention.yaml"
+    block.write_text("model:\n  init_args:\n    attention:\n      normalization: my_attention.ReluNorm\n")
+    args = (
+        [*MODALITIES[modality], f"--data.init_args.path={corpus}"]
+        if modality == "language model"
+        else MODALITIES[modality]
+    )
+    code, _, err = attnlab(
+        "fit",
+        *args,
+        "--config",
+        str(block),
+        "--model.init_args.attention.gate=elementwise",
+        "--trainer.max_steps=1",
+        "--trainer.limit_val_batches=1",
+        "--trainer.num_sanity_val_steps=0",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+    )
+    assert code == 0, err
+    (summary,) = (tmp_path / "run").rglob("summary.json")
+    attention = json.loads(summary.read_text())["hparams"]["attention"]
+    assert attention["normalization"] == "my_attention.ReluNorm" and attention["gate"] == "elementwise"
