@@ -1,5 +1,6 @@
 """The run folder's schema: ``summary.json`` (one run) and ``sweep.json`` (one sweep) as dataclasses with read and
-write, the newest checkpoint below a folder, and a setting as it goes on the `attnlab fit` command line.
+write, metrics.csv cut back to a resumed step, the newest checkpoint below a folder, and a setting as it goes on the
+`attnlab fit` command line.
 
 A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.yaml``, ``hparams.yaml``, ``metrics.csv``,
 ``checkpoints/{best,last}*.ckpt``, ``attention.png`` and ``summary.json``; a sweep's root holds ``sweep.json``.
@@ -7,6 +8,7 @@ A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.ya
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -18,6 +20,7 @@ from typing import Any
 
 SUMMARY = "summary.json"
 SWEEP = "sweep.json"
+METRICS = "metrics.csv"
 HEARTBEAT_S = 60  # a running fit refreshes its summary's heartbeat at the first batch end this long after the last
 STALE_S = 600  # a run on another host whose heartbeat is older than this shows as "stale"
 
@@ -36,6 +39,26 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def drop_rows_from(path: Path, step: int) -> None:
+    """Drop the rows of ``step`` and later from a metrics.csv (rewritten whole, as `write_json` does): those that a
+    killed run logged after the checkpoint which a resumed run continues from at global step ``step``, and which the
+    resumed run logs again. Lightning numbers a row by the optimizer steps taken before it."""
+    if not path.is_file():
+        return
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    kept = [row for row in rows if int(float(row.get("step") or 0)) < step]
+    if len(kept) == len(rows):
+        return
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=reader.fieldnames or [])
+        writer.writeheader()
+        writer.writerows(kept)
     tmp.replace(path)
 
 

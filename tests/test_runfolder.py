@@ -13,6 +13,7 @@ from experiments.runfolder import (
     SweepRun,
     SweepStatus,
     cli_flags,
+    drop_rows_from,
     newest,
     newest_checkpoint,
     read_json,
@@ -102,3 +103,10 @@ def test_a_running_summary_from_another_host_is_stale_when_its_heartbeat_is_old(
     assert Summary(**elsewhere, heartbeat=beat[30]).state() == "running"  # its pid means nothing here
     assert Summary(**elsewhere, heartbeat=beat[STALE_S + 60]).state() == "stale"
 
+
+def test_drop_rows_from_keeps_the_rows_before_the_step_and_the_header(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,step,train/loss,val/loss\n0,0,2.0,\n0,1,1.5,\n0,1,,1.4\n1,2,1.2,\n1,3,1.1,\n")
+    drop_rows_from(path, 2)
+    assert path.read_text() == "epoch,step,train/loss,val/loss\n0,0,2.0,\n0,1,1.5,\n0,1,,1.4\n"
+    assert not list(tmp_path.glob("*.tmp"))  # written whole, then renamed
