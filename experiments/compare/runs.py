@@ -93,7 +93,8 @@ def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def train_loss(metrics: dict[str, list[tuple[int, float]]]) -> list[tuple[int, float]]:
-    return metrics.get("train/loss_step") or metrics.get("train/loss") or metrics.get("train/loss_epoch") or []
+    # train/loss_step: Lightning's name for the step values when a module logs the epoch mean too (on_epoch=True)
+    return metrics.get("train/loss") or metrics.get("train/loss_step") or []
 
 
 def _labels(experiments: list[Path]) -> list[str]:
