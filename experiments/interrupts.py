@@ -25,6 +25,7 @@ import torch
 from lightning_fabric.utilities.warnings import PossibleUserWarning
 from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.utilities import rank_zero_warn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.model_helpers import is_overridden
@@ -34,6 +35,7 @@ from torch.utils.data.distributed import DistributedSampler
 from experiments.callbacks import shadowed
 from experiments.guards import NonFiniteLoss
 from experiments.lightning_compat import stop_as_on_sigterm, with_sampler
+from experiments.runfolder import METRICS, drop_rows_from
 
 SIGTERM_STATUS = 128 + signal.SIGTERM  # the shell's status for a process stopped by SIGTERM
 
@@ -108,7 +110,8 @@ def set_rng_states(states: dict[str, Any]) -> None:
 class ExactResume(Callback):
     """Make a resumed fit continue exactly where the checkpoint left it: the training loader is rebuilt around a
     `ResumableSampler`, checkpoints hold the position in the epoch and every process's random states (restored
-    before the first batch), and every loader seeds its workers from its own generator, not the global RNG.
+    before the first batch), every loader seeds its workers from its own generator, not the global RNG, and the
+    CSV loggers' metrics.csv loses the rows logged after the checkpoint (`experiments.runfolder.drop_rows_from`).
     Exact for what the training processes draw (dropout, augmentation with ``num_workers: 0``), not for workers;
     it warns when the number of processes changed, or the training loader is not a map-style DataLoader with a
     plain ``BatchSampler`` (left alone).
@@ -183,7 +186,13 @@ class ExactResume(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # after the loader started its epoch and before the first batch is fetched: from here on both runs draw alike
-        if not self._active or self._resume is None:
+        if not self._active or not trainer.ckpt_path:
+            return
+        if trainer.is_global_zero:  # a resumed run appends to the metrics.csv it continues
+            for logger in trainer.loggers:
+                if isinstance(logger, CSVLogger):
+                    drop_rows_from(Path(logger.log_dir) / METRICS, trainer.global_step)
+        if self._resume is None:
             return
         if self._resume["world_size"] != trainer.world_size:
             rank_zero_warn(

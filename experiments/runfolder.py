@@ -1,5 +1,6 @@
 """The run folder's schema: ``summary.json`` (one run) and ``sweep.json`` (one sweep) as dataclasses with read and
-write, the newest checkpoint below a folder, and a setting as it goes on the `attnlab fit` command line.
+write, metrics.csv cut back to a resumed step, the newest checkpoint below a folder, and a setting as it goes on the
+`attnlab fit` command line.
 
 A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.yaml``, ``hparams.yaml``, ``metrics.csv``,
 ``checkpoints/{best,last}*.ckpt``, ``attention.png`` and ``summary.json``; a sweep's root holds ``sweep.json``.
@@ -7,14 +8,21 @@ A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.ya
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
+import os
+import socket
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 SUMMARY = "summary.json"
 SWEEP = "sweep.json"
+METRICS = "metrics.csv"
+HEARTBEAT_S = 60  # a running fit refreshes its summary's heartbeat at the first batch end this long after the last
+STALE_S = 600  # a run on another host whose heartbeat is older than this shows as "stale"
 
 
 def read_json(path: Path | None) -> dict[str, Any]:
@@ -31,6 +39,26 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def drop_rows_from(path: Path, step: int) -> None:
+    """Drop the rows of ``step`` and later from a metrics.csv (rewritten whole, as `write_json` does): those that a
+    killed run logged after the checkpoint which a resumed run continues from at global step ``step``, and which the
+    resumed run logs again. Lightning numbers a row by the optimizer steps taken before it."""
+    if not path.is_file():
+        return
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    kept = [row for row in rows if int(float(row.get("step") or 0)) < step]
+    if len(kept) == len(rows):
+        return
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=reader.fieldnames or [])
+        writer.writeheader()
+        writer.writerows(kept)
     tmp.replace(path)
 
 
@@ -93,10 +121,14 @@ class _Record:
 @dataclass
 class Summary(_Record):
     """``summary.json``: what a run was (model, data, size, hardware) and what it gave (best metric, attention
-    statistics, throughput). ``status``: running, finished, failed or interrupted."""
+    statistics, throughput). ``status``: running, finished, failed or interrupted; `state` tells a running run from
+    one whose process is gone."""
 
     status: str | None = None
     started: str | None = None
+    pid: int | None = None  # the training process (rank 0), on ``host``
+    host: str | None = None
+    heartbeat: str | None = None  # UTC ISO time, refreshed while it trains (HEARTBEAT_S)
     experiment: str | None = None  # trainer.default_root_dir
     run_dir: str | None = None
     modality: str | None = None
@@ -131,6 +163,42 @@ class Summary(_Record):
 
     def write(self, path: Path) -> None:
         write_json(Path(path), self.to_dict())
+
+    def state(self) -> str | None:
+        """``status`` as it stands now. A run that says running is "killed" when its process is gone (on this host:
+        its pid no longer exists) and "stale" when, on another host, its heartbeat is older than STALE_S (killed,
+        or cut off from this folder); without pid and heartbeat it stays running."""
+        if self.status != "running" or self.pid is None:
+            return self.status
+        if self.host == socket.gethostname():
+            return "running" if alive(self.pid) else "killed"
+        try:
+            age = (datetime.now(timezone.utc) - datetime.fromisoformat(self.heartbeat or "")).total_seconds()
+        except (TypeError, ValueError):  # no heartbeat, or one without a time zone
+            return self.status
+        return "stale" if age > STALE_S else "running"
+
+
+def now_utc() -> str:
+    """The time as a heartbeat holds it: UTC, ISO 8601, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
+
+
+def run_summary(folder: Path) -> Summary | None:
+    """The newest summary.json of a run folder below ``folder`` (a run's trainer.default_root_dir); None without one."""
+    path = newest(Path(folder).glob(f"lightning_logs/*/{SUMMARY}"))
+    return Summary.read(path) if path else None
 
 
 @dataclass

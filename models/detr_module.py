@@ -108,8 +108,8 @@ class ObjectDetector(pl.LightningModule):
             f"{stage}/{k}": v.detach() for k, v in losses.items() if not k[-1].isdigit()
         }  # aux terms stay out of the logs
         if stage == "train":
-            self.log("train/loss", total, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(targets))
-            self.log_dict(logged, on_step=True, on_epoch=True, batch_size=len(targets))
+            self.log("train/loss", total, on_step=True, on_epoch=False, prog_bar=True)
+            self.log_dict(logged, on_step=True, on_epoch=False)
             return outputs, total
         self.log(f"{stage}/loss", total, prog_bar=True, sync_dist=True, batch_size=len(targets))
         self.log_dict(logged, sync_dist=True, batch_size=len(targets))

@@ -162,8 +162,8 @@ class TranslationModule(pl.LightningModule):
         return loss, nll, batch["tgt_tokens"]
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        loss, _, tokens = self._losses(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=tokens)
+        loss, _, _ = self._losses(batch)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
     def _eval_step(self, batch: dict, metric: MeanMetric, beam_size: int) -> None:
@@ -311,7 +311,7 @@ class LanguageModelModule(pl.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss = self._loss(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=batch["target"].numel())
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

@@ -88,7 +88,7 @@ class ImageClassifier(pl.LightningModule):
         logits = self(images)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
         hits = logits.argmax(-1) == _class_indices(labels)  # (B,)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(labels))
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         top1 = hits.float().mean()
         self.log("train/acc", top1, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(labels))
         return loss

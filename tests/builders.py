@@ -1,6 +1,8 @@
 """Tiny models and batches that several test files build (`from builders import tiny_seq2seq`, as
 `from conftest import TINY_TRUNK`: pytest puts tests/ on sys.path)."""
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 
 import pytorch_lightning as pl
@@ -79,3 +81,10 @@ class CallCounter(pl.Callback):
             return function(*args, **kwargs)
 
         return counted
+
+
+def gone_pid() -> int:
+    """The pid of a process that has exited and been reaped: the OS no longer knows it (a killed run's)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid

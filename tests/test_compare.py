@@ -1,10 +1,13 @@
 """`attnlab compare` on two tiny real runs that differ only in the similarity function."""
 
 import json
+import os
+import socket
 from pathlib import Path
 
 import pytest
 import yaml
+from builders import gone_pid
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +59,35 @@ def test_report_has_a_row_per_run_the_plots_and_the_sqrt_d_section(attnlab, two_
 
 def test_compare_names_a_folder_without_runs(attnlab, tmp_path):
     code, _, err = attnlab("compare", str(tmp_path))
-    assert code == 2 and f"attnlab: error: {tmp_path}: no finished run (summary.json) below it" in err
+    assert code == 2 and f"attnlab: error: {tmp_path}: no run (summary.json) below it" in err
+
+
+def _unfinished_run(folder: Path, status: str, pid: int | None = None) -> Path:
+    """A run folder whose summary.json says ``status``, written by process ``pid`` of this host."""
+    run = folder / "lightning_logs" / "version_0"
+    run.mkdir(parents=True)
+    where = {"pid": pid, "host": socket.gethostname()} if pid else {}
+    summary = {"status": status, "modality": "vision", "experiment": str(folder), **where}
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_compare_lists_the_runs_that_did_not_finish_with_their_state(attnlab, tmp_path):
+    _unfinished_run(tmp_path / "a", "running", gone_pid())
+    _unfinished_run(tmp_path / "b", "interrupted")
+    code, _, err = attnlab("compare", str(tmp_path))
+    listed = "a/lightning_logs/version_0 (killed), b/lightning_logs/version_0 (interrupted); "
+    assert code == 2 and f"attnlab: error: {tmp_path}: no run below it finished: {listed}" in err
+
+
+def test_the_table_shows_a_run_whose_process_is_gone_as_killed(attnlab, tmp_path):
+    killed = _unfinished_run(tmp_path / "killed", "running", gone_pid())
+    alive = _unfinished_run(tmp_path / "alive", "running", os.getpid())
+    code, out, err = attnlab("compare", str(killed), str(alive), "--out", str(tmp_path / "report"))
+    assert code == 0, err
+    table = json.loads((tmp_path / "report" / "table.json").read_text())
+    status = {row[0]: dict(zip(table["columns"], row))["status"] for row in table["rows"]}
+    assert status == {"killed": "killed", "alive": "running"}
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ The uninterrupted reference and the resumed runs go through the same CLI in-proc
 thread) to keep the file quick.
 """
 
+import csv
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
 from experiments.cli import main
 from experiments.interrupts import SIGTERM_STATUS, LastCheckpoint, ResumableSampler, resume_command
+from experiments.runfolder import Summary
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 15  # 3 epochs of 5 batches
@@ -183,6 +185,35 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(reference, t
 
     fit_in_process(run, "--ckpt_path", "last")
     assert_continues_exactly(run, reference, checkpoint_step=6)
+
+
+@pytest.mark.slow
+def test_a_killed_run_reads_as_killed_and_its_resume_logs_each_step_once(tmp_path):
+    """Killed at step 8 with metrics.csv written at every step: the row of step 6 came after last.ckpt (step 6);
+    the summary says killed, and once resumed metrics.csv holds each step's row once."""
+    run = tmp_path / "run"
+    logged = (
+        "--trainer.logger={class_path: experiments.tracking.CSVLogger, init_args: {flush_logs_every_n_steps: 1}}",
+        "--trainer.log_every_n_steps=1",
+    )
+    killed = start_fit(run, *logged, probe(KillAt, step=8))
+    _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err[-3000:]
+    folder = run / "lightning_logs" / "version_0"
+    assert load(folder / "checkpoints" / "last.ckpt")["global_step"] == 6
+    assert [step for step, _ in logged_steps(folder, "train/loss")] == list(range(7))  # 6 came after the checkpoint
+    assert Summary.read(folder).status == "running" and Summary.read(folder).state() == "killed"
+
+    fit_in_process(run, *logged, "--ckpt_path", "last")
+    assert [step for step, _ in logged_steps(folder, "train/loss")] == list(range(STEPS))
+    assert [epoch for _, epoch in logged_steps(folder, "val/loss")] == [0, 1, 2]
+    assert Summary.read(folder).state() == "finished"
+
+
+def logged_steps(folder: Path, key: str) -> list[tuple[int, int]]:
+    """(step, epoch) of each metrics.csv row that holds ``key``."""
+    rows = csv.DictReader((folder / "metrics.csv").open(newline=""))
+    return [(int(r["step"]), int(r["epoch"])) for r in rows if r.get(key)]
 
 
 @pytest.mark.slow

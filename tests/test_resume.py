@@ -28,7 +28,7 @@ def test_fit_ckpt_path_last_continues_the_run(attnlab, tmp_path, recwarn):
     assert second["global_step"] == 6 and second["epoch"] > first["epoch"]
     adam = second["optimizer_states"][0]["state"]
     assert all(int(s["step"]) == 6 for s in adam.values())  # Adam's moments kept counting: restored, not restarted
-    steps = [int(r["step"]) for r in csv.DictReader((run / "metrics.csv").open()) if r.get("train/loss_step")]
+    steps = [int(r["step"]) for r in csv.DictReader((run / "metrics.csv").open()) if r.get("train/loss")]
     assert steps == [0, 1, 2, 3, 4, 5]  # the first run's rows are kept and the counter goes on
     assert not [w for w in recwarn if "will be deleted" in str(w.message)]  # nor does a warning say otherwise
     summary = json.loads((run / "summary.json").read_text())

@@ -2,12 +2,18 @@
 
 import json
 import os
+import socket
+from datetime import datetime, timedelta, timezone
+
+from builders import gone_pid
 
 from experiments.runfolder import (
+    STALE_S,
     Summary,
     SweepRun,
     SweepStatus,
     cli_flags,
+    drop_rows_from,
     newest,
     newest_checkpoint,
     read_json,
@@ -80,3 +86,27 @@ def test_settings_become_fit_arguments_and_extra_arguments_follow_the_double_das
         ["--trainer.max_epochs=1", "--"],
     )
     assert split_extra(["f.yaml"]) == (["f.yaml"], [])
+
+
+def test_a_running_summary_whose_process_is_gone_reads_as_killed():
+    here = socket.gethostname()
+    assert Summary(status="running", pid=gone_pid(), host=here).state() == "killed"
+    assert Summary(status="running", pid=os.getpid(), host=here).state() == "running"
+    assert Summary(status="interrupted", pid=gone_pid(), host=here).state() == "interrupted"  # not running: as it says
+    assert Summary(status="running").state() == "running"  # a summary without a pid cannot tell
+
+
+def test_a_running_summary_from_another_host_is_stale_when_its_heartbeat_is_old():
+    now = datetime.now(timezone.utc)
+    beat = {s: (now - timedelta(seconds=s)).isoformat(timespec="seconds") for s in (30, STALE_S + 60)}
+    elsewhere = dict(status="running", pid=os.getpid(), host=f"not-{socket.gethostname()}")
+    assert Summary(**elsewhere, heartbeat=beat[30]).state() == "running"  # its pid means nothing here
+    assert Summary(**elsewhere, heartbeat=beat[STALE_S + 60]).state() == "stale"
+
+
+def test_drop_rows_from_keeps_the_rows_before_the_step_and_the_header(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,step,train/loss,val/loss\n0,0,2.0,\n0,1,1.5,\n0,1,,1.4\n1,2,1.2,\n1,3,1.1,\n")
+    drop_rows_from(path, 2)
+    assert path.read_text() == "epoch,step,train/loss,val/loss\n0,0,2.0,\n0,1,1.5,\n0,1,,1.4\n"
+    assert not list(tmp_path.glob("*.tmp"))  # written whole, then renamed

@@ -8,6 +8,7 @@ subprocesses with a 1-layer ViT for one short epoch.
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from builders import gone_pid
 from scipy import stats
 
 from experiments import sweep as sweeps
@@ -177,6 +179,28 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resume_from_last_ckpt(tm
         "--ckpt_path" in sweep.command(fresh)
         and sweep.command(fresh)[sweep.command(fresh).index("--ckpt_path") + 1] == "last"
     )
+
+
+def test_status_tells_a_running_run_from_one_whose_process_is_gone(attnlab, tmp_path):
+    file = write(tmp_path)
+    sweep = sweeps.load(file)
+    sweeps.record(sweep)
+    done, alive, killed, pending = sweep.runs()
+    _finished_run(done.folder)  # the status file still says pending: the run folder knows better
+    for run, pid in ((alive, os.getpid()), (killed, gone_pid())):
+        sweeps.update(sweep.root, run.name, status="running")
+        summary = _finished_run(run.folder, "running") / "summary.json"
+        summary.write_text(json.dumps({"status": "running", "pid": pid, "host": socket.gethostname()}))
+    code, out, err = attnlab("sweep", str(file), "--status")
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"{done.name}: done",
+        f"{alive.name}: running",
+        f"{killed.name}: killed",
+        f"{pending.name}: pending",
+        f"attnlab: sweep s: 1 done, 1 running, 1 killed, 1 pending of 4; `attnlab sweep {file}` starts or resumes "
+        "every run not done",
+    ]
 
 
 def test_the_status_file_records_every_run_and_keeps_their_state(tmp_path):

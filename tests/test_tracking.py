@@ -4,11 +4,13 @@ import csv
 import json
 import math
 import os
+import re
 import socket
+from pathlib import Path
 
 import pytest
 import yaml
-from conftest import config_args
+from conftest import LM_SMALL, config_args
 from jsonargparse import Namespace
 
 from experiments import tracking
@@ -204,7 +206,7 @@ def test_summary_of_a_tiny_run(attnlab, tmp_path):
     )
     assert s["flops_per_sample"] > 0 and s["grad_norm"]["first"] > 0
     header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"perf/samples_per_s", "perf/tokens_per_s", "train/grad_norm", "train/loss_step", "val/acc"} <= set(header)
+    assert {"perf/samples_per_s", "perf/tokens_per_s", "train/grad_norm", "train/loss", "val/acc"} <= set(header)
     # LearningRateMonitor's keys, one per parameter group of AdamW (decayed matrices, the rest)
     assert {"lr-AdamW/pg1", "lr-AdamW/pg2"} <= set(header)
     rows = list(csv.DictReader((run / "metrics.csv").open()))
@@ -223,3 +225,49 @@ def test_the_trainer_takes_lightnings_profilers_and_profiles_nothing_by_default(
 
     assert printed() is None  # Lightning's default: its pass-through profiler
     assert printed("--trainer.profiler=simple") == "simple"
+
+
+def readme_logged_keys() -> list[str]:
+    """The keys the README promises in every modality's metrics.csv."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listed = re.search(r"Logged keys are the same in every modality:\s*((?:`[^`]+`[,.]?\s*)+)", readme)
+    return re.findall(r"`([^`]+)`", listed.group(1))
+
+
+ONE_STEP_EACH = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
+MODALITIES = {
+    "vision": ("configs/vision/digits.yaml", "--model.init_args.depth=1"),
+    "translation": ("configs/text/toy_en_de.yaml", "--data.init_args.cache_dir={tmp}/data"),
+    "language model": (
+        "configs/text/shakespeare_char_cpu.yaml",
+        "--data.init_args.cache_dir={tmp}/data",
+        "--data.init_args.path=null",
+        *LM_SMALL,
+    ),
+    "detection": (
+        "configs/detection/shapes.yaml",
+        "--data.data_dir={tmp}/data",
+        "--data.num_train=8",
+        "--data.num_val=4",
+        "--data.batch_size=4",
+        "--trainer.check_val_every_n_epoch=1",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("modality", MODALITIES)
+def test_metrics_csv_has_the_readmes_logged_keys_in_every_modality(attnlab, tmp_path, modality):
+    config, *overrides = MODALITIES[modality]
+    overrides = [o.format(tmp=tmp_path) for o in overrides]
+    code, _, err = attnlab(
+        "fit", *config_args(config, tmp_path, *ONE_STEP_EACH, "--trainer.log_every_n_steps=1", *overrides)
+    )
+    assert code == 0, err
+    header = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
+    promised = readme_logged_keys()
+    assert "train/loss" in promised and "val/<metric>" in promised
+    keys = {"val/<metric>" if key.startswith("val/") else key for key in header}
+    assert set(promised) <= keys, f"{modality}: {sorted(set(promised) - keys)} not in metrics.csv"
+    # Lightning names a value logged both per step and per epoch KEY_step and KEY_epoch
+    assert not [key for key in header if key.endswith(("_step", "_epoch"))]

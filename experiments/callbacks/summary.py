@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import platform
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,16 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from experiments import stats as summary_stats
 from experiments.callbacks.base import batch_size, shadowed
 from experiments.callbacks.monitors import GradientNorm, Throughput
-from experiments.runfolder import read_json, write_json
+from experiments.runfolder import HEARTBEAT_S, now_utc, read_json, write_json
 from models.attention import capture_attention
 from models.distributed import full_weights
 
 
 class RunSummary(Callback):
     """Write ``summary.json`` (`experiments.runfolder.Summary`) into the run folder: at fit start (``status:
-    running``) and again when training ends (``finished``) or fails.
+    running``, with the process id, host and a heartbeat refreshed at the first batch end HEARTBEAT_S after the
+    last, so that a reader tells a killed run from a running one) and again when training ends (``finished``) or
+    fails.
 
     FLOPs per sample, the attention statistics at initialisation and at the end, and ``attention.png`` (each
     layer's head-mean attention on the first sample, logged to W&B as ``val/attention``) are measured on the fixed
@@ -48,6 +51,8 @@ class RunSummary(Callback):
         self._inputs = summary_stats.FirstCall(self._model) if isinstance(self._model, torch.nn.Module) else None
         self._start, self._init_stats = time.perf_counter(), None
         self._summary = {"status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self._summary.update(pid=os.getpid(), host=socket.gethostname(), heartbeat=now_utc())
+        self._beat = time.monotonic()
         self._previous, self._resumed = read_json(self.path), None  # a resumed run's folder already has one
         if trainer.is_global_zero:
             self._summary.update(self._describe(trainer, pl_module))
@@ -108,6 +113,17 @@ class RunSummary(Callback):
             self._summary.update(
                 resumed_from=str(trainer.ckpt_path), started=self._resumed.get("started", self._summary["started"])
             )
+            write_json(self.path, self._summary)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._heartbeat(trainer)
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._heartbeat(trainer)
+
+    def _heartbeat(self, trainer: pl.Trainer) -> None:
+        if self._active and trainer.is_global_zero and time.monotonic() - self._beat >= HEARTBEAT_S:
+            self._summary["heartbeat"], self._beat = now_utc(), time.monotonic()
             write_json(self.path, self._summary)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:

@@ -47,19 +47,34 @@ def find_runs(paths: list[str]) -> list[Path]:
             path = path.parent
         if (path / SUMMARY).is_file():
             runs.append(path)
-            continue
-        if not path.is_dir():
+        elif path.is_dir():
+            runs += _finished_below(raw, path)
+        else:
             raise ValueError(f"{raw}: no such run folder")
-        finished: dict[Path, list[Path]] = {}  # experiment folder -> its finished runs' summaries
-        for summary in path.rglob(SUMMARY):
-            if Summary.read(summary).status == "finished":
-                run = summary.parent
-                experiment = run.parent.parent if run.parent.name == "lightning_logs" else run
-                finished.setdefault(experiment, []).append(summary)
-        if not finished:
-            raise ValueError(f"{raw}: no finished run (summary.json) below it; run `attnlab fit` first")
-        runs += sorted((newest(summaries).parent for summaries in finished.values()), key=str)
     return list(dict.fromkeys(runs))
+
+
+def _finished_below(raw: str, path: Path) -> list[Path]:
+    """The newest finished run of each experiment below ``path``; an error that lists the runs that did not finish
+    when none did."""
+    finished: dict[Path, list[Path]] = {}  # experiment folder -> its finished runs' summaries
+    unfinished: list[str] = []  # "<run folder> (<state>)"
+    for summary in sorted(path.rglob(SUMMARY)):
+        run, state = summary.parent, Summary.read(summary).state()
+        if state == "finished":
+            experiment = run.parent.parent if run.parent.name == "lightning_logs" else run
+            finished.setdefault(experiment, []).append(summary)
+        else:
+            unfinished.append(f"{run.relative_to(path)} ({state or 'no status'})")
+    if not finished and unfinished:
+        more = f" and {len(unfinished) - 5} more" if len(unfinished) > 5 else ""
+        raise ValueError(
+            f"{raw}: no run below it finished: {', '.join(unfinished[:5])}{more}; "
+            "continue one with `attnlab fit ... --ckpt_path last`, or name its folder to compare it as it is"
+        )
+    if not finished:
+        raise ValueError(f"{raw}: no run (summary.json) below it; run `attnlab fit` first")
+    return sorted((newest(summaries).parent for summaries in finished.values()), key=str)
 
 
 def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
@@ -78,7 +93,8 @@ def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def train_loss(metrics: dict[str, list[tuple[int, float]]]) -> list[tuple[int, float]]:
-    return metrics.get("train/loss_step") or metrics.get("train/loss") or metrics.get("train/loss_epoch") or []
+    # train/loss_step: Lightning's name for the step values when a module logs the epoch mean too (on_epoch=True)
+    return metrics.get("train/loss") or metrics.get("train/loss_step") or []
 
 
 def _labels(experiments: list[Path]) -> list[str]:

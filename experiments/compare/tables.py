@@ -48,6 +48,7 @@ RUN_COLUMNS = {
     "best": lambda r: _best(r["summary"]),
     **{label: (lambda r, key=key: _num(r["final"].get(key))) for key, label in STATS},
     "distance": _distance,  # with its unit, in the place STATS gives it
+    "status": lambda r: r["summary"].state() or "-",  # finished, or running, killed, stale, interrupted, failed
 }
 SCALING_COLUMNS = {
     "modality": RUN_COLUMNS["modality"],

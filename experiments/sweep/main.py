@@ -1,4 +1,4 @@
-"""`attnlab sweep FILE.yaml [--dry-run] [--root DIR] [-- extra fit arguments]`: grids x seeds of `attnlab fit`."""
+"""`attnlab sweep FILE.yaml [--dry-run | --status] [--root DIR] [-- fit arguments]`: grids x seeds of `attnlab fit`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from experiments.runfolder import SWEEP, SweepStatus, split_extra
 from experiments.sweep.file import SweepError
 from experiments.sweep.launch import LAUNCH, LOG, run_agent
 from experiments.sweep.runs import Sweep, check, load
-from experiments.sweep.status import lock, plan, record, update
+from experiments.sweep.status import lock, plan, record, states, update
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnlab sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("file", metavar="FILE.yaml", help="the sweep file (see configs/sweeps/)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; start nothing")
+    parser.add_argument(
+        "--status", action="store_true", help="each run's state (running, killed, done ...); start nothing"
+    )
     parser.add_argument("--root", help="the sweep's folder (default: the file's root, or runs/sweeps/<name>)")
     parser.add_argument("--no-report", action="store_true", help="skip the cells table and report at the end")
     parser.add_argument("--agent", action="store_true", help=argparse.SUPPRESS)  # a W&B agent's call: one run
@@ -26,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         sweep = load(args.file, args.root, extra)
+        if args.status:
+            return _status(sweep)
         if not args.agent:
             check(sweep)
         code = run_agent(sweep, args.run or "") if args.agent else _sweep(sweep, args.dry_run)
@@ -57,6 +62,18 @@ def _report(sweep: Sweep, code: int) -> int:
     print_result(result, sweep.report.scaling)
     print(f"attnlab: report written to {result['report']}")
     return code
+
+
+def _status(sweep: Sweep) -> int:
+    runs = states(sweep)
+    for run, state in runs:
+        print(f"{run.name}: {state}")
+    counts = Counter(state for _, state in runs)
+    print(
+        f"attnlab: sweep {sweep.name}: {', '.join(f'{n} {state}' for state, n in counts.items())} of {len(runs)}; "
+        f"`attnlab sweep {sweep.file}` starts or resumes every run not done"
+    )
+    return 0
 
 
 def _sweep(sweep: Sweep, dry_run: bool) -> int:

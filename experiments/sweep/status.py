@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from experiments.runfolder import SWEEP, SweepRun, SweepStatus, is_finished, newest_checkpoint
+from experiments.runfolder import SWEEP, SweepRun, SweepStatus, is_finished, newest_checkpoint, run_summary
 from experiments.sweep.file import SweepError
 from experiments.sweep.runs import Run, Sweep
 
@@ -71,4 +71,21 @@ def plan(sweep: Sweep) -> list[tuple[Run, str]]:
             continue
         last = newest_checkpoint(run.folder, "last")
         out.append((run, f"resume from {last}" if last else "new"))
+    return out
+
+
+def states(sweep: Sweep) -> list[tuple[Run, str]]:
+    """(run, its state): pending, done, failed or interrupted as the status file has it; a run it calls running is
+    what its run folder's summary.json says now (running, or killed or stale when its process is gone:
+    `experiments.runfolder.Summary.state`)."""
+    known = SweepStatus.read(sweep.root).runs
+    out = []
+    for run in sweep.runs():
+        state = (known.get(run.name) or SweepRun()).status or "pending"
+        summary = run_summary(run.folder) if state == "running" else None
+        if state != "done" and is_finished(run.folder):
+            state = "done"
+        elif summary is not None:
+            state = summary.state() or state
+        out.append((run, state))
     return out
