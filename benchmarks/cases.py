@@ -38,6 +38,12 @@ def cases(quick: bool) -> list[Case]:
                 label = f"L={length}" + (", key padding" if masked else "")
                 key = f"{section}/L={length}/{'padded' if masked else 'full'}"
                 out.append(Case(key, section, label, partial(build, length, masked), targets))
+    for length in (16, 32) if quick else (64, 256, 1024):
+        for option, (_, target) in peers.OPTIONS.items():
+            build = partial(peers.option_bench, length, option)
+            out.append(
+                Case(f"options/L={length}/{option}", "options", f"{option}, L={length}", build, {"softmax": target})
+            )
     for name in ("vit_tiny", "vit_small"):
         out.append(Case(f"vit/{name}", "vit", name, partial(peers.vit_bench, name), {"timm": 1.0}))
     out.append(

@@ -14,6 +14,8 @@ SECTION_TITLES = {
     "core": "Shared attention core, function level: merge_masks + attention_fast vs F.scaled_dot_product_attention on the same "
     "projected (B, 8, L, 32) tensors, forward + backward (B·L = 4096)",
     "attention": "Shared attention core: self-attention forward + backward (D=256, 8 heads, B·L = 4096 tokens)",
+    "options": "The attention block's options vs plain softmax in the same layer: self-attention forward + backward "
+    "(D=256, 8 heads, B·L = 4096 tokens, no mask)",
     "vit": "ViT training step (AdamW) vs timm: timm's shapes (batch 8, 224 px), and the same depth on tiny tensors",
     "text": "Seq2seq training step (random sentences of 16-40 tokens, label smoothing, AdamW) vs torch.nn.Transformer",
     "decoding": "Decoding 64 sentences (d=256, 3+3 layers, vocabulary 8000, 32 tokens, random weights): key/value cache vs none; "

@@ -9,6 +9,7 @@ Run it from the repository root (``benchmarks`` is not part of the installed pac
 Sections (``--only``):
     core       the core's attention function vs F.scaled_dot_product_attention on the same projected tensors
     attention  our MultiHeadAttention vs the minimal SDPA layer and nn.MultiheadAttention, L = 64, 256, 1024
+    options    the attention block's options (softmax1, the gates, clipped, sigmoid) vs plain softmax, L = 64, 256, 1024
     vit        ViT training step vs timm's VisionTransformer (vit_tiny, vit_small shapes)
     text       translation training step vs the same model on torch.nn.Transformer (tokens/s)
     decoding   beam search (beam 5, 64 sentences) and greedy decoding with vs without the key/value cache; beam 5
@@ -53,7 +54,7 @@ from benchmarks.sections import case_parts, data_part, gpu_parts, padding_report
 from experiments.cli import hub_offline_unless_asked
 from experiments.compare.tables import markdown_table
 
-SECTIONS = ("core", "attention", "vit", "text", "decoding", "detr", "scaling", "data", "padding", "gpu")
+SECTIONS = ("core", "attention", "options", "vit", "text", "decoding", "detr", "scaling", "data", "padding", "gpu")
 DATA_CONFIGS = ("configs/vision/digits.yaml", "configs/text/toy_en_de.yaml", "configs/detection/shapes.yaml")
 
 

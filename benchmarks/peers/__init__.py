@@ -12,7 +12,7 @@ One module per subject: ``bench`` (what every case shares), ``attention`` (the c
 builders are imported here, the names `benchmarks.cases` and the tests use.
 """
 
-from benchmarks.peers.attention import SDPAAttention, attention_bench, core_bench, padding_mask
+from benchmarks.peers.attention import OPTIONS, SDPAAttention, attention_bench, core_bench, option_bench, padding_mask
 from benchmarks.peers.bench import Bench, Settings
 from benchmarks.peers.decoding import WithoutCache, decoding_bench, static_cache_bench
 from benchmarks.peers.detr import MATCHING_SHAPES, detr_bench, matching_bench
@@ -28,6 +28,8 @@ __all__ = [
     "Settings",
     "WithoutCache",
     "attention_bench",
+    "OPTIONS",
+    "option_bench",
     "core_bench",
     "decoding_bench",
     "detr_bench",

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from benchmarks.harness import Step
 from benchmarks.peers.bench import Bench, Settings, max_diff
 from models.attend import attention_fast, merge_masks
-from models.attention import MultiHeadAttention
+from models.attention import AttentionConfig, MultiHeadAttention
 
 
 class SDPAAttention(nn.Module):
@@ -115,3 +115,41 @@ def core_bench(length: int, masked: bool, s: Settings) -> Bench:
         return step
 
     return Bench({"ours": step_of(ours), "sdpa": step_of(sdpa)}, items=batch * length, unit="tokens", check=check)
+
+
+OPTIONS = {  # the attention block's options against plain softmax: the target ratio (None: reported only)
+    "softmax1": ({"normalization": "softmax1"}, 1.10),
+    "gate headwise": ({"gate": "headwise"}, 1.10),
+    "gate elementwise": ({"gate": "elementwise"}, 1.10),
+    "clipped": ({"normalization": "clipped"}, None),
+    "sigmoid": ({"normalization": "sigmoid"}, None),
+}
+
+
+def option_bench(length: int, option: str, s: Settings) -> Bench:
+    """Self-attention forward + backward of `MultiHeadAttention` with one option of the attention block vs the same
+    layer with plain softmax (same weights; the option's own parameters aside); shapes as in `attention_bench`."""
+    dim, heads, tokens = (32, 4, 64) if s.quick else (256, 8, 4096)
+    batch = max(1, tokens // length)
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    ours = MultiHeadAttention(dim, heads, attention=AttentionConfig(**OPTIONS[option][0])).to(s.device)
+    plain = MultiHeadAttention(dim, heads).to(s.device)
+    plain.load_state_dict({k: v for k, v in ours.state_dict().items() if not k.startswith("gate_proj")})
+    x = torch.randn(batch, length, dim, generator=g).to(s.device).requires_grad_()
+    grad = torch.randn(batch, length, dim, generator=g).to(s.device)
+
+    def step_of(module: nn.Module) -> Step:
+        def step() -> None:
+            x.grad = None
+            module.zero_grad(set_to_none=True)
+            with s.autocast():
+                out = module(x)[0]
+            out.backward(grad.to(out.dtype))
+
+        return step
+
+    with torch.no_grad():
+        path = "reference path" if not ours.fused else "SDPA"
+        check = f"{path}; max |Δ| vs softmax {max_diff(ours(x)[0], plain(x)[0]):.1e} (the option changes the output)"
+    return Bench({"ours": step_of(ours), "softmax": step_of(plain)}, items=batch * length, unit="tokens", check=check)
