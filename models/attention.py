@@ -126,19 +126,22 @@ class AttentionConfig:
     """The attention block: every model takes it as ``attention:`` and passes it to every `MultiHeadAttention`.
 
     Args:
-        similarity: "scaled_dot", "dot", "general", or the class path of your own (module docstring).
+        similarity: "scaled_dot", "dot", "general", or a class of your own (its path; module docstring).
         qk_norm: null, "layernorm" or "rmsnorm" on each head's queries and keys.
-        normalization: over the keys: "softmax", "softmax1", "clipped", "sigmoid", or the class path of your own
-            (`models.attend`).
+        normalization: over the keys: "softmax", "softmax1", "clipped", "sigmoid", or a class of your own (its path;
+            `models.attend`). The CLI checks a path at parse time; the block keeps the path.
         gate: null, "headwise" or "elementwise": a sigmoid gate on each head's output (module docstring).
     """
 
-    similarity: str = "scaled_dot"
+    similarity: Literal["scaled_dot", "dot", "general"] | type[nn.Module] = "scaled_dot"
     qk_norm: QKNorm | None = None
-    normalization: str = "softmax"
+    normalization: Literal["softmax", "softmax1", "clipped", "sigmoid"] | type[nn.Module] = "softmax"
     gate: Gate | None = None
 
     def __post_init__(self):
+        for key, value in (("similarity", self.similarity), ("normalization", self.normalization)):
+            if isinstance(value, type):  # the CLI gives the class; the block holds its path (YAML, checkpoints)
+                object.__setattr__(self, key, f"{value.__module__}.{value.__qualname__}")
         if self.similarity not in SIMILARITIES:
             _own_class("similarity", self.similarity, SIMILARITIES, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4)))
         if self.normalization not in NORMALIZATIONS:
