@@ -74,17 +74,17 @@ def test_the_model_summary_reduces_layers_as_the_papers_do():
 
 
 class RegisterNet(nn.Module):
-    """Token embeddings, then two self-attention layers whose logits are 0 (query and key projections zeroed), so
-    that each query spreads its weight evenly over the keys it sees; key positions 1 and 2 of ``attn`` are registers."""
+    """Token embeddings, then two self-attention layers, the second on the residual stream. The first's logits are 0
+    (query and key projections zeroed), so that each query spreads its weight evenly over the keys it sees; its key
+    positions 1 and 2 are registers."""
 
     def __init__(self, keys: dict | None = None):
         super().__init__()
         self.embed = nn.Embedding(10, 4)
         self.attn, self.other = MultiHeadAttention(4, 2), MultiHeadAttention(4, 2)
         with torch.no_grad():
-            for m in (self.attn, self.other):
-                m.in_proj_weight[:8].zero_()  # W_q and W_k
-                m.in_proj_bias.zero_()
+            self.attn.in_proj_weight[:8].zero_()  # W_q and W_k
+            self.attn.in_proj_bias.zero_()
         self.keys = {"attn": slice(1, 3)} if keys is None else keys
 
     def register_keys(self) -> dict:
@@ -92,7 +92,7 @@ class RegisterNet(nn.Module):
 
     def forward(self, tokens: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(tokens)  # (B, L, D)
-        y, _ = self.attn(x, x, x, key_padding_mask=key_padding_mask)
+        y = x + self.attn(x, x, x, key_padding_mask=key_padding_mask)[0]
         return self.other(y, y, y, key_padding_mask=key_padding_mask)[0]
 
 
@@ -120,7 +120,7 @@ def test_register_keys_naming_no_attention_layer_or_no_slice_are_refused(keys, n
 
 
 class Frozen(pl.LightningModule):
-    """`RegisterNet` trained at learning rate 0 on one batch, so that every step sees the same weights and inputs."""
+    """`RegisterNet` trained at learning rate 0: every step sees the same weights."""
 
     def __init__(self):
         super().__init__()
@@ -134,10 +134,11 @@ class Frozen(pl.LightningModule):
 
 
 def _logged_rows(tmp_path, callbacks, max_steps=4) -> tuple[Frozen, list[dict]]:
-    """The module after ``max_steps`` steps with ``callbacks``, and the rows of its metrics.csv."""
+    """The module after ``max_steps`` steps with ``callbacks``, and the rows of its metrics.csv. The epoch's first
+    batch has no padding, its second (the one of the logging steps, 2 and 4) is TOKENS with PADDING."""
     torch.manual_seed(0)
     module = Frozen()
-    data = DataLoader(TensorDataset(TOKENS.repeat(2, 1), PADDING.repeat(2, 1)), batch_size=2)  # the batch, twice
+    data = DataLoader(TensorDataset(TOKENS.repeat(2, 1), torch.cat([torch.zeros_like(PADDING), PADDING])), batch_size=2)
     trainer = quiet_trainer(
         max_steps=max_steps,
         log_every_n_steps=2,
@@ -155,18 +156,21 @@ def test_the_callback_logs_at_lightnings_logging_steps_beside_the_largest_logit(
     logged = [r for r in rows if r.get("train/sink_mass")]
     assert [int(r["step"]) for r in logged] == [1, 3]  # steps 2 and 4 of 4, every log_every_n_steps=2
     assert all(r["train/max_attn_logit"] for r in logged)  # the capture is shared, not taken from the other
-    row = logged[0]
-    assert float(row["train/sink_mass"]) == pytest.approx(SINK) and float(row["train/sink_heads"]) == 0.0
-    assert float(row["train/register_mass"]) == pytest.approx(REGISTERS)  # `model.attn` in the LightningModule
-    with torch.no_grad():  # the two layers' outputs on the batch, by hand: the weights never change
-        x = module.model.embed(TOKENS)
-        y = module.model.attn(x, x, x, key_padding_mask=PADDING)[0]
-        outputs = [y, module.model.other(y, y, y, key_padding_mask=PADDING)[0]]
-    samples = [[out[b][~PADDING[b]].numpy().ravel() for b in range(2)] for out in outputs]
+    net = module.model
+    with torch.no_grad():  # by hand on the padded batch: the weights never change
+        x = net.embed(TOKENS)
+        y = net.attn(x, x, x, key_padding_mask=PADDING)[0]
+        z, weights = net.other(x + y, x + y, x + y, key_padding_mask=PADDING, need_weights=True)  # (B, H, Lq, Lk)
+    other_sinks = [weights[:, h][~PADDING][:, 0].mean().item() for h in range(2)]  # over the 9 valid queries
+    samples = [[out[b][~PADDING[b]].numpy().ravel() for b in range(2)] for out in (y, z)]
     out_max = max(np.mean([np.abs(s).max() for s in layer]) for layer in samples)
     kurtosis = np.mean([np.mean([scipy.stats.kurtosis(s, fisher=False) for s in layer]) for layer in samples])
-    assert float(row["train/attn_out_max"]) == pytest.approx(out_max, rel=1e-5)
-    assert float(row["train/attn_out_kurtosis"]) == pytest.approx(kurtosis, rel=1e-5)
+    for row in logged:
+        assert float(row["train/sink_mass"]) == pytest.approx((SINK + sum(other_sinks) / 2) / 2, rel=1e-5)
+        assert float(row["train/sink_heads"]) == pytest.approx(sum(s > 0.3 for s in other_sinks) / 4)
+        assert float(row["train/register_mass"]) == pytest.approx(REGISTERS)  # `model.attn` in the LightningModule
+        assert float(row["train/attn_out_max"]) == pytest.approx(out_max, rel=1e-5)
+        assert float(row["train/attn_out_kurtosis"]) == pytest.approx(kurtosis, rel=1e-5)
 
 
 def test_a_model_without_registers_logs_no_register_mass(tmp_path, monkeypatch):
