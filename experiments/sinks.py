@@ -46,7 +46,7 @@ def register_keys(model: nn.Module) -> dict[str, slice]:
 def sink_stats(weights: Tensor, blocked: Tensor, valid_q: Tensor, registers: slice | None) -> dict[str, Any]:
     """sink_mass, sink_heads and register_mass of one layer. weights (B, H, Lq, Lk); blocked broadcastable to them;
     valid_q (B, Lq). A query counts when it is valid and may see a key."""
-    rows = valid_q[:, None, :] & ~blocked.expand_as(weights).all(-1)  # (B, H, Lq)
+    rows = (valid_q[:, None, :] & ~blocked.all(-1)).expand(weights.shape[:3])  # (B, H, Lq)
     n = rows.sum((0, 2)).clamp(min=1)  # (H,)
     p = weights.float()
     sink = (p[..., 0] * rows).sum((0, 2)) / n  # (H,)
@@ -61,13 +61,13 @@ def sink_stats(weights: Tensor, blocked: Tensor, valid_q: Tensor, registers: sli
 def output_outliers(out: Tensor, valid_q: Tensor) -> dict[str, float | None]:
     """out_max and out_kurtosis of one layer's output (B, Lq, D) over its valid query rows valid_q (B, Lq); None
     when no sequence has a valid row (or, for the kurtosis, one that varies)."""
-    x = out.detach().float()
-    keep = valid_q[..., None].expand_as(x)  # (B, Lq, D)
-    n = keep.sum((1, 2))  # (B,) values per sequence
-    top = x.abs().masked_fill(~keep, 0.0).amax((1, 2))
-    mean = (x * keep).sum((1, 2)) / n.clamp(min=1)
-    centred = (x - mean[:, None, None]) * keep
-    m2, m4 = (centred**2).sum((1, 2)) / n.clamp(min=1), (centred**4).sum((1, 2)) / n.clamp(min=1)
+    padded = ~valid_q[..., None]  # (B, Lq, 1)
+    x = out.detach().float().masked_fill(padded, 0.0)
+    n = valid_q.sum(1) * x.shape[-1]  # (B,) values per sequence
+    top = x.abs().amax((1, 2))
+    mean = x.sum((1, 2)) / n.clamp(min=1)
+    squares = (x - mean[:, None, None]).masked_fill(padded, 0.0).square()
+    m2, m4 = squares.sum((1, 2)) / n.clamp(min=1), squares.square().sum((1, 2)) / n.clamp(min=1)
     varies = m2 > 0
     return {
         "out_max": top[n > 0].mean().item() if (n > 0).any() else None,

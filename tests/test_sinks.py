@@ -22,20 +22,26 @@ from models.attention import MultiHeadAttention
 
 
 def test_sink_and_register_mass_of_a_hand_made_attention():
-    """Three heads, four keys (1 and 2 are registers); queries 0 and 1 count, query 2 is padding and query 3 sees
-    no key. Head 0 puts 0.31 on the first key, head 1 0.29, head 2 0.9: Sink^ε_1 = 2/3 (Gu et al., ε = 0.3)."""
-    rows = {0: [0.31, 0.2, 0.3, 0.19], 1: [0.29, 0.5, 0.1, 0.11], 2: [0.9, 0.05, 0.05, 0.0]}
+    """Three heads, four keys (1 and 2 are registers). Queries 0 and 1 count (key 3 is blocked to query 1), query 2
+    is padding and query 3 sees no key. Head 0 puts 0.31 on the first key, head 1 0.29, head 2 0.9: Sink^ε_1 = 2/3
+    (Gu et al., ε = 0.3)."""
+    rows = {  # head -> the weights of queries 0 and 1
+        0: [[0.31, 0.2, 0.3, 0.19], [0.31, 0.39, 0.3, 0.0]],
+        1: [[0.29, 0.5, 0.1, 0.11], [0.29, 0.5, 0.21, 0.0]],
+        2: [[0.9, 0.05, 0.05, 0.0], [0.9, 0.05, 0.05, 0.0]],
+    }
     weights = torch.zeros(1, 3, 4, 4)  # (B, H, Lq, Lk)
     for h, row in rows.items():
         weights[0, h, :2] = torch.tensor(row)
         weights[0, h, 2, 0] = 1.0  # the padded query: all on the first key, which would lift heads 0 and 1 above ε
     blocked = torch.zeros(1, 1, 4, 4, dtype=torch.bool)
+    blocked[..., 1, 3] = True
     blocked[..., 3, :] = True  # query 3 sees no key (its weights stay 0)
     valid_q = torch.tensor([[True, True, False, True]])
     stats = sink_stats(weights, blocked, valid_q, registers=slice(1, 3))
     assert stats["sink_mass"] == pytest.approx([0.31, 0.29, 0.9])
     assert stats["sink_heads"] == pytest.approx(2 / 3)
-    assert stats["register_mass"] == pytest.approx([0.5, 0.6, 0.1])
+    assert stats["register_mass"] == pytest.approx([(0.5 + 0.69) / 2, (0.6 + 0.71) / 2, 0.1])
     assert sink_stats(weights, blocked, valid_q, registers=None)["register_mass"] is None
 
 
