@@ -183,3 +183,9 @@ def test_a_model_without_registers_logs_no_register_mass(tmp_path, monkeypatch):
     monkeypatch.setattr(RegisterNet, "register_keys", lambda self: {})
     _, rows = _logged_rows(tmp_path, [AttentionSinks()], max_steps=2)
     assert rows and not any(r.get("train/register_mass") for r in rows) and any(r.get("train/sink_mass") for r in rows)
+
+
+def test_a_fit_with_the_callback_stops_at_its_start_on_register_keys_naming_no_layer(tmp_path, monkeypatch):
+    monkeypatch.setattr(RegisterNet, "register_keys", lambda self: {"model.attn": slice(1, 3)})  # the module's name
+    with pytest.raises(ValueError, match=re.escape("RegisterNet.register_keys(): 'model.attn': slice(1, 3, None)")):
+        _logged_rows(tmp_path, [AttentionSinks()], max_steps=1)
