@@ -10,6 +10,8 @@ Per attention layer and head, each a mean over queries (padded queries and block
                  cross-attention), pixels for ViT patches and DETR's memory cells ([CLS] and object queries have no
                  place and are left out)
     special      attention mass on special tokens: [CLS] for the ViT, BOS/EOS for text (none in DETR)
+    sink_mass, sink_heads, register_mass, out_max, out_kurtosis: the sinks and the outliers of the layer's output
+                 (`experiments.sinks`), and their reduction over the model under ``summary``
 The model's inputs are what the LightningModule passed to ``model`` on the fixed batch (`FirstCall`): ViT
 ``(images,)``, DETR ``(images, mask)``, translation ``(src, tgt)``, language model ``(tokens,)``.
 """
@@ -24,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models.attention import MultiHeadAttention, capture_attention
+from experiments import sinks
+from models.attention import AttentionScores, MultiHeadAttention, capture_attention
 
 SATURATION = 0.9  # a query whose largest weight exceeds this attends, in effect, to one key
 
@@ -144,56 +147,75 @@ def _layer_stats(
     return out
 
 
+def layer_calls(maps: dict[str, list[AttentionScores]]) -> Iterator[tuple[str, AttentionScores, Tensor, Tensor]]:
+    """(name, scores of the first call, blocked (B|1, H|1, Lq, Lk), valid queries (B, Lq)) of each layer that ran, in
+    module order (``capture_attention``'s): a self-attention's queries are valid where its own key is not blocked,
+    a cross-attention's where those of its decoder's self-attention are."""
+    dec_valid = None
+    for name, calls in maps.items():
+        if not calls:
+            continue
+        scores = calls[0]  # the first call: one forward pass
+        b, _, lq, lk = scores.logits.shape
+        device = scores.logits.device
+        blocked = (
+            scores.blocked if scores.blocked is not None else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=device)
+        )
+        if name.endswith("multihead_attn"):
+            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else None
+            valid_q = torch.ones(b, lq, dtype=torch.bool, device=device) if valid_q is None else valid_q
+        else:
+            # a padded position is blocked as a key, also to itself, which no other mask blocks: the diagonal
+            valid_q = ~blocked.expand(b, -1, lq, lk).diagonal(dim1=-2, dim2=-1)[:, 0]  # (B, Lq)
+            if "decoder" in name.split("."):
+                dec_valid = valid_q
+        yield name, scores, blocked, valid_q
+
+
 @torch.no_grad()
 def attention_statistics(
     model: nn.Module, args: tuple, kwargs: dict | None = None, special_ids: tuple[int, ...] = ()
 ) -> dict[str, Any]:
     """Run ``model(*args, **kwargs)`` once in eval mode and measure its attention: ``{"modality", "unit",
     "batch_size", "layers": [{"name", "kind": "self"|"cross", "heads", and each statistic of the module docstring
-    as one value per head, or None where not defined}, ...]}``, layers in module order."""
+    as one value per head (sink_heads, out_max, out_kurtosis: one per layer), or None where not defined}, ...],
+    "summary": `experiments.sinks.model_summary`}``, layers in module order."""
     kind = modality(model)
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    heads = {name: m.num_heads for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    registers = sinks.register_keys(model)
     was_training = model.training
     model.eval()
     try:
-        with capture_attention(model, scores=True) as maps, feature_sizes(model) as feature_hw:
+        with (
+            capture_attention(model, scores=True) as maps,
+            feature_sizes(model) as feature_hw,
+            sinks.attention_outputs(model) as outputs,
+        ):
             model(*args, **(kwargs or {}))
     finally:
         model.train(was_training)
     enc, dec = _sequences(kind, model, args, feature_hw[0] if feature_hw else None, special_ids)
-    dec_valid = None
     stats = []
-    for name, m in layers.items():
-        if not maps[name]:
-            continue
-        scores = maps[name][0]  # the first call: one forward pass
-        b, _, lq, lk = scores.logits.shape
-        device = scores.logits.device
-        blocked = (
-            scores.blocked if scores.blocked is not None else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=device)
-        )
-        every_query = torch.ones(b, lq, dtype=torch.bool, device=device)
+    for name, scores, blocked, valid_q in layer_calls(maps):
+        lq, lk = scores.logits.shape[-2:]
         cross = name.endswith("multihead_attn")
-        in_decoder = "decoder" in name.split(".")
         if cross:
             q_seq, k_seq = dec, enc
-            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else every_query
         else:
-            q_seq = k_seq = dec if in_decoder and dec is not None else enc
-            # a padded position is blocked as a key, also to itself, which no other mask blocks: the diagonal
-            valid_q = ~blocked.expand(b, -1, lq, lk).diagonal(dim1=-2, dim2=-1)[:, 0]  # (B, Lq)
-            if in_decoder:
-                dec_valid = valid_q
+            q_seq = k_seq = dec if "decoder" in name.split(".") and dec is not None else enc
         if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:
             q_seq = None  # a layout this function does not know: no distance rather than a wrong one
         if k_seq is not None and k_seq.positions is not None and len(k_seq.positions) != lk:
             k_seq = None
-        layer = {"name": name, "kind": "cross" if cross else "self", "heads": m.num_heads}
+        layer = {"name": name, "kind": "cross" if cross else "self", "heads": heads[name]}
         layer.update(_layer_stats(scores.weights, scores.logits, blocked, valid_q, q_seq, k_seq))
+        layer.update(sinks.sink_stats(scores.weights, blocked, valid_q, registers.get(name)))
+        layer.update(sinks.output_outliers(outputs[name], valid_q))
         stats.append(layer)
     return {
         "modality": kind,
         "unit": "tokens" if kind == "text" else "pixels",
         "batch_size": int(args[0].shape[0]) if args and isinstance(args[0], Tensor) else None,
         "layers": stats,
+        "summary": sinks.model_summary(stats),
     }

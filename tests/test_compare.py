@@ -107,7 +107,7 @@ def test_report_goes_to_wandb_as_a_table_and_images(attnlab, two_runs, tmp_path,
 SCORES = {"scaled_dot": [0.80, 0.85, 0.83], "dot": [0.70, 0.78, 0.71], "general": [0.82, 0.86, 0.80]}
 
 
-def _fake_run(folder, best, entropy, config=None):
+def _fake_run(folder, best, entropy, config=None, summary=None):
     run = folder / "lightning_logs" / "version_0"
     run.mkdir(parents=True)
     layers = [
@@ -125,7 +125,9 @@ def _fake_run(folder, best, entropy, config=None):
                 "modality": "vision",
                 "experiment": str(folder),
                 "best": {"monitor": "val/acc", "value": best},
-                "attention": {"final": {"unit": "pixels", "layers": layers}},
+                "attention": {
+                    "final": {"unit": "pixels", "layers": layers, **({"summary": summary} if summary else {})}
+                },
             }
         )
     )
@@ -165,8 +167,17 @@ def sweep_root(tmp_path, monkeypatch):
     sweeps.record(sweep)
     for run in sweep.runs():
         similarity = run.cell["model.init_args.attention.similarity"]
-        _fake_run(run.folder, SCORES[similarity][run.seed], entropy=1.0 + run.seed + len(similarity) / 10)
+        summary = {key: _sinks(similarity, run.seed)[i] for i, key in enumerate(SINKS)}
+        _fake_run(run.folder, SCORES[similarity][run.seed], 1.0 + run.seed + len(similarity) / 10, summary=summary)
     return sweep.root
+
+
+SINKS = ("sink_mass", "sink_heads", "out_max", "out_kurtosis")
+
+
+def _sinks(similarity: str, seed: int) -> tuple[float, ...]:
+    """A run's sink mass, Sink^ε_1, max |x| and kurtosis, as its summary.json reduces them (chosen numbers)."""
+    return 0.1 * seed + len(similarity) / 100, seed / 4, 10.0 + 3 * seed + len(similarity), 3.0 + seed**2
 
 
 def _t_interval(values):
@@ -196,6 +207,23 @@ def test_cells_get_mean_and_95_percent_t_interval_over_seeds(sweep_root, tmp_pat
     report = (tmp_path / "report" / "report.md").read_text()
     assert "95% t-interval (scipy.stats.t with n - 1 degrees of freedom" in report and "scipy.stats.ttest_rel" in report
     assert (tmp_path / "report" / "seeds.png").stat().st_size > 10_000
+
+
+def test_runs_and_cells_show_sinks_and_outliers_with_their_intervals(sweep_root, tmp_path):
+    from experiments.compare import build_report, find_runs
+
+    result = build_report(find_runs([str(sweep_root)]), tmp_path / "report")
+    labels = ("sink mass", "sink heads", "max |x|", "kurtosis")
+    cells = {row[0]: dict(zip(result["cell_columns"], row)) for row in result["cell_rows"]}
+    for similarity in SCORES:
+        row = cells[f"digits/similarity={similarity}"]
+        for i, label in enumerate(labels):
+            mean, low, high = _t_interval([_sinks(similarity, seed)[i] for seed in range(3)])
+            assert row[label] == f"{mean:.3g} ± {(high - low) / 2:.3g}", label
+    runs = [dict(zip(result["columns"], row)) for row in result["rows"]]
+    first = next(r for r in runs if r["run"].endswith("similarity=dot/seed=0"))
+    assert [first[label] for label in labels] == [f"{v:.3g}" for v in _sinks("dot", 0)]
+    assert "Sink^ε_1, Gu et al. 2025" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_each_cell_is_compared_with_the_first_grid_value_over_the_same_seeds(sweep_root, tmp_path):

@@ -4,7 +4,9 @@ statistics query by query in plain Python (`hand_layer_stats`), sharing no code 
 
 import math
 
+import numpy as np
 import pytest
+import scipy.stats
 import torch
 from builders import encoder_decoder, tiny_vit
 from conftest import TINY_TRUNK
@@ -26,11 +28,14 @@ def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, .
 
     kind = stats.modality(model)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    calls, feature_hw = {}, []
+    calls, outputs, feature_hw = {}, {}, []
     handles = [
         m.register_forward_pre_hook(
             lambda m, a, kw, name=name: calls.setdefault(name, (a, kw)) and None, with_kwargs=True
         )
+        for name, m in layers.items()
+    ] + [
+        m.register_forward_hook(lambda m, a, out, name=name: [outputs.setdefault(name, out[0].detach())] and None)
         for name, m in layers.items()
     ]
     if kind == "detection":
@@ -92,9 +97,22 @@ def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, .
                 "kind": "cross" if cross else "self",
                 "heads": m.num_heads,
                 **hand_layer_stats(weights, logits, blocked, valid_q, q_seq, k_seq),
+                **scipy_output_stats(outputs[name], valid_q),
             }
         )
     return out
+
+
+def scipy_output_stats(out: torch.Tensor, valid_q: torch.Tensor) -> dict[str, float | None]:
+    """Bondarenko et al.'s outlier measures of an attention output (B, Lq, D) with numpy and scipy: per sequence, its
+    valid rows flattened: max |x| and Pearson's kurtosis (scipy.stats.kurtosis, fisher=False); the mean over sequences."""
+    x, keep = out.double().numpy(), valid_q.numpy()
+    samples = [x[b][keep[b]].ravel() for b in range(len(x)) if keep[b].any()]
+    varying = [s for s in samples if s.var() > 0]  # a constant sequence has no kurtosis (scipy: nan)
+    return {
+        "out_max": float(np.mean([np.abs(s).max() for s in samples])) if samples else None,
+        "out_kurtosis": float(np.mean([scipy.stats.kurtosis(s, fisher=False) for s in varying])) if varying else None,
+    }
 
 
 def hand_layer_stats(
@@ -117,7 +135,7 @@ def hand_layer_stats(
     def average(values: list[float]) -> float:
         return sum(values) / len(values) if values else 0.0
 
-    out = {key: [] for key in ("entropy", "max_weight", "saturated", "logit_var", "distance", "special")}
+    out = {key: [] for key in ("entropy", "max_weight", "saturated", "logit_var", "distance", "special", "sink_mass")}
     for h in range(h_):
         rows, distances = [], []
         for b in range(b_):
@@ -135,6 +153,7 @@ def hand_layer_stats(
                         "saturated": float(max(p) > SATURATION),
                         "logit_var": sum((v - mean_z) ** 2 for v in z) / len(z),
                         "special": sum(p[j] for j in range(lk) if special[b][j]) if special is not None else 0.0,
+                        "sink_mass": p[0],
                     }
                 )
                 if q_pos is None or k_pos is None or any(math.isnan(c) for c in q_pos[i]):
@@ -143,13 +162,15 @@ def hand_layer_stats(
                 mass = sum(p[j] for j in placed)
                 if mass > 0:
                     distances.append(sum(p[j] * math.dist(q_pos[i], k_pos[j]) for j in placed) / mass)
-        for key in ("entropy", "max_weight", "saturated", "logit_var", "special"):
+        for key in ("entropy", "max_weight", "saturated", "logit_var", "special", "sink_mass"):
             out[key].append(average([row[key] for row in rows]))
         out["distance"].append(average(distances))
     if q_pos is None or k_pos is None:
         out["distance"] = None
     if special is None:
         out["special"] = None
+    out["sink_heads"] = sum(m > 0.3 for m in out["sink_mass"]) / h_  # Gu et al.'s ε
+    out["register_mass"] = None  # these models have no registers
     return out
 
 
@@ -201,7 +222,7 @@ def test_statistics_equal_those_computed_from_rescored_inputs(name, model, args,
     for g, e in zip(got, expected):
         assert g.keys() == e.keys()
         for key, value in e.items():
-            if isinstance(value, list):
+            if isinstance(value, (list, float)):
                 assert g[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (g["name"], key)
             else:
                 assert g[key] == value, (g["name"], key)

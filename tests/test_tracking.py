@@ -53,15 +53,18 @@ class _Config(dict):
 
 
 class _Run:
-    """Stands in for a wandb run: records the config and the saved files, ignores the rest."""
+    """Stands in for a wandb run: records the config, the saved files and the logged values, ignores the rest."""
 
     id, project, entity, dir, url, offline, disabled = "stub", "attnlab", None, None, None, True, False
 
     def __init__(self):
-        self.config, self.saved = _Config(), []
+        self.config, self.saved, self.logged = _Config(), [], {}
 
     def save(self, path, base_path=None, policy="live"):
         self.saved.append(path)
+
+    def log(self, values, *args, **kwargs):
+        self.logged.update(values)
 
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
@@ -82,6 +85,9 @@ def test_the_resolved_config_reaches_wandb_nested_with_linked_values(attnlab, tm
     assert run.config["trainer"]["default_root_dir"] == str(tmp_path)
     saved = yaml.safe_load(open(run.saved[0]))
     assert saved["model"]["init_args"]["embed_dim"] == 64
+    assert {"attention/sink_mass", "attention/sink_heads", "attention/out_max", "attention/out_kurtosis"} <= set(
+        run.logged
+    )  # the model summary of the attention statistics at the end
 
 
 def _closed_port() -> int:
@@ -200,6 +206,13 @@ def test_summary_of_a_tiny_run(attnlab, tmp_path):
     )  # <= log 17
     assert all(0 < d < 8 * 2**0.5 for layer in final["layers"] for d in layer["distance"])
     assert s["attention"]["init"]["layers"][0]["name"] == "encoder.layers.0.self_attn"
+    # the model's sinks and outliers reach the loggers (here metrics.csv) as summary.json reduces them
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    logged = {
+        k.removeprefix("attention/"): float(v) for r in rows for k, v in r.items() if k.startswith("attention/") and v
+    }
+    assert logged == {k: pytest.approx(v) for k, v in final["summary"].items() if v is not None}
+    assert logged.keys() == {"sink_mass", "sink_heads", "out_max", "out_kurtosis"}  # no registers in this ViT
     assert (
         s["throughput"]["tokens_per_s"] == pytest.approx(s["throughput"]["samples_per_s"] * 17)
         and s["throughput"]["tokens_per_s"] > 0

@@ -2,6 +2,7 @@
 (``experiments.callbacks.PredictionWriter``, ``experiments.callbacks.LearningRateScaling`` ...)."""
 
 from experiments.callbacks.attention_logits import MaxAttentionLogit
+from experiments.callbacks.attention_sinks import AttentionSinks
 from experiments.callbacks.base import shadowed
 from experiments.callbacks.compile import Compile
 from experiments.callbacks.monitors import GradientNorm, Throughput
@@ -10,6 +11,7 @@ from experiments.callbacks.scaling import LearningRateScaling
 from experiments.callbacks.summary import RunSummary
 
 __all__ = [
+    "AttentionSinks",
     "Compile",
     "GradientNorm",
     "LearningRateScaling",

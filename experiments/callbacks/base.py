@@ -1,13 +1,18 @@
-"""What the callbacks share: a batch's size, and which of two callbacks of one class acts."""
+"""What the callbacks share: a batch's size, which of two callbacks of one class acts, and the attention scores
+of a training step."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import weakref
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
+
+from models.attention import AttentionScores, capture_attention
 
 
 def batch_size(batch: Any) -> int:
@@ -22,3 +27,28 @@ def shadowed(trainer: pl.Trainer, callback: Callback) -> bool:
     """True when an earlier callback of the same class exists: a default-on callback yields to one a config lists."""
     earlier = itertools.takewhile(lambda other: other is not callback, trainer.callbacks)
     return any(type(other) is type(callback) for other in earlier)
+
+
+# pl_module -> [the open capture, its maps, how many callbacks hold it]
+_SCORES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def open_scores(pl_module: pl.LightningModule) -> dict[str, list[AttentionScores]]:
+    """``capture_attention(pl_module, scores=True)``, opened once for every callback that asks during a step: a layer
+    records into one capture at a time, so a second capture opened beside the first would leave the first empty."""
+    entry = _SCORES.get(pl_module)
+    if entry is None:
+        stack = contextlib.ExitStack()
+        entry = _SCORES[pl_module] = [stack, stack.enter_context(capture_attention(pl_module, scores=True)), 0]
+    entry[2] += 1
+    return entry[1]
+
+
+def close_scores(pl_module: pl.LightningModule) -> None:
+    """Give back what `open_scores` gave; the capture closes when its last holder gives it back."""
+    entry = _SCORES.get(pl_module)
+    if entry is not None:
+        entry[2] -= 1
+        if entry[2] <= 0:
+            entry[0].close()
+            del _SCORES[pl_module]

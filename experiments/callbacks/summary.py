@@ -31,8 +31,9 @@ class RunSummary(Callback):
     last, so that a reader tells a killed run from a running one) and again when training ends (``finished``) or
     fails.
 
-    FLOPs per sample, the attention statistics at initialisation and at the end, and ``attention.png`` (each
-    layer's head-mean attention on the first sample, logged to W&B as ``val/attention``) are measured on the fixed
+    FLOPs per sample, the attention statistics at initialisation and at the end (their model summary logged as
+    ``attention/sink_mass``, ``attention/out_max`` ...), and ``attention.png`` (each layer's head-mean attention on
+    the first sample, logged to W&B as ``val/attention``) are measured on the fixed
     batch: the inputs of the model's first call in the fit (the sanity check's first validation batch, or the
     first training batch without one). Every process runs these forward passes (FSDP); only rank 0 writes.
     """
@@ -176,6 +177,10 @@ class RunSummary(Callback):
         init = self._init_stats or (previous.get("attention") or {}).get("init")
         self._summary["attention"] = {"init": init, "final": final}
         write_json(self.path, self._summary)
+        if final is not None:  # the model's sinks and outliers, as scalars every logger takes (W&B, metrics.csv)
+            values = {f"attention/{k}": v for k, v in final["summary"].items() if v is not None}
+            for logger in trainer.loggers:
+                logger.log_metrics(values, step=trainer.global_step)
         if figure is not None:
             self._log_figure(trainer, figure, hw[0] if hw else None)
         for run in self._summary.get("wandb") or []:

@@ -35,7 +35,11 @@ from experiments.compare.tables import (
 
 # report.md's own words: what each section shows, before its table and plot
 RUNS = """Attention statistics are means over layers and heads on each run's fixed batch at the end of training;
-distance is in tokens for text and in pixels for image patches and detection memory."""
+distance is in tokens for text and in pixels for image patches and detection memory. Sink mass: the mean weight on
+the first key (BOS, [CLS], the first memory cell); sink heads: the share of heads whose sink mass exceeds 0.3
+(Sink^ε_1, Gu et al. 2025); max |x|: the largest over layers of an attention layer's output ∞-norm, and kurtosis:
+the mean over layers of its Pearson kurtosis (3 for a normal), each per sequence, padding left out, averaged over
+the batch (Bondarenko et al. 2023)."""
 SCALING = """## What the √d scaling does
 
 Logit variance: variance over the keys of q·k (×1/√d for scaled_dot) before softmax; max weight: mean largest

@@ -24,17 +24,24 @@ STATS = (
     ("special", "special share"),
     ("logit_var", "logit var"),
     ("max_weight", "max weight"),
+    ("sink_mass", "sink mass"),
+    ("sink_heads", "sink heads"),
+    ("out_max", "max |x|"),
+    ("out_kurtosis", "kurtosis"),
 )
+SINKS = ("sink_mass", "sink_heads", "register_mass", "out_max", "out_kurtosis")  # reduced over the model when measured
 IGNORED = ("seed_everything", "ckpt_path", "trainer.default_root_dir", "trainer.logger", "trainer.enable_progress_bar")
 _SEED = re.compile(r"(^|/)seed[=_-]?\d+(?=/|$)")
 
 
 def summarize(stats: dict[str, Any]) -> dict[str, float | None]:
-    """Attention statistics of one run (`experiments.stats`) -> the mean over every layer and head of each."""
+    """Attention statistics of one run (`experiments.stats`) -> the mean over every layer and head of each, and the
+    sinks and outliers as the run reduced them (`experiments.sinks.model_summary`; None for a run from before them)."""
     out: dict[str, float | None] = {}
     for key in ("entropy", "max_weight", "saturated", "logit_var", "distance", "special"):
         values = [v for layer in stats.get("layers", []) if layer.get(key) is not None for v in layer[key]]
         out[key] = sum(values) / len(values) if values else None
+    out.update({key: (stats.get("summary") or {}).get(key) for key in SINKS})
     return out
 
 
