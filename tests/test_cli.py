@@ -113,8 +113,8 @@ def test_a_module_takes_its_networks_options_with_the_networks_defaults(module, 
         ("--model.init_args.depth=three", "model.init_args.depth: expected int. Got value: three"),
         (
             "--model.init_args.attention.similarity=cosine",
-            "attention.similarity='cosine' is neither one of scaled_dot, dot, general nor the class path of an "
-            "nn.Module (module.Class, importable from here: no module named)",
+            "model.init_args.attention.similarity: expected one of 'scaled_dot', 'dot', 'general'; "
+            "expected dot import path string: cosine",
         ),
         (  # the keys that moved into the attention block
             "--model.init_args.similarity=dot",
@@ -126,9 +126,8 @@ def test_a_module_takes_its_networks_options_with_the_networks_defaults(module, 
         ),
         (
             "--model.init_args.attention.normalization=attnlab_nowhere.Norm",
-            "attention.normalization='attnlab_nowhere.Norm' is neither one of softmax, softmax1, clipped, sigmoid nor "
-            "the class path of an nn.Module (module.Class, importable from here: ModuleNotFoundError: No module named "
-            "'attnlab_nowhere')",
+            "model.init_args.attention.normalization: expected one of 'softmax', 'softmax1', 'clipped', 'sigmoid'; "
+            "No module named 'attnlab_nowhere'",
         ),
         (
             "--model.init_args.attention.gate=perhead",
