@@ -7,6 +7,7 @@ from experiments.callbacks.base import shadowed
 from experiments.callbacks.compile import Compile
 from experiments.callbacks.monitors import GradientNorm, Throughput
 from experiments.callbacks.predictions import PredictionWriter
+from experiments.callbacks.quantization import W8A8
 from experiments.callbacks.scaling import LearningRateScaling
 from experiments.callbacks.summary import RunSummary
 
@@ -19,5 +20,6 @@ __all__ = [
     "PredictionWriter",
     "RunSummary",
     "Throughput",
+    "W8A8",
     "shadowed",
 ]
