@@ -102,6 +102,19 @@ def test_one_run_per_config_cell_and_seed_with_stable_names_and_commands(tmp_pat
     )  # names depend on settings only
 
 
+def test_a_block_given_whole_names_its_runs_by_its_fields(tmp_path):
+    """A grid over a whole block (some of its fields, merged onto the config's) names each cell by those fields,
+    not by their JSON; the fit gets the JSON."""
+    grid = {"model.init_args.attention": [{"normalization": "softmax1"}, {"normalization": "softmax", "gate": None}]}
+    runs = sweeps.load(write(tmp_path, grid=grid, seeds=[3])).runs()
+    assert [r.name for r in runs] == [
+        "digits/attention={normalization=softmax1}/seed=3",
+        "digits/attention={normalization=softmax,gate=null}/seed=3",
+    ]
+    command = sweeps.load(write(tmp_path, grid=grid, seeds=[3])).command(runs[1])
+    assert command[-1] == '--model.init_args.attention={"normalization": "softmax", "gate": null}'
+
+
 def test_every_sweep_file_in_configs_expands_and_passes_the_parser(attnlab):
     ablation = sweeps.load("configs/sweeps/ablation.yaml")
     names = [r.name for r in ablation.runs()]

@@ -96,6 +96,9 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
 
 
 def _folder_value(value: Any) -> str:
+    """A value in a run's name: as on the command line, but a mapping (a block's fields) as {key=value,...}."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}={_folder_value(v)}" for k, v in value.items()) + "}"
     return re.sub(r"[/\s]+", "_", cli_value(value))
 
 
