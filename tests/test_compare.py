@@ -367,3 +367,42 @@ def test_zero_variance_gives_a_zero_width_interval_and_no_p_value(monkeypatch, t
     assert result["conclusions"] == [
         "digits, dot vs scaled_dot: -0.1 val/acc (95% CI -0.1 to -0.1, n=3, paired t-test p=-)"
     ]
+
+
+def test_cells_show_the_w8a8_change_of_the_monitored_metric_and_pair_it(monkeypatch, tmp_path):
+    """summary.json's quantization (experiments.callbacks.W8A8): W8A8 - fp32 of the checkpoint's monitor (val/acc)
+    per run, its mean and 95% t-interval per cell, and each cell against the reference paired over the seeds."""
+    from experiments.compare import build_report, find_runs
+
+    monkeypatch.chdir(ROOT)
+    root = _sweep_with(tmp_path, {"scaled_dot": [0.9, 0.8, 0.85], "dot": [0.7, 0.75, 0.72]})
+    drops = {"scaled_dot": [-0.01, -0.03, -0.02], "dot": [-0.2, -0.35, -0.1]}
+    for similarity, values in drops.items():
+        for seed, drop in enumerate(values):
+            path = (
+                root / "digits" / f"similarity={similarity}" / f"seed={seed}" / "lightning_logs/version_0/summary.json"
+            )
+            summary = json.loads(path.read_text())
+            fp32 = {"val/acc": 0.5, "val/loss": 1.0}
+            quantized = {"val/acc": 0.5 + drop, "val/loss": 9.0}  # the monitor's metric only counts
+            path.write_text(json.dumps({**summary, "quantization": {"val": {"fp32": fp32, "w8a8": quantized}}}))
+    result = build_report(find_runs([str(root)]), tmp_path / "report")
+    cells = {row[0]: dict(zip(result["cell_columns"], row)) for row in result["cell_rows"]}
+    for similarity, values in drops.items():
+        mean, low, high = _t_interval(values)
+        assert cells[f"digits/similarity={similarity}"]["W8A8 - fp32"] == f"{mean:.3g} ± {(high - low) / 2:.3g}"
+    paired = [dict(zip(result["paired_columns"], row)) for row in result["paired_rows"] if row[1] == "W8A8 - fp32"]
+    mean, low, high = _t_interval([a - b for a, b in zip(drops["dot"], drops["scaled_dot"])])
+    assert [(r["comparison"], r["difference"], r["95% CI"]) for r in paired] == [
+        ("digits, dot vs scaled_dot", f"{mean:+.3g}", f"{low:.3g} to {high:.3g}")
+    ]
+    assert paired[0]["p (paired t)"] == f"{stats.ttest_rel(drops['dot'], drops['scaled_dot']).pvalue:.2g}"
+
+
+def test_a_run_scored_without_w8a8_shows_no_change(monkeypatch, tmp_path):
+    from experiments.compare import build_report, find_runs
+
+    monkeypatch.chdir(ROOT)
+    root = _sweep_with(tmp_path, {"scaled_dot": [0.9, 0.8, 0.85]})
+    result = build_report(find_runs([str(root)]), tmp_path / "report")
+    assert [dict(zip(result["columns"], row))["W8A8 - fp32"] for row in result["rows"]] == ["-"] * 3

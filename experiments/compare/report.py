@@ -39,7 +39,9 @@ distance is in tokens for text and in pixels for image patches and detection mem
 the first key (BOS, [CLS], the first memory cell); sink heads: the share of heads whose sink mass exceeds 0.3
 (Sink^ε_1, Gu et al. 2025); max |x|: the largest over layers of an attention layer's output ∞-norm, and kurtosis:
 the mean over layers of its Pearson kurtosis (3 for a normal), each per sequence, padding left out, averaged over
-the batch (Bondarenko et al. 2023)."""
+the batch (Bondarenko et al. 2023). W8A8 - fp32: how the checkpoint monitor's metric moves when every linear layer of
+the final weights computes with its weight and input rounded to 8 bits, on the same validation batches
+(experiments.callbacks.W8A8; Bondarenko et al.'s per-tensor W8A8)."""
 SCALING = """## What the √d scaling does
 
 Logit variance: variance over the keys of q·k (×1/√d for scaled_dot) before softmax; max weight: mean largest

@@ -28,6 +28,7 @@ STATS = (
     ("sink_heads", "sink heads"),
     ("out_max", "max |x|"),
     ("out_kurtosis", "kurtosis"),
+    ("w8a8", "W8A8 - fp32"),
 )
 SINKS = ("sink_mass", "sink_heads", "register_mass", "out_max", "out_kurtosis")  # reduced over the model when measured
 IGNORED = ("seed_everything", "ckpt_path", "trainer.default_root_dir", "trainer.logger", "trainer.enable_progress_bar")
@@ -43,6 +44,15 @@ def summarize(stats: dict[str, Any]) -> dict[str, float | None]:
         out[key] = sum(values) / len(values) if values else None
     out.update({key: (stats.get("summary") or {}).get(key) for key in SINKS})
     return out
+
+
+def w8a8_change(summary: Summary) -> float | None:
+    """How the checkpoint monitor's metric moves when the final weights compute in simulated W8A8 (w8a8 - fp32 on the
+    same validation batches, `experiments.callbacks.W8A8`); None for a run scored without it."""
+    monitor = (summary.best or {}).get("monitor")
+    scored = (summary.quantization or {}).get("val") or {}
+    fp32, w8a8 = ((scored.get(key) or {}).get(monitor) for key in ("fp32", "w8a8"))
+    return None if fp32 is None or w8a8 is None else w8a8 - fp32
 
 
 def find_runs(paths: list[str]) -> list[Path]:
@@ -132,7 +142,7 @@ def _load_run(run: Path) -> dict[str, Any]:
             "similarity", hp.get("similarity")
         ),  # before the block: top level
         "positions": hp.get("positions"),
-        "final": summarize(attention["final"]) if attention.get("final") else {},
+        "final": {**(summarize(attention["final"]) if attention.get("final") else {}), "w8a8": w8a8_change(summary)},
         "init": summarize(attention["init"]) if attention.get("init") else {},
     }
 
