@@ -34,14 +34,20 @@ demo: $(STAMP)
 ablation: $(STAMP)
 	$(BIN)/attnlab sweep configs/sweeps/ablation.yaml
 
-# Three findings reproduced in every modality, 5 seeds each, one sweep after the other (about 83 min in all on a 2-core
-# CPU; resumable: run it again after an interruption), each with its report in runs/sweeps/<name>/report:
-# train short, test long (Press et al. 2022), QK-norm against the learning rate (Wortsman et al. 2023), DETR's
-# encoder with 2D RoPE against sine positions.
+# Findings reproduced in every modality, 5 seeds each, one sweep after the other (resumable: run it again after an
+# interruption), each with its report in runs/sweeps/<name>/report: train short, test long (Press et al. 2022), QK-norm
+# against the learning rate (Wortsman et al. 2023), DETR's encoder with 2D RoPE against sine positions (the first three,
+# about 83 min measured on a 2-core CPU); then, new and not yet run, attention sinks and outliers under softmax,
+# softmax+1, clipped softmax, sigmoid and gated attention, with each model's W8A8 drop, in text, images, and DETR on
+# shapes and on BCCD (sinks_*.yaml, about 100 min more by the ESTIMATEs in their headers).
 findings: $(STAMP)
 	$(BIN)/attnlab sweep configs/sweeps/train_short_test_long.yaml
 	$(BIN)/attnlab sweep configs/sweeps/qk_norm_lr.yaml
 	$(BIN)/attnlab sweep configs/sweeps/detr_rope.yaml
+	$(BIN)/attnlab sweep configs/sweeps/sinks_text.yaml
+	$(BIN)/attnlab sweep configs/sweeps/sinks_vision.yaml
+	$(BIN)/attnlab sweep configs/sweeps/sinks_detection.yaml
+	$(BIN)/attnlab sweep configs/sweeps/sinks_bccd.yaml
 
 # The linter and the format check first: a minute of tests is not spent on a tree that fails them.
 lint: $(STAMP)
