@@ -152,7 +152,7 @@ class Summary(_Record):
     best: dict[str, Any] | None = None  # {"monitor", "mode", "value", "checkpoint"}
     metrics: dict[str, float] | None = None
     attention: dict[str, Any] | None = None  # {"init", "final"}: experiments.stats.attention_statistics
-    quantization: dict[str, Any] | None = None  # experiments.callbacks.W8A8: {"scheme", ..., "val"|"test": {"fp32", "w8a8"}}
+    quantization: dict[str, Any] | None = None  # experiments.callbacks.W8A8: {"scheme", "layers", "val", "test" ...}
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

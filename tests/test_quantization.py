@@ -133,7 +133,7 @@ def test_the_callback_scores_a_run_in_fp32_and_w8a8_on_its_own_batches(attnlab, 
     args = config_args("configs/vision/digits.yaml", tmp_path, "--trainer.max_epochs=1", *callback)
     code, out, err = attnlab("fit", *args)
     assert code == 0, err
-    assert "attnlab: W8A8 (17 linear layers, 4 calibration batches)" in out
+    assert "attnlab: W8A8 (17 linear layers; ranges from 4 training batches)" in out
     run = tmp_path / "lightning_logs" / "version_0"
     summary = json.loads((run / "summary.json").read_text())
     marker = summary["quantization"]

@@ -169,8 +169,8 @@ def _report(trainer: pl.Trainer, stage: str, record: dict[str, Any]) -> None:
         logger.log_metrics(values, step=trainer.global_step)
     changes = ", ".join(f"{k} {fp32[k]:.4f} -> {quantized[k]:.4f}" for k in fp32 if k in quantized)
     print(
-        f"attnlab: W8A8 ({record['layers']} linear layers, {record['calibration_batches']} calibration batches), "
-        f"fp32 -> w8a8: {changes}"
+        f"attnlab: W8A8 ({record['layers']} linear layers; ranges from {record['calibration_batches']} training "
+        f"batches), fp32 -> w8a8: {changes}"
     )
     path = _summary_path(trainer, stage)
     if path is None:
