@@ -313,7 +313,8 @@ def test_a_file_that_is_not_yaml_or_not_a_mapping_is_one_line(attnlab, tmp_path,
     code, _, err = attnlab("sweep", str(path))
     assert (
         code == 2
-        and err.startswith(f"attnlab: error: {path}: not a YAML file (line 2)")
+        and err.startswith(f"attnlab: error: {path}:2:1: not valid YAML: expected ',' or ']'")  # the file ends open
+        and "(while parsing a flow sequence at 1:7)" in err  # the '[' after "name: "
         and len(err.strip().splitlines()) == 1
     )
     path.write_text("- configs/vision/digits.yaml\n")
