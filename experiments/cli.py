@@ -149,6 +149,8 @@ class AttnlabCLI(LightningCLI):
             self.trainer.strategy.checkpoint_io = guards.SafeCheckpointIO()  # whole files, read as tensors only
         if self.subcommand in ("validate", "test", "predict"):
             self.resolve_saved_checkpoint()
+        if self.subcommand is None:  # built with run=False (benchmarks.overhead): no ckpt_path to check
+            return
         cfg, class_path = self.config_init[self.subcommand], self.config[self.subcommand].model.class_path
         with _one_line():  # also a `best` or `last` found just now, and the data facts linked into the model
             checkpoints.check_fits(cfg.get("ckpt_path"), class_path, self.model.hparams, cfg.weights_only is not False)
