@@ -324,8 +324,10 @@ class DecoderOnlyLM(nn.Module):
         scale_embeddings: token embeddings start at N(0, d_model^-1/2) and are multiplied by √d_model (fairseq's
             LM, as in Press et al. 2022), so they keep pace with unit-amplitude sines; false: GPT-2's N(0, 0.02).
         register_tokens: N learned sink tokens (StreamingLLM's dedicated attention sink, Xiao et al. 2023;
-            `models.registers`, ``reg_token``) before the tokens: they take the first N of the ``max_positions``
-            positions, every token attends to them, and their logits are dropped, so no loss reads them.
+            `models.registers`, ``reg_token``) before the tokens, which keep a context of ``max_positions``: inside
+            attention (RoPE, ALiBi, T5) the sinks take positions 0..N-1 and the tokens follow; added positions
+            are the tokens' own (`inputs`). Every token attends to them; their logits are dropped, so no loss
+            reads them.
         init_values: LayerScale on every residual branch (see `models.transformer`); None: none.
     Shapes: tokens (B, T) -> logits (B, T, vocab_size).
     """
@@ -360,11 +362,6 @@ class DecoderOnlyLM(nn.Module):
         super().__init__()
         check_heads(d_model, nhead)
         self.reg_token = register_parameter(register_tokens, d_model)
-        if register_tokens >= max_positions:
-            raise ValueError(
-                f"model.register_tokens={register_tokens} leaves no room for tokens in model.max_positions="
-                f"{max_positions}: the sinks take the first {register_tokens} positions"
-            )
         if num_kv_heads is not None and (num_kv_heads < 1 or nhead % num_kv_heads):
             raise ValueError(
                 f"model.num_kv_heads={num_kv_heads} does not divide model.nhead={nhead}; choose a divisor of {nhead}"
@@ -435,14 +432,15 @@ class DecoderOnlyLM(nn.Module):
 
     def inputs(self, tokens: Tensor, start_pos: int = 0) -> tuple[Tensor, dict]:
         """What depends on the position (a host int): tokens (B, T) -> their embedding (B, T, D), after the N sinks
-        at ``start_pos`` 0 (B, N + T, D), and the self-attention's positions (`SelfAttentionPositions`): the sinks
-        take positions 0..N-1, token t position N + t. A CUDA graph of a step reads both from buffers."""
+        at ``start_pos`` 0 (B, N + T, D), and the self-attention's positions (`SelfAttentionPositions`): there the
+        sinks take positions 0..N-1 and token t position N + t. Added positions (learned, sines) are the tokens'
+        own, t, as without sinks: a sink is a learned vector already. A CUDA graph of a step reads both from buffers."""
         x, n = self.tok_embed(tokens), self.num_registers  # (B, T, D)
+        if self.pos is not None:
+            x = x + self.pos(tokens.size(1), start_pos)
         if n and start_pos == 0:
             x = insert_registers(x, self.reg_token, 0)  # (B, N + T, D)
-        start = start_pos + n if start_pos else 0
-        x = self.dropout(x if self.pos is None else x + self.pos(x.size(1), start))
-        return x, self.attn_positions(x.size(1), start)
+        return self.dropout(x), self.attn_positions(x.size(1), start_pos + n if start_pos else 0)
 
     def forward_embedded(
         self, x: Tensor, positions: dict, cache: list[KVCache] | list[StaticKVCache] | None = None
@@ -476,9 +474,9 @@ class DecoderOnlyLM(nn.Module):
         """Continue ``prompt`` (B, T0) by ``max_new_tokens`` sampled tokens -> (B, T0 + max_new_tokens).
 
         ``temperature`` 0 picks the most likely token (greedy); ``top_k`` samples among the k most
-        likely. Each new token costs one cached step; once the context exceeds ``max_positions`` (less the sinks)
-        the window slides and is re-encoded after the sinks, since absolute positions cannot shift inside a cache. ``use_cache=False``
-        re-runs the whole window at every step (the reference the cache is tested against). ``cache``:
+        likely. Each new token costs one cached step; once the context exceeds ``max_positions`` the window
+        slides and is re-encoded (after the sinks, which stay), since absolute positions cannot shift inside a
+        cache. ``use_cache=False`` re-runs the whole window at every step (the reference the cache is tested against). ``cache``:
         "dynamic" or "static" (a `StaticKVCache` as long as the window, each step a CUDA graph on CUDA: see
         `models.decoding`).
         """
@@ -486,14 +484,13 @@ class DecoderOnlyLM(nn.Module):
             raise ValueError("generate needs a prompt of at least one token")
         check_cache_kind(cache)
         tokens, step = prompt, None
-        limit = self.max_positions - self.num_registers
-        window = min(limit, prompt.size(1) + max_new_tokens)
+        window = min(self.max_positions, prompt.size(1) + max_new_tokens)
         for _ in range(max_new_tokens):
-            if use_cache and step is not None and tokens.size(1) <= limit:
+            if use_cache and step is not None and tokens.size(1) <= self.max_positions:
                 logits = step(tokens[:, -1:], tokens.size(1) - 1)[:, -1]  # (B, V)
             else:
                 step = self._step(cache, window, prompt.is_cuda) if use_cache else None
-                context = tokens[:, -limit:]
+                context = tokens[:, -self.max_positions :]
                 logits = (self(context) if step is None else step(context, 0))[:, -1]
             if temperature == 0:
                 next_token = logits.argmax(-1, keepdim=True)  # (B, 1)

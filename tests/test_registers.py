@@ -190,7 +190,7 @@ def test_detr_registers_read_padded_and_unpadded_images_alike(mode):
 # ----------------------------------------------------------------------------- decoder-only LM: sinks
 
 
-def _lm(positions: str = "learned", register_tokens: int = 2, vocab: int = V, **kwargs) -> DecoderOnlyLM:
+def _lm(positions: str = "learned", register_tokens: int = 2, vocab: int = V, max_positions: int = 10) -> DecoderOnlyLM:
     torch.manual_seed(3)
     lm = DecoderOnlyLM(
         vocab,
@@ -198,23 +198,28 @@ def _lm(positions: str = "learned", register_tokens: int = 2, vocab: int = V, **
         nhead=2,
         num_layers=2,
         dropout=0.0,
-        max_positions=10,
+        max_positions=max_positions,
         positions=positions,
         register_tokens=register_tokens,
-        **kwargs,
     )
     return lm.eval()
 
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope", "alibi", "t5"])
-def test_sinks_are_learned_tokens_at_the_first_positions(positions):
+def test_sinks_are_learned_tokens_read_first(positions):
     """StreamingLLM's sink: the LM with N sinks equals the plain LM (same weights) reading N extra tokens first
-    whose embeddings are the sinks; the sinks' logits are dropped."""
+    whose embeddings are the sinks. Inside attention the sinks come first; added positions stay the tokens'
+    own (the plain LM's learned table: N zero rows, then the sinks LM's table). The sinks' logits are dropped."""
     sinks = _lm(positions)
-    plain = _lm(positions, register_tokens=0, vocab=V + 2)
+    added = positions in ("learned", "sinusoidal")
+    plain = _lm("learned" if added else positions, register_tokens=0, vocab=V + 2, max_positions=12)
     state = {k: v for k, v in sinks.state_dict().items() if k != "reg_token"}
     state["tok_embed.embedding.weight"] = torch.cat([state["tok_embed.embedding.weight"], sinks.reg_token[0]])
-    plain.load_state_dict(state | {"lm_head.weight": state["tok_embed.embedding.weight"]})
+    state["lm_head.weight"] = state["tok_embed.embedding.weight"]
+    if added:
+        table = sinks.pos.weight if positions == "learned" else sinks.pos(10)  # (10, D)
+        state["pos.weight"] = torch.cat([torch.zeros(2, 16), table])
+    plain.load_state_dict(state)
     tokens = padded_batch(V, [6, 6])
     with torch.no_grad():
         expected = plain(torch.cat([torch.tensor([[V, V + 1]] * 2), tokens], dim=1))[:, 2:, :V]
@@ -231,21 +236,25 @@ def test_sinks_are_keys_of_every_block_and_never_a_logit():
     assert _moved_keys(lm, lm.reg_token, "blocks.layers.0.self_attn", tokens) == [0, 1]
 
 
+@pytest.mark.parametrize("positions", ["learned", "rope", "alibi", "t5"])
+def test_sinks_are_prefilled_once_then_each_cached_step_equals_the_whole_sequence(positions):
+    lm = _lm(positions)
+    tokens = padded_batch(V, [7, 7])
+    cache = lm.init_cache()
+    with torch.no_grad():
+        steps = [lm(tokens[:, :3], cache, 0)] + [lm(tokens[:, t : t + 1], cache, t) for t in range(3, 7)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), lm(tokens), atol=1e-5, rtol=1e-5)
+    assert cache[0].k.shape[2] == 2 + 7  # the sinks' keys, once
+
+
 @pytest.mark.parametrize("positions", ["learned", "rope"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generation_with_sinks_and_cache_equals_without_even_past_the_context(positions, cache):
-    lm = _lm(positions)  # 10 positions: 2 sinks and a window of 8 tokens
+    lm = _lm(positions, max_positions=8)  # 2 sinks and a window of 8 tokens
     prompt = padded_batch(V, [3, 3])
     fast = lm.generate(prompt, 12, temperature=0, cache=cache)  # 15 tokens > 8: the window slides
     slow = lm.generate(prompt, 12, temperature=0, use_cache=False)
     assert fast.shape == (2, 15) and torch.equal(fast, slow)
-
-
-def test_sinks_that_leave_no_room_for_tokens_are_one_line():
-    with pytest.raises(
-        ValueError, match=r"^model.register_tokens=10 leaves no room for tokens in model.max_positions=10"
-    ):
-        _lm(register_tokens=10)
 
 
 # ----------------------------------------------------------------------------- encoder-decoder
