@@ -31,7 +31,7 @@ from models.box_ops import box_cxcywh_to_xyxy, inverse_sigmoid
 from models.denoising import DenoisingQueries, check_denoising, denoising_queries
 from models.position import PositionEmbeddingSine2D, RotaryEmbedding2D, Rotation
 from models.query_selection import EncoderProposals, cell_boxes
-from models.registers import insert_registers, pad_rows, register_parameter, unplaced
+from models.registers import insert_registers, learned_registers, pad_rows, unplaced
 from models.transformer import TransformerDecoder, TransformerEncoder
 
 
@@ -94,7 +94,7 @@ class DETRTransformer(nn.Module):
         for name, p in self.named_parameters():  # the reference's init; the "general" W stays the identity
             if p.dim() > 1 and not name.endswith("general_weight"):
                 nn.init.xavier_uniform_(p)
-        self.reg_token = register_parameter(register_tokens, d_model)
+        self.reg_token = learned_registers(register_tokens, d_model)
 
     def encode(
         self, src: Tensor, mask: Tensor, pos: Tensor, rope: Rotation | list[Rotation] | None = None

@@ -3,7 +3,7 @@
 Large ViTs hand attention's "sink" role (somewhere to put the mass a query does not need) to a few high-norm
 patch tokens; a few extra learned tokens take it over (Darcet et al. 2024, "Vision Transformers Need
 Registers"); StreamingLLM (Xiao et al. 2023) trains a language model with one learned sink token at the start.
-Every model here holds them as ``reg_token`` (1, N, D) (timm's name), inserts them into a sequence where its
+Every model here holds them as ``reg_token`` (1, N, D) (timm's name; DETR's transformer holds them), inserts them into a sequence where its
 docstring says, drops them before its heads and losses, and names the attention layers whose keys include them
 in ``register_keys()``. A register has no place in the input, so it gets no position unless its model says
 otherwise: the functions below add N such tokens to what goes with a sequence (padding masks, added positions,
@@ -20,17 +20,11 @@ from torch import Tensor, nn
 
 from models.position import Rotation
 
-KEY = "model.register_tokens"
 
-
-def check_register_tokens(n: int) -> None:
-    if not isinstance(n, int) or n < 0:
-        raise ValueError(f"{KEY}={n!r} must be a whole number >= 0 (0: no registers)")
-
-
-def register_parameter(n: int, d_model: int) -> nn.Parameter | None:
+def learned_registers(n: int, d_model: int) -> nn.Parameter | None:
     """N learned tokens (1, N, D), started as timm's ViT starts them (N(0, 1e-6)); None for N = 0."""
-    check_register_tokens(n)
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"model.register_tokens={n!r} must be a whole number >= 0 (0: no registers)")
     return nn.Parameter(torch.randn(1, n, d_model) * 1e-6) if n else None
 
 

@@ -28,7 +28,7 @@ from models.attention import QKNorm, Similarity
 from models.decoding import CacheKind, DecodingStep, check_cache_kind
 from models.kv_cache import KVCache, StaticKVCache
 from models.position import Positions, SelfAttentionPositions, positional_encoding
-from models.registers import insert_registers, pad_rows, register_parameter, unplaced
+from models.registers import insert_registers, learned_registers, pad_rows, unplaced
 from models.transformer import Activation, DecoderLayerCache, Norm, TransformerDecoder, TransformerEncoder
 
 
@@ -191,7 +191,7 @@ class Seq2SeqTransformer(nn.Module):
                 nn.init.xavier_uniform_(p)
         if tie_output:
             self.generator.weight = self.tgt_embed.weight
-        self.reg_token = register_parameter(register_tokens, d_model)
+        self.reg_token = learned_registers(register_tokens, d_model)
 
     def no_weight_decay(self) -> set[str]:
         return {
@@ -361,7 +361,7 @@ class DecoderOnlyLM(nn.Module):
     ):
         super().__init__()
         check_heads(d_model, nhead)
-        self.reg_token = register_parameter(register_tokens, d_model)
+        self.reg_token = learned_registers(register_tokens, d_model)
         if num_kv_heads is not None and (num_kv_heads < 1 or nhead % num_kv_heads):
             raise ValueError(
                 f"model.num_kv_heads={num_kv_heads} does not divide model.nhead={nhead}; choose a divisor of {nhead}"

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from models.attention import QKNorm, Similarity
 from models.position import PositionEmbeddingSine2D, RelativePositionBias2D, RotaryEmbedding2D
-from models.registers import insert_registers, register_parameter, unplaced
+from models.registers import insert_registers, learned_registers, unplaced
 from models.transformer import TransformerEncoder
 from models.weights import WEIGHT_SUFFIXES, load_checked, network_state, read_state, resolve
 
@@ -178,7 +178,7 @@ class VisionTransformer(nn.Module):
         self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, stem_channels)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.reg_token = register_parameter(register_tokens, embed_dim)
+        self.reg_token = learned_registers(register_tokens, embed_dim)
         self.num_prefix_tokens = int(class_token) + register_tokens  # before the patches: [class, registers]
         num_placed, grid = int(class_token) + self.patch_embed.num_patches, self.patch_embed.grid_size
         self.pos_embed = nn.Parameter(torch.zeros(1, num_placed, embed_dim)) if positions == "learned" else None
