@@ -75,12 +75,12 @@ class DetectionImages(pl.Callback):
         finally:
             handle.remove()
         if trainer.is_global_zero:
-            scores = maps[""][0]
-            padded = scores.blocked[:, 0, 0].view(-1, *feature_hw[0])  # (B, h, w) True at the padding's cells
+            scores, hw = maps[""][0], feature_hw[0][0] * feature_hw[0][1]  # the memory's registers come after
+            padded = scores.blocked[:, 0, 0, :hw].view(-1, *feature_hw[0])  # (B, h, w) True at the padding's cells
             results = post_process(outputs, torch.stack([t["orig_size"] for t in targets]))
             paths = [
                 self._draw(dataset, t, r, weights, cells, trainer.current_epoch)
-                for t, r, weights, cells in zip(targets, results, scores.weights.mean(1), padded)
+                for t, r, weights, cells in zip(targets, results, scores.weights.mean(1)[..., :hw], padded)
             ]  # weights (N, h·w)
             for logger in trainer.loggers:
                 if hasattr(logger, "log_image"):  # W&B
