@@ -196,8 +196,12 @@ def test_the_status_file_records_every_run_and_keeps_their_state(tmp_path):
         and "--seed_everything 1" in entry["command"]
     )
     sweeps.update(sweep.root, "digits/similarity=dot/seed=1", status="failed", error="attnlab: error: boom")
+    sweeps.update(sweep.root, "digits/similarity=dot/seed=0", status="done", returncode=0)
     sweeps.record(sweep)  # a second start of the sweep keeps what the first recorded
-    assert SweepStatus.read(sweep.root).runs["digits/similarity=dot/seed=1"].error == "attnlab: error: boom"
+    runs = SweepStatus.read(sweep.root).runs
+    assert runs["digits/similarity=dot/seed=1"].error == "attnlab: error: boom"
+    assert [runs[r.name].status for r in sweep.runs()] == ["pending", "pending", "done", "failed"]
+    assert [how for _, how in sweeps.plan(sweep)] == ["new", "new", "done", "new"]  # done stays done
 
 
 def test_the_error_line_is_attnlabs_own_or_the_exception_that_ended_the_traceback(tmp_path):
