@@ -354,12 +354,14 @@ def _queries_and_keys_by_hand(mha: MultiHeadAttention, x: torch.Tensor) -> tuple
     return tuple(t.view(B, -1, H, D // H).transpose(1, 2) for t in (q, k))
 
 
-def _normalised_by_hand(t: torch.Tensor, norm: str, params: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Over each head's d: LayerNorm (t - mean) / √(var + ε)·γ + β, RMSNorm t / √(mean t² + ε)·γ; ε = 1e-6 (timm's)."""
+def _normalised_by_hand(t: torch.Tensor, norm: str, learned: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """Over each head's d, with the parameters ``name``.weight (γ) and .bias (β): LayerNorm (t - mean) / √(var + ε)·γ
+    + β, RMSNorm t / √(mean t² + ε)·γ; ε = 1e-6 (timm's)."""
     if norm == "layernorm":
         centred = t - t.mean(-1, keepdim=True)
-        return centred / (centred.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * params["weight"] + params["bias"]
-    return t / (t.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * params["weight"]
+        scaled = centred / (centred.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+        return scaled * learned[f"{name}.weight"] + learned[f"{name}.bias"]
+    return t / (t.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * learned[f"{name}.weight"]
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
@@ -371,12 +373,7 @@ def test_qk_norm_normalises_each_head_of_queries_and_keys(similarity, norm):
         mha(x)
     learned = mha.state_dict()
     q, k = _queries_and_keys_by_hand(mha, x)
-    q, k = (
-        _normalised_by_hand(
-            t, norm, {p: learned[f"{name}.{p}"] for p in ("weight", "bias") if f"{name}.{p}" in learned}
-        )
-        for t, name in ((q, "q_norm"), (k, "k_norm"))
-    )
+    q, k = _normalised_by_hand(q, norm, learned, "q_norm"), _normalised_by_hand(k, norm, learned, "k_norm")
     if similarity == "general":
         q = torch.einsum("bhld,hde->bhle", q, learned["general_weight"])
     scale = (D // H) ** -0.5 if similarity == "scaled_dot" else 1.0
