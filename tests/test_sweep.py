@@ -335,6 +335,28 @@ def test_wandb_runs_get_the_sweep_as_group_the_cell_as_job_type_and_settings_as_
     assert f"attnlab: sweep: {run.name} is done, skipped" in capsys.readouterr().out
 
 
+def test_a_signal_while_a_run_starts_stops_that_run_too(tmp_path, monkeypatch):
+    """SIGTERM to the sweep while it starts a run (its log opened, its process not yet known to the sweep's handler):
+    the run is stopped all the same, recorded as interrupted, and the sweep exits with 143."""
+    from experiments.sweep import launch
+    from experiments.sweep.runs import Sweep
+
+    sweep = sweeps.load(write(tmp_path, grid={"model.init_args.similarity": ["dot"]}, seeds=[0]))
+    monkeypatch.setattr(Sweep, "command", lambda self, run: [sys.executable, "-c", "import time; time.sleep(20)"])
+    start = launch.spawn
+
+    def signalled_while_starting(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, before the process below exists
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "spawn", signalled_while_starting)
+    sweeps.record(sweep)
+    began = time.monotonic()
+    assert launch.launch_local(sweep, sweeps.plan(sweep)) == 128 + signal.SIGTERM
+    assert SweepStatus.read(sweep.root).runs["digits/similarity=dot/seed=0"].status == "interrupted"
+    assert time.monotonic() - began < 15  # stopped, not slept to its end
+
+
 # ---- the real CLI
 
 
