@@ -125,7 +125,8 @@ class AttentionMapLogger(pl.Callback):
         if not trainer.is_global_zero:
             return []
         token = "mean" if getattr(model, "global_pool", "token") == "avg" else "cls"
-        rollout, heads = attention_rollout(maps, token=token), cls_attention(maps, self.layer)
+        prefix = getattr(model, "num_prefix_tokens", 1)  # the class token and the registers
+        rollout, heads = attention_rollout(maps, prefix, token), cls_attention(maps, self.layer, prefix)
         names = getattr(trainer.datamodule, "class_names", None)
         name = (lambda k: names[k]) if names else str
         out = self._root / folder

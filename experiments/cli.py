@@ -21,10 +21,9 @@ import pytorch_lightning as pl
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from experiments import guards, tracking
+from experiments import checkpoints, cli_checks, guards, tracking
 from experiments.links import LINKED_ATTRIBUTES, init_options
 from experiments.runfolder import newest_checkpoint
-from models.weights import load_weights_file
 
 # Subcommands that are not Lightning's: name -> (module whose main(argv) runs it, one line for --help)
 TOOLS = {
@@ -89,10 +88,13 @@ def condense_error(message: str) -> str:
 
 
 class AttnlabParser(LightningArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)  # --trainer.max_epoch is no --trainer.max_epochs
+
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
             return super().error(message, ex)
-        _fail(condense_error(message))
+        _fail(cli_checks.nearest_option(message, self) or condense_error(message))
 
     def add_subcommands(self, *args, **kwargs):
         self.subcommands_action = super().add_subcommands(*args, **kwargs)  # AttnlabCLI lists TOOLS in it
@@ -123,15 +125,17 @@ class AttnlabCLI(LightningCLI):
             self.parser.subcommands_action.add_subcommand(name, AttnlabParser(description=summary), help=summary)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        with _one_line():
+            cli_checks.check_config_files(sys.argv[1:] if args is None else args if isinstance(args, list) else [])
         super().parse_arguments(parser, args)
-        # LightningCLI reads the --ckpt_path file's hyper-parameters next: a file it would refuse is one line now
+        # LightningCLI applies the --ckpt_path file's hyper-parameters next, its class too: a file it would refuse,
+        # or one of another model, is one line now
         subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and Path(ckpt_path).is_file():
-            try:
-                load_weights_file(ckpt_path, "ckpt_path")
-            except ValueError as err:
-                _fail(err, traceback_when_debugging=True)
+        if subcommand:
+            cfg = self.config[subcommand]
+            with _one_line():
+                cli_checks.check_own_optimizer(cfg)
+                checkpoints.check_fits(cfg.get("ckpt_path"), cfg.model.class_path)
 
     def before_instantiate_classes(self) -> None:
         tracking.prepare(self.config, self.subcommand)  # logger folders; `fit --ckpt_path last` resumes the run
@@ -145,6 +149,11 @@ class AttnlabCLI(LightningCLI):
             self.trainer.strategy.checkpoint_io = guards.SafeCheckpointIO()  # whole files, read as tensors only
         if self.subcommand in ("validate", "test", "predict"):
             self.resolve_saved_checkpoint()
+        if self.subcommand is None:  # built with run=False (benchmarks.overhead): no ckpt_path to check
+            return
+        cfg, class_path = self.config_init[self.subcommand], self.config[self.subcommand].model.class_path
+        with _one_line():  # also a `best` or `last` found just now, and the data facts linked into the model
+            checkpoints.check_fits(cfg.get("ckpt_path"), class_path, self.model.hparams, cfg.weights_only is not False)
 
     def run(self, **kwargs) -> None:
         """LightningCLI runs a subcommand through the method of its name: the Trainer's, with its errors as lines."""
@@ -185,13 +194,13 @@ class AttnlabCLI(LightningCLI):
         root = Path(self.trainer.default_root_dir)
         found = newest_checkpoint(root, alias)
         if found is None:
-            _fail(
-                f"--ckpt_path {alias}: no '{alias}*.ckpt' under {root}/; run `attnlab fit` with this config first or pass a checkpoint file"
-            )
+            _fail(checkpoints.missing_alias(alias, root))
         cfg["ckpt_path"] = str(found)
         print(f"attnlab: using checkpoint {found}", file=sys.stderr)
 
     def after_fit(self) -> None:
+        if self.trainer.is_global_zero and (warning := cli_checks.no_validation(self.trainer)):
+            print(f"attnlab: warning: {warning}", file=sys.stderr)
         best = self.trainer.checkpoint_callback
         if best is None or not best.best_model_path:
             return
@@ -207,6 +216,15 @@ def _fail(err: object, traceback_when_debugging: bool = False) -> None:
     sys.stderr.write(f"attnlab: error: {err}\n")  # one write: the processes of a DDP run share stderr
     sys.stderr.flush()
     sys.exit(2)
+
+
+@contextlib.contextmanager
+def _one_line():
+    """A ValueError raised inside (a check of the user's input) ends the command as its one line."""
+    try:
+        yield
+    except ValueError as err:
+        _fail(err, traceback_when_debugging=True)
 
 
 def quiet_lightning_notes() -> None:

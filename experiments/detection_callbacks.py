@@ -6,7 +6,6 @@ class names and COCO ids from the running dataloader's dataset (``image_path(ima
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from pytorch_lightning.callbacks import BasePredictionWriter
 from torch import Tensor
 from torchvision.utils import draw_bounding_boxes
 
+from experiments.runfolder import write_json
 from models.attention import capture_attention
 from models.coco_eval import Detections, to_coco_results
 from models.detr import post_process
@@ -75,12 +75,12 @@ class DetectionImages(pl.Callback):
         finally:
             handle.remove()
         if trainer.is_global_zero:
-            scores = maps[""][0]
-            padded = scores.blocked[:, 0, 0].view(-1, *feature_hw[0])  # (B, h, w) True at the padding's cells
+            scores, hw = maps[""][0], feature_hw[0][0] * feature_hw[0][1]  # the memory's registers come after
+            padded = scores.blocked[:, 0, 0, :hw].view(-1, *feature_hw[0])  # (B, h, w) True at the padding's cells
             results = post_process(outputs, torch.stack([t["orig_size"] for t in targets]))
             paths = [
                 self._draw(dataset, t, r, weights, cells, trainer.current_epoch)
-                for t, r, weights, cells in zip(targets, results, scores.weights.mean(1), padded)
+                for t, r, weights, cells in zip(targets, results, scores.weights.mean(1)[..., :hw], padded)
             ]  # weights (N, h·w)
             for logger in trainer.loggers:
                 if hasattr(logger, "log_image"):  # W&B
@@ -152,5 +152,5 @@ class DetectionWriter(BasePredictionWriter):
         if trainer.is_global_zero:
             dataset = trainer.predict_dataloaders.dataset
             path = self._images.parent / "results.json"
-            path.write_text(json.dumps(to_coco_results(detections, dataset.category_ids)))
+            write_json(path, to_coco_results(detections, dataset.category_ids), indent=None)
             print(f"attnlab: {len(detections)} images, detections written to {path} and {self._images}/")

@@ -34,11 +34,11 @@ def read_json(path: Path | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any] | list, indent: int | None = 1) -> None:
     """Write ``data`` whole: a reader sees the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    tmp.write_text(json.dumps(data, indent=indent))
     tmp.replace(path)
 
 

@@ -31,6 +31,7 @@ from models.box_ops import box_cxcywh_to_xyxy, inverse_sigmoid
 from models.denoising import DenoisingQueries, check_denoising, denoising_queries
 from models.position import PositionEmbeddingSine2D, RotaryEmbedding2D, Rotation
 from models.query_selection import EncoderProposals, cell_boxes
+from models.registers import insert_registers, learned_registers, pad_rows, unplaced
 from models.transformer import TransformerDecoder, TransformerEncoder
 
 
@@ -54,9 +55,11 @@ class DETRTransformer(nn.Module):
     ``encode`` and the decoder with the queries it builds; its signature holds the defaults.
 
     Shapes: src (B, D, h, w), mask (B, h, w) True at padding, pos (B, D, h, w)
-    -> memory (B, h·w, D), mask (B, h·w), pos (B, h·w, D). With ``rope`` (2D RoPE over the cells, one
-    `Rotation` or one per layer) the encoder takes it instead of ``pos``; ``pos`` still goes to the decoder's
-    memory keys.
+    -> memory (B, h·w + R, D), mask (B, h·w + R), pos (B, h·w + R, D). With ``rope`` (2D RoPE over the cells,
+    one `Rotation` or one per layer) the encoder takes it instead of ``pos``; ``pos`` still goes to the decoder's
+    memory keys. ``register_tokens`` = R learned registers (`models.registers`, ``reg_token``) are appended to the
+    cells: they have no position (zero ``pos``, no rotation), are never masked, and stay in the memory, where the
+    decoder's cross-attention sees them.
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class DETRTransformer(nn.Module):
         dropout: float,
         activation: str,
         attention: AttentionConfig | None = None,
+        register_tokens: int = 0,
+        init_values: float | None = None,
     ):
         super().__init__()
         layer_kwargs = dict(
@@ -77,6 +82,7 @@ class DETRTransformer(nn.Module):
             activation=activation,
             norm_first=False,
             attention=attention,
+            init_values=init_values,
         )
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=False, **layer_kwargs)
         self.decoder = TransformerDecoder(
@@ -86,6 +92,7 @@ class DETRTransformer(nn.Module):
         for name, p in self.named_parameters():  # the reference's init; the "general" W stays the identity
             if p.dim() > 1 and not name.endswith("general_weight"):
                 nn.init.xavier_uniform_(p)
+        self.reg_token = learned_registers(register_tokens, d_model)
 
     def encode(
         self, src: Tensor, mask: Tensor, pos: Tensor, rope: Rotation | list[Rotation] | None = None
@@ -93,6 +100,11 @@ class DETRTransformer(nn.Module):
         src = src.flatten(2).transpose(1, 2)  # (B, h·w, D)
         pos = pos.flatten(2).transpose(1, 2)  # (B, h·w, D)
         mask = mask.flatten(1)  # (B, h·w)
+        if self.reg_token is not None:
+            cells, n = src.shape[1], self.reg_token.shape[1]
+            src = insert_registers(src, self.reg_token, cells)  # (B, h·w + R, D)
+            mask, pos = pad_rows(mask, n, False), pad_rows(pos, n)
+            rope = unplaced({"rope": rope}, cells, n)["rope"]
         encoder_pos = pos if rope is None else None
         return self.encoder(src, src_key_padding_mask=mask, pos=encoder_pos, rope=rope), mask, pos
 
@@ -143,6 +155,9 @@ class DETR(nn.Module):
             as Deformable DETR / DAB-DETR; the classifier bias starts at a 1% prior).
         dn_number, dn_label_noise, dn_box_noise: denoising training (see models.denoising): groups of
             noised ground truth decoded beside the matching queries during training (0 groups: off).
+        register_tokens: R learned registers appended to the encoder's cells (`DETRTransformer`); they stay in
+            the memory the decoder attends to, and query selection leaves them out.
+        init_values: LayerScale on every residual branch of both stacks (see models.transformer); None: none.
     Shapes: images (B, 3, H, W), mask (B, H, W) True at padding, targets (training with denoising
         only): B dicts with "labels" (T_b,), "boxes" (T_b, 4) -> dict with
         ``pred_logits`` (B, N, K + 1), ``pred_boxes`` (B, N, 4) normalised cxcywh in [0, 1],
@@ -173,6 +188,8 @@ class DETR(nn.Module):
         dn_number: int = 0,
         dn_label_noise: float = 0.2,
         dn_box_noise: float = 0.4,
+        register_tokens: int = 0,
+        init_values: float | None = None,
     ):
         super().__init__()
         if num_classes < 1:
@@ -217,6 +234,8 @@ class DETR(nn.Module):
             dropout,
             activation,
             attention,
+            register_tokens=register_tokens,
+            init_values=init_values,
         )
         self.class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
         self.bbox_embed = MLP(d_model, d_model, 4, 3)
@@ -237,7 +256,18 @@ class DETR(nn.Module):
             nn.init.constant_(self.class_embed.bias, -math.log((1 - 0.01) / 0.01))
 
     def no_weight_decay(self) -> set[str]:
-        return {"query_embed.weight", "refpoint_embed.weight", "encoder_rope.freqs"}
+        return {"query_embed.weight", "refpoint_embed.weight", "encoder_rope.freqs", "transformer.reg_token"}
+
+    def register_keys(self) -> dict[str, slice]:
+        """The attention layers whose keys include the registers -> their key positions: the last R of the
+        encoder's self-attention and of the decoder's cross-attention (the memory)."""
+        reg = self.transformer.reg_token
+        if reg is None:
+            return {}
+        last = slice(-reg.shape[1], None)
+        names = [f"transformer.encoder.layers.{i}.self_attn" for i in range(len(self.transformer.encoder.layers))]
+        names += [f"transformer.decoder.layers.{i}.multihead_attn" for i in range(len(self.transformer.decoder.layers))]
+        return dict.fromkeys(names, last)
 
     def forward(
         self, images: Tensor, mask: Tensor | None = None, targets: list[dict[str, Tensor]] | None = None
@@ -252,8 +282,8 @@ class DETR(nn.Module):
         return self.decode(memory, memory_mask, pos, cells, dn)
 
     def encode(self, images: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """images (B, 3, H, W) -> memory (B, h·w, D), its padding mask (B, h·w), positions (B, h·w, D) and
-        the cells as boxes (B, h·w, 4), see `cell_boxes`."""
+        """images (B, 3, H, W) -> memory (B, h·w + R, D), its padding mask (B, h·w + R), positions (B, h·w + R, D)
+        (R registers last, see `DETRTransformer`) and the cells as boxes (B, h·w, 4), see `cell_boxes`."""
         if mask is None:
             mask = torch.zeros(images.shape[0], *images.shape[-2:], dtype=torch.bool, device=images.device)
         features = self.backbone(images)  # (B, C, h, w)
@@ -269,8 +299,9 @@ class DETR(nn.Module):
         batch, n = memory.shape[0], self.num_queries
         tgt = memory.new_zeros(batch, n, self.transformer.d_model)  # content queries start empty, as in DETR
         tgt_mask = padding = enc_outputs = None
-        if self.query_type == "encoder":
-            tgt, anchors, enc_outputs = self.proposals(memory, memory_mask, cells, n)
+        if self.query_type == "encoder":  # among the cells: the registers (after them) propose nothing
+            hw = cells.shape[1]
+            tgt, anchors, enc_outputs = self.proposals(memory[:, :hw], memory_mask[:, :hw], cells, n)
         elif self.query_type == "anchor":
             anchors = self.refpoint_embed.weight.sigmoid()[None].expand(batch, -1, -1)  # (B, N, 4)
         if dn is not None:

@@ -189,7 +189,8 @@ class RotaryEmbedding2D(nn.Module):
     "mixed": x·f_x + y·f_y, learned frequencies ``freqs`` (2, depth, H, d/2) per layer and head, started
              as ω' = θ^(-4j/d) along a random direction per head and layer, then at a right angle to it
              (θ = 10).
-    Cells are numbered row by row (y outer), as the tokens of a flattened feature map.
+    Cells are numbered row by row (y outer), as the tokens of a flattened feature map. ``indexing="ij"`` swaps
+    the roles of x and y (timm's ``rope_grid_indexing='ij'``, its default, used by its ``*_rope_reg*`` ViTs).
 
     Shapes: grid (h, w) -> "axial": one `Rotation` for every layer, cos/sin (h·w, d);
     "mixed": a list of ``depth`` `Rotation`s, cos/sin (H, h·w, d) each.
@@ -202,10 +203,14 @@ class RotaryEmbedding2D(nn.Module):
         mode: Literal["axial", "mixed"] = "axial",
         theta: float | None = None,
         depth: int = 1,
+        indexing: Literal["xy", "ij"] = "xy",
     ):
         super().__init__()
         if head_dim % 4:
             raise ValueError(f"2D RoPE needs a head dimension divisible by 4, got {head_dim}")
+        if indexing not in ("xy", "ij"):
+            raise ValueError(f"2D RoPE indexing={indexing!r} is not known; choose xy or ij")
+        self.indexing = indexing
         if mode not in ("axial", "mixed"):
             raise ValueError(f"2D RoPE mode={mode!r} is not known; choose axial or mixed")
         self.mode = mode
@@ -228,6 +233,8 @@ class RotaryEmbedding2D(nn.Module):
             torch.arange(h, device=device).float(), torch.arange(w, device=device).float(), indexing="ij"
         )
         x, y = x.reshape(-1, 1), y.reshape(-1, 1)  # (N, 1), rows first
+        if self.indexing == "ij":
+            x, y = y, x
         if self.mode == "axial":
             angles = torch.cat((x * self.omega, y * self.omega), dim=-1).repeat_interleave(2, -1)  # (N, d)
             return Rotation(angles.cos(), angles.sin(), interleaved=True)

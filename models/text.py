@@ -28,6 +28,7 @@ from models.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.decoding import CacheKind, DecodingStep, check_cache_kind
 from models.kv_cache import KVCache, StaticKVCache
 from models.position import Positions, SelfAttentionPositions, positional_encoding
+from models.registers import insert_registers, learned_registers, pad_rows, unplaced
 from models.transformer import Activation, DecoderLayerCache, Norm, TransformerDecoder, TransformerEncoder
 
 
@@ -113,6 +114,9 @@ class Seq2SeqTransformer(nn.Module):
         pad_id: the PAD index, masked everywhere.
         scale_embeddings: token embeddings multiplied by √d_model (the paper).
         output_bias: a bias on the output projection (Marian's ``final_logits_bias``).
+        register_tokens: N learned registers (`models.registers`, ``reg_token``) appended to the encoder's
+            tokens: no position, never masked; they stay in the memory, where the decoder's cross-attention sees them.
+        init_values: LayerScale on every residual branch (see `models.transformer`); None: none.
     Shapes: src (B, S), tgt (B, T) token ids -> logits (B, T, tgt_vocab_size).
     """
 
@@ -140,6 +144,8 @@ class Seq2SeqTransformer(nn.Module):
         activation_dropout: float | None = None,
         rope_theta: float = 10000.0,
         resample_positions: bool = False,
+        register_tokens: int = 0,
+        init_values: float | None = None,
     ):
         super().__init__()
         check_heads(d_model, nhead)
@@ -165,6 +171,7 @@ class Seq2SeqTransformer(nn.Module):
             activation=activation,
             norm_first=norm_first,
             attention=attention,
+            init_values=init_values,
         )
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=norm_first, **layer)
         self.decoder = TransformerDecoder(num_decoder_layers, d_model, nhead, final_norm=norm_first, **layer)
@@ -181,6 +188,7 @@ class Seq2SeqTransformer(nn.Module):
                 nn.init.xavier_uniform_(p)
         if tie_output:
             self.generator.weight = self.tgt_embed.weight
+        self.reg_token = learned_registers(register_tokens, d_model)
 
     def no_weight_decay(self) -> set[str]:
         return {
@@ -188,7 +196,21 @@ class Seq2SeqTransformer(nn.Module):
             "tgt_embed.embedding.weight",
             "pos.weight",
             "relative_attention_bias.weight",
+            "reg_token",
         }
+
+    @property
+    def num_registers(self) -> int:
+        return 0 if self.reg_token is None else self.reg_token.shape[1]
+
+    def register_keys(self) -> dict[str, slice]:
+        """The attention layers whose keys include the registers -> their key positions: the last N of the
+        encoder's self-attention and of the decoder's cross-attention (the memory)."""
+        if not self.num_registers:
+            return {}
+        names = [f"encoder.layers.{i}.self_attn" for i in range(len(self.encoder.layers))]
+        names += [f"decoder.layers.{i}.multihead_attn" for i in range(len(self.decoder.layers))]
+        return dict.fromkeys(names, slice(-self.num_registers, None))
 
     def init_cache(self, max_len: int | None = None) -> list[DecoderLayerCache]:
         """One cache per decoder layer; with ``max_len`` the self-attention's is a `StaticKVCache` of that many
@@ -202,14 +224,16 @@ class Seq2SeqTransformer(nn.Module):
         return self.dropout(x if self.pos is None else x + self.pos(tokens.size(1), start_pos))  # (B, L, D)
 
     def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
-        """src (B, S) -> memory (B, S, D). PAD keys are blocked (mask from ``pad_id`` when not given)."""
+        """src (B, S) -> memory (B, S + N, D), the N registers last. PAD keys are blocked (mask from ``pad_id``
+        when not given); `decode` takes the same (B, S) mask with this memory."""
         if src_key_padding_mask is None:
             src_key_padding_mask = src.eq(self.pad_id)
-        return self.encoder(
-            self._embed(self.src_embed, src),
-            src_key_padding_mask=src_key_padding_mask,
-            **self.encoder_positions(src.size(1)),
-        )
+        x, length, n = self._embed(self.src_embed, src), src.size(1), self.num_registers
+        positions = self.encoder_positions(length)
+        if n:
+            x = insert_registers(x, self.reg_token, length)  # (B, S + N, D)
+            positions = unplaced(positions, length, n)
+        return self.encoder(x, src_key_padding_mask=pad_rows(src_key_padding_mask, n, False), **positions)
 
     def decode(
         self,
@@ -220,7 +244,8 @@ class Seq2SeqTransformer(nn.Module):
         cache: list[DecoderLayerCache] | None = None,
         start_pos: int = 0,
     ) -> Tensor:
-        """tgt (B, T) decoder input (BOS first), memory (B, S, D) -> logits (B, T, V).
+        """tgt (B, T) decoder input (BOS first), memory (B, S + N, D) from `encode`, its source's padding mask
+        (B, S) -> logits (B, T, V).
 
         With ``cache``, ``tgt`` holds only the new tokens, at positions ``start_pos`` onwards, and
         attends to the cached prefix; the causal mask is aligned to the end of the keys.
@@ -247,7 +272,7 @@ class Seq2SeqTransformer(nn.Module):
             x,
             memory,
             tgt_key_padding_mask=tgt_key_padding_mask,
-            memory_key_padding_mask=memory_key_padding_mask,
+            memory_key_padding_mask=pad_rows(memory_key_padding_mask, self.num_registers, False),  # (B, S + N)
             tgt_is_causal=True,
             cache=cache,
             **(positions or {}),
@@ -294,6 +319,12 @@ class DecoderOnlyLM(nn.Module):
         num_kv_heads: key/value heads, a divisor of ``nhead`` (grouped-query attention); None: ``nhead``.
         scale_embeddings: token embeddings start at N(0, d_model^-1/2) and are multiplied by √d_model (fairseq's
             LM, as in Press et al. 2022), so they keep pace with unit-amplitude sines; false: GPT-2's N(0, 0.02).
+        register_tokens: N learned sink tokens (StreamingLLM's dedicated attention sink, Xiao et al. 2023;
+            `models.registers`, ``reg_token``) before the tokens, which keep a context of ``max_positions``: inside
+            attention (RoPE, ALiBi, T5) the sinks take positions 0..N-1 and the tokens follow; added positions
+            are the tokens' own (`inputs`). Every token attends to them; their logits are dropped, so no loss
+            reads them.
+        init_values: LayerScale on every residual branch (see `models.transformer`); None: none.
     Shapes: tokens (B, T) -> logits (B, T, vocab_size).
     """
 
@@ -320,9 +351,12 @@ class DecoderOnlyLM(nn.Module):
         num_kv_heads: int | None = None,
         resample_positions: bool = False,
         scale_embeddings: bool = False,
+        register_tokens: int = 0,
+        init_values: float | None = None,
     ):
         super().__init__()
         check_heads(d_model, nhead)
+        self.reg_token = learned_registers(register_tokens, d_model)
         if num_kv_heads is not None and (num_kv_heads < 1 or nhead % num_kv_heads):
             raise ValueError(
                 f"model.num_kv_heads={num_kv_heads} does not divide model.nhead={nhead}; choose a divisor of {nhead}"
@@ -348,6 +382,7 @@ class DecoderOnlyLM(nn.Module):
             layer_norm_eps=layer_norm_eps,
             bias=bias,
             num_kv_heads=num_kv_heads,
+            init_values=init_values,
         )
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self._init_weights(num_layers)
@@ -365,7 +400,17 @@ class DecoderOnlyLM(nn.Module):
         nn.init.normal_(self.lm_head.weight, std=0.02)
 
     def no_weight_decay(self) -> set[str]:
-        return {"tok_embed.embedding.weight", "pos.weight", "relative_attention_bias.weight"}
+        return {"tok_embed.embedding.weight", "pos.weight", "relative_attention_bias.weight", "reg_token"}
+
+    @property
+    def num_registers(self) -> int:
+        return 0 if self.reg_token is None else self.reg_token.shape[1]
+
+    def register_keys(self) -> dict[str, slice]:
+        """The attention layers whose keys include the sinks -> their key positions: the first N of every block."""
+        if not self.num_registers:
+            return {}
+        return {f"blocks.layers.{i}.self_attn": slice(0, self.num_registers) for i in range(len(self.blocks.layers))}
 
     def init_cache(self, max_len: int | None = None) -> list[KVCache] | list[StaticKVCache]:
         """One cache per block; with ``max_len`` a `StaticKVCache` of that many positions (static shapes)."""
@@ -374,25 +419,34 @@ class DecoderOnlyLM(nn.Module):
     def forward(
         self, tokens: Tensor, cache: list[KVCache] | list[StaticKVCache] | None = None, start_pos: int = 0
     ) -> Tensor:
-        """tokens (B, T) at positions ``start_pos``.. -> logits (B, T, V); with ``cache``, earlier tokens are cached."""
-        return self.forward_embedded(*self.inputs(tokens, start_pos), cache=cache)
+        """tokens (B, T) at positions ``start_pos``.. -> logits (B, T, V); with ``cache``, earlier tokens are cached.
+        The sinks (``register_tokens``) come first in a call at ``start_pos`` 0 (a whole sequence, or the first
+        call on a cache); later calls continue a cache that holds them."""
+        return self.forward_embedded(*self.inputs(tokens, start_pos), cache=cache)[:, -tokens.size(1) :]
 
     def inputs(self, tokens: Tensor, start_pos: int = 0) -> tuple[Tensor, dict]:
-        """What depends on the position (a host int): tokens (B, T) -> their embedding (B, T, D) and the
-        self-attention's positions (`SelfAttentionPositions`). A CUDA graph of a step reads both from buffers."""
-        x = self.tok_embed(tokens)  # (B, T, D)
-        x = self.dropout(x if self.pos is None else x + self.pos(tokens.size(1), start_pos))
-        return x, self.attn_positions(tokens.size(1), start_pos)
+        """What depends on the position (a host int): tokens (B, T) -> their embedding (B, T, D), after the N sinks
+        at ``start_pos`` 0 (B, N + T, D), and the self-attention's positions (`SelfAttentionPositions`): there the
+        sinks take positions 0..N-1 and token t position N + t. Added positions (learned, sines) are the tokens'
+        own, t, as without sinks: a sink is a learned vector already. A CUDA graph of a step reads both from buffers."""
+        x, n = self.tok_embed(tokens), self.num_registers  # (B, T, D)
+        if self.pos is not None:
+            x = x + self.pos(tokens.size(1), start_pos)
+        if n and start_pos == 0:
+            x = insert_registers(x, self.reg_token, 0)  # (B, N + T, D)
+        return self.dropout(x), self.attn_positions(x.size(1), start_pos + n if start_pos else 0)
 
     def forward_embedded(
         self, x: Tensor, positions: dict, cache: list[KVCache] | list[StaticKVCache] | None = None
     ) -> Tensor:
-        """The rest of `forward`: x (B, T, D) and positions from `inputs` -> logits (B, T, V)."""
+        """The rest of `forward`: x (B, L, D) and positions from `inputs` -> logits (B, L, V), the sinks' rows
+        included (`forward` drops them)."""
         return self.lm_head(self.blocks(x, is_causal=True, cache=cache, **positions))
 
     def _step(self, kind: CacheKind, window: int, cuda: bool) -> DecodingStep:
-        """A new cache and the step that decodes on it: (tokens (B, T), start_pos) -> logits (B, T, V)."""
-        max_len = window if kind == "static" else None
+        """A new cache of ``window`` tokens (and the sinks) and the step that decodes on it: (tokens (B, T),
+        start_pos) -> logits (B, L, V), L = T, or N + T with the sinks at the first call."""
+        max_len = window + self.num_registers if kind == "static" else None
         layers = self.init_cache(max_len)
 
         def body(x: Tensor, positions: dict) -> Tensor:
@@ -415,8 +469,8 @@ class DecoderOnlyLM(nn.Module):
 
         ``temperature`` 0 picks the most likely token (greedy); ``top_k`` samples among the k most
         likely. Each new token costs one cached step; once the context exceeds ``max_positions`` the window
-        slides and is re-encoded, since absolute positions cannot shift inside a cache. ``use_cache=False``
-        re-runs the whole window at every step (the reference the cache is tested against). ``cache``:
+        slides and is re-encoded (after the sinks, which stay), since absolute positions cannot shift inside a
+        cache. ``use_cache=False`` re-runs the whole window at every step (the reference the cache is tested against). ``cache``:
         "dynamic" or "static" (a `StaticKVCache` as long as the window, each step a CUDA graph on CUDA: see
         `models.decoding`).
         """

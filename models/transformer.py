@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath
+from timm.layers import DropPath, LayerScale
 from torch import Tensor, nn
 
 from models.attention import AttentionConfig, MultiHeadAttention
@@ -69,9 +69,18 @@ def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
     return x if pos is None else x + pos
 
 
-def _residual(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, norm_first: bool) -> Tensor:
-    """One sublayer with its residual connection: norm before the sublayer (pre-norm) or after the sum (post-norm)."""
-    return x + sublayer(norm(x)) if norm_first else norm(x + sublayer(x))
+def _residual(
+    x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, norm_first: bool, scale: nn.Module
+) -> Tensor:
+    """One sublayer with its residual connection: norm before the sublayer (pre-norm) or after the sum (post-norm);
+    ``scale`` (LayerScale or the identity) multiplies the branch before the sum."""
+    return x + scale(sublayer(norm(x))) if norm_first else norm(x + scale(sublayer(x)))
+
+
+def _layer_scale(d_model: int, init_values: float | None) -> nn.Module:
+    """LayerScale (Touvron et al. 2021, CaiT): a learned per-channel ``gamma`` (D,), started at ``init_values``,
+    multiplying a residual branch; the identity when ``init_values`` is None (timm's ``ls1``/``ls2``)."""
+    return nn.Identity() if init_values is None else LayerScale(d_model, init_values)
 
 
 def _self_attention(
@@ -139,6 +148,8 @@ class TransformerEncoderLayer(nn.Module):
             its activation (fairseq's ``attention_dropout`` and ``activation_dropout``). None: ``dropout``.
         norm: "layernorm" or "rmsnorm" (Llama). bias: biases on the attention's and the MLP's projections.
         num_kv_heads: key/value heads of grouped-query attention (see models.attention); None: ``nhead``.
+        init_values: LayerScale's start (Touvron et al. 2021): ``ls1``/``ls2`` multiply the attention's and the
+            MLP's branch by a learned ``gamma`` (D,) started at this value (timm's names); None: no LayerScale.
     Shapes: src (B, L, D), pos (B, L, D) or None, src_key_padding_mask (B, L) -> (B, L, D).
     """
 
@@ -158,11 +169,13 @@ class TransformerEncoderLayer(nn.Module):
         norm: Norm = "layernorm",
         bias: bool = True,
         num_kv_heads: int | None = None,
+        init_values: float | None = None,
     ):
         super().__init__()
         self.self_attn = MultiHeadAttention(
             d_model, nhead, _or(attn_dropout, dropout), attention=attention, bias=bias, num_kv_heads=num_kv_heads
         )
+        self.ls1, self.ls2 = (_layer_scale(d_model, init_values) for _ in range(2))
         self.linear1 = _mlp_in(d_model, dim_feedforward, activation, bias)
         self.dropout = nn.Dropout(_or(activation_dropout, dropout))
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
@@ -197,8 +210,8 @@ class TransformerEncoderLayer(nn.Module):
             )
             return self.drop_path(self.dropout1(out))
 
-        x = _residual(src, sa, self.norm1, self.norm_first)
-        return _residual(x, self._ff, self.norm2, self.norm_first)
+        x = _residual(src, sa, self.norm1, self.norm_first, self.ls1)
+        return _residual(x, self._ff, self.norm2, self.norm_first, self.ls2)
 
 
 class TransformerDecoderLayer(nn.Module):
@@ -208,7 +221,8 @@ class TransformerDecoderLayer(nn.Module):
     ``query_pos`` (DETR's object queries) is added to the queries and keys of the self-attention
     and to the queries of the cross-attention; ``pos`` is added to the memory keys.
     ``cache`` (a `DecoderLayerCache`) enables incremental decoding one token at a time.
-    Arguments as in `TransformerEncoderLayer`; ``attn_dropout``, ``bias`` and ``num_kv_heads`` apply to both attentions.
+    Arguments as in `TransformerEncoderLayer`; ``attn_dropout``, ``bias`` and ``num_kv_heads`` apply to both attentions;
+    with ``init_values``, ``ls1``, ``ls2``, ``ls3`` scale the self-attention's, the cross-attention's and the MLP's branch.
     Shapes: tgt (B, T, D), memory (B, S, D) -> (B, T, D).
     """
 
@@ -227,6 +241,7 @@ class TransformerDecoderLayer(nn.Module):
         norm: Norm = "layernorm",
         bias: bool = True,
         num_kv_heads: int | None = None,
+        init_values: float | None = None,
     ):
         super().__init__()
         rate = _or(attn_dropout, dropout)
@@ -234,6 +249,7 @@ class TransformerDecoderLayer(nn.Module):
             MultiHeadAttention(d_model, nhead, rate, attention=attention, bias=bias, num_kv_heads=num_kv_heads)
             for _ in range(2)
         )
+        self.ls1, self.ls2, self.ls3 = (_layer_scale(d_model, init_values) for _ in range(3))
         self.linear1 = _mlp_in(d_model, dim_feedforward, activation, bias)
         self.dropout = nn.Dropout(_or(activation_dropout, dropout))
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
@@ -277,9 +293,9 @@ class TransformerDecoderLayer(nn.Module):
             out = self.multihead_attn(q, k, memory, attn_mask=memory_mask, key_padding_mask=kpm, cache=cross_cache)[0]
             return self.dropout2(out)
 
-        x = _residual(tgt, sa, self.norm1, self.norm_first)
-        x = _residual(x, ca, self.norm2, self.norm_first)
-        return _residual(x, self._ff, self.norm3, self.norm_first)
+        x = _residual(tgt, sa, self.norm1, self.norm_first, self.ls1)
+        x = _residual(x, ca, self.norm2, self.norm_first, self.ls2)
+        return _residual(x, self._ff, self.norm3, self.norm_first, self.ls3)
 
 
 class TransformerEncoder(nn.Module):

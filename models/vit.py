@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from models.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.position import PositionEmbeddingSine2D, RelativePositionBias2D, RotaryEmbedding2D
+from models.registers import insert_registers, learned_registers, unplaced
 from models.transformer import TransformerEncoder
 from models.weights import WEIGHT_SUFFIXES, load_checked, network_state, read_state, resolve
 
@@ -117,13 +118,21 @@ class VisionTransformer(nn.Module):
             "rope_mixed" (2D RoPE, Heo et al. 2024, timm's RoPE ViTs), "relpos" (a Swin/BEiT relative
             position table per layer). See `models.position`.
         rope_theta: the 2D RoPE frequency base; None: the RoPE ViTs' (100 axial, 10 mixed).
+        register_tokens: N learned registers (Darcet et al. 2024, `models.registers`) in timm's layout: tokens
+            [class, reg_1 .. reg_N, patches]; they have no position (learned or sine-cosine positions cover the
+            class token and the patches, RoPE leaves them unrotated, a "relpos" table gives them no bias), and
+            the head never reads them.
+        init_values: LayerScale (Touvron et al. 2021) on every residual branch, ``gamma`` started at this
+            value (timm's ``init_values``: 1e-5 in its RoPE and DINOv2 ViTs); None: none.
+        class_token: false: no class token (timm's ``class_token=False``: its ``*_gap`` ViTs, "avg" pooling only).
+        rope_grid_indexing: "xy" (the RoPE ViTs of Heo et al.) or "ij" (timm's ``*_rope_reg*`` ViTs: the row
+            takes the first half of the rotated channels), see `models.position.RotaryEmbedding2D`.
     Shapes: images (B, C, H, W) -> logits (B, num_classes). Images of another size than ``img_size`` (trained
     small, evaluated large) give another patch grid: learned positions are resampled to it (bicubic, timm's
     ``resample_abs_pos_embed``), sine-cosine and RoPE positions are computed for it, and "relpos" tables are resized
     to it (BEiT's geometric interpolation, timm's ``resize_rel_pos_bias_table``).
     """
 
-    num_prefix_tokens = 1  # the class token
     POSITIONS = ("learned", "sincos2d", "rope_axial", "rope_mixed", "relpos")
 
     def __init__(
@@ -144,6 +153,10 @@ class VisionTransformer(nn.Module):
         stem_channels: Sequence[int] = (),
         positions: Literal["learned", "sincos2d", "rope_axial", "rope_mixed", "relpos"] = "learned",
         rope_theta: float | None = None,
+        register_tokens: int = 0,
+        init_values: float | None = None,
+        class_token: bool = True,
+        rope_grid_indexing: Literal["xy", "ij"] = "xy",
     ):
         super().__init__()
         if positions not in self.POSITIONS:
@@ -152,6 +165,10 @@ class VisionTransformer(nn.Module):
             )
         if global_pool not in ("token", "avg"):
             raise ValueError(f"model.global_pool={global_pool!r}; expected 'token' or 'avg'")
+        if global_pool == "token" and not class_token:
+            raise ValueError(
+                "model.class_token=false leaves nothing for model.global_pool=token to read; set it to avg"
+            )
         if num_heads < 1 or embed_dim % num_heads:
             raise ValueError(
                 f"model.num_heads={num_heads} does not divide model.embed_dim={embed_dim}; "
@@ -159,9 +176,11 @@ class VisionTransformer(nn.Module):
             )
         self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, stem_channels)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        num_tokens, grid = self.num_prefix_tokens + self.patch_embed.num_patches, self.patch_embed.grid_size
-        self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, embed_dim)) if positions == "learned" else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.reg_token = learned_registers(register_tokens, embed_dim)
+        self.num_prefix_tokens = int(class_token) + register_tokens  # before the patches: [class, registers]
+        num_placed, grid = int(class_token) + self.patch_embed.num_patches, self.patch_embed.grid_size
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_placed, embed_dim)) if positions == "learned" else None
         self.rope = self.rel_pos_bias = self.sincos = None
         if positions == "sincos2d":
             if embed_dim % 4:
@@ -174,10 +193,12 @@ class VisionTransformer(nn.Module):
                     f"got model.embed_dim/model.num_heads = {embed_dim // num_heads}"
                 )
             mode = positions.removeprefix("rope_")
-            self.rope = RotaryEmbedding2D(embed_dim // num_heads, num_heads, mode, rope_theta, depth)  # timm's name
+            self.rope = RotaryEmbedding2D(  # timm's name
+                embed_dim // num_heads, num_heads, mode, rope_theta, depth, rope_grid_indexing
+            )
         if positions == "relpos":
             self.rel_pos_bias = nn.ModuleList(
-                RelativePositionBias2D((grid, grid), num_heads, self.num_prefix_tokens) for _ in range(depth)
+                RelativePositionBias2D((grid, grid), num_heads, int(class_token)) for _ in range(depth)
             )
         self.pos_drop = nn.Dropout(drop_rate)
         self.encoder = TransformerEncoder(
@@ -193,6 +214,7 @@ class VisionTransformer(nn.Module):
             norm_first=True,
             attention=attention,
             layer_norm_eps=1e-6,
+            init_values=init_values,
         )
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "avg" else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -201,7 +223,8 @@ class VisionTransformer(nn.Module):
     def _init_weights(self) -> None:
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 _init_linear(m)
@@ -213,49 +236,70 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         named = {"pos_embed": self.pos_embed, "rope.freqs": getattr(self.rope, "freqs", None)}
+        named |= {"cls_token": self.cls_token, "reg_token": self.reg_token}
         named["relative_position_bias_table"] = self.rel_pos_bias
-        return {"cls_token"} | {name for name, present in named.items() if present is not None}
+        return {name for name, present in named.items() if present is not None}
 
     def group_matcher(self, coarse: bool = False) -> dict:
         """Layer groups for timm's layer-wise learning-rate decay, as timm's ``VisionTransformer``
         makes them: embeddings, one group per block (the final norm joins the last), the head on top."""
         return {
-            "stem": r"^cls_token|pos_embed|patch_embed|rope\.",
+            "stem": r"^cls_token|reg_token|pos_embed|patch_embed|rope\.",
             "blocks": [(r"^encoder\.layers\.(\d+)", None), (r"^encoder\.norm", (99999,))],
         }
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Images (B, C, H, W) -> encoded tokens (B, 1 + N, D), class token first
-        (after the final norm with "token" pooling)."""
+        """Images (B, C, H, W) -> encoded tokens (B, P + N, D): the P = ``num_prefix_tokens`` (class token, then
+        registers) first (after the final norm with "token" pooling)."""
         grid = self.patch_embed.patch_grid(*x.shape[-2:])
         x = self.patch_embed(x)  # (B, N, D)
         if self.sincos is not None:
             x = x + self.sincos(x.new_zeros(1, *grid, dtype=torch.bool)).flatten(2).transpose(1, 2)  # (1, N, D)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
         if self.pos_embed is not None:
             x = x + self._pos_embed(grid)
+        if self.reg_token is not None:
+            x = insert_registers(x, self.reg_token, self._placed_prefix)  # (B, P + N, D)
         return self.encoder(self.pos_drop(x), **self._attention_positions(grid))
+
+    @property
+    def _placed_prefix(self) -> int:
+        """The prefix tokens that have a learned position: the class token, if any (registers have none)."""
+        return int(self.cls_token is not None)
 
     def _pos_embed(self, grid: tuple[int, int]) -> Tensor:
         """The learned positions (1, 1 + N, D), resampled (bicubic) from the training grid to ``grid``."""
         trained = self.patch_embed.grid_size
         if grid == (trained, trained):
             return self.pos_embed
-        return resample_abs_pos_embed(self.pos_embed, list(grid), [trained, trained], self.num_prefix_tokens)
+        return resample_abs_pos_embed(self.pos_embed, list(grid), [trained, trained], self._placed_prefix)
 
     def _attention_positions(self, grid: tuple[int, int]) -> dict:
-        """The encoder's rope (the class token unrotated) or its per-layer biases (H, 1 + N, 1 + N)."""
+        """The encoder's rope (class token and registers unrotated) or its per-layer biases (H, P + N, P + N)."""
         if self.rope is not None:
             rotation = self.rope(grid)
             if isinstance(rotation, list):  # mixed: one per layer
                 return {"rope": [r.with_prefix(self.num_prefix_tokens) for r in rotation]}
             return {"rope": rotation.with_prefix(self.num_prefix_tokens)}
         if self.rel_pos_bias is not None:
-            return {"position_bias": [table(grid) for table in self.rel_pos_bias]}
+            biases = {"position_bias": [table(grid) for table in self.rel_pos_bias]}
+            return unplaced(biases, self._placed_prefix, self.num_registers)
         return {}
 
+    @property
+    def num_registers(self) -> int:
+        return 0 if self.reg_token is None else self.reg_token.shape[1]
+
+    def register_keys(self) -> dict[str, slice]:
+        """The attention layers whose keys include the registers -> the registers' key positions."""
+        if not self.num_registers:
+            return {}
+        where = slice(self._placed_prefix, self.num_prefix_tokens)
+        return {f"encoder.layers.{i}.self_attn": where for i in range(len(self.encoder.layers))}
+
     def forward_head(self, tokens: Tensor) -> Tensor:
-        """Tokens (B, 1 + N, D) -> logits (B, num_classes)."""
+        """Tokens (B, P + N, D) -> logits (B, num_classes): the class token's, or the patches' mean."""
         pooled = (
             tokens[:, 0] if self.global_pool == "token" else tokens[:, self.num_prefix_tokens :].mean(dim=1)
         )  # (B, D)
@@ -274,25 +318,61 @@ _TIMM_KEYS = (
     (r"^blocks\.(\d+)\.(norm[12])\.", r"encoder.layers.\1.\2."),
     (r"^blocks\.(\d+)\.attn\.([qk]_norm)\.", r"encoder.layers.\1.self_attn.\2."),
     (r"^norm\.", "encoder.norm."),
+    (r"^blocks\.(\d+)\.(ls[12])\.gamma$", r"encoder.layers.\1.\2.gamma"),  # VisionTransformer's LayerScale
+    (r"^blocks\.(\d+)\.gamma_([12])$", r"encoder.layers.\1.ls\2.gamma"),  # Eva's
+    (r"^blocks\.(\d+)\.attn\.([qv])_bias$", r"encoder.layers.\1.self_attn.\2_bias"),  # Eva's, joined below
 )
 
 
-def timm_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
+def timm_to_attnlab(state: dict[str, Tensor], source: str = "timm state dict") -> dict[str, Tensor]:
     """Rename the keys of a timm ``VisionTransformer`` state dict to ours.
 
     timm's packed ``attn.qkv`` is our ``in_proj`` (both (3D, D), q, k, v stacked), ``attn.proj`` our
     ``out_proj``, ``mlp.fc1/fc2`` our ``linear1/linear2`` and the final ``norm`` our ``encoder.norm``;
     ``attn.q_norm/k_norm`` (QK-norm) our ``self_attn.q_norm/k_norm``;
-    ``cls_token``, ``pos_embed``, ``patch_embed.proj``, ``fc_norm``, ``head`` and a RoPE ViT's ``rope.freqs``
-    keep their names. Keys of timm features we lack (layer scale, register tokens) pass through unrenamed,
-    so that loading names them.
+    LayerScale's ``ls1/ls2.gamma`` (Eva: ``gamma_1/gamma_2``) our ``ls1/ls2.gamma``; Eva's ``q_bias`` and
+    ``v_bias`` (its key bias is zero) are packed into ``in_proj_bias``, and a projection without biases
+    (``qkv_bias=False``) gets zero ones; ``cls_token``, ``reg_token``, ``patch_embed.proj``, ``fc_norm``, ``head``
+    and a RoPE ViT's ``rope.freqs`` keep their names, and ``pos_embed`` is moved to our layout (`_timm_positions`).
+    Keys of timm features we lack pass through unrenamed, so that loading names them.
     """
     renamed = {}
     for key, value in state.items():
         for pattern, replacement in _TIMM_KEYS:
             key = re.sub(pattern, replacement, key)
         renamed[key] = value
-    return renamed
+    for weight in [k for k in renamed if k.endswith("self_attn.in_proj_weight")]:
+        layer = weight.removesuffix("in_proj_weight")
+        if layer + "in_proj_bias" not in renamed:
+            q, v = (renamed.pop(layer + f"{x}_bias", None) for x in "qv")
+            zeros = renamed[weight].new_zeros(renamed[weight].shape[0] // 3)
+            renamed[layer + "in_proj_bias"] = torch.cat([zeros if q is None else q, zeros, zeros if v is None else v])
+    return _timm_positions(renamed, source)
+
+
+def _timm_positions(state: dict[str, Tensor], source: str) -> dict[str, Tensor]:
+    """timm's learned positions cover the class token, the registers and the patches, or (``no_embed_class``:
+    DeiT-3, DINOv2 with registers) the patches only; ours the class token and the patches. A register's position
+    is a constant added to a constant, so it joins ``reg_token``; a class token without one gets a zero one."""
+    pos = state.get("pos_embed")
+    if pos is None:
+        return state
+    cls = int("cls_token" in state)
+    regs = state["reg_token"].shape[1] if "reg_token" in state else 0
+    prefix = [n for n in {0, cls + regs} if math.isqrt(pos.shape[1] - n) ** 2 == pos.shape[1] - n]
+    if len(prefix) != 1:
+        raise ValueError(
+            f"{source}: pos_embed has {pos.shape[1]} positions, not a square patch grid after {cls + regs} "
+            "class and register tokens, nor without them"
+        )
+    state = dict(state)
+    if prefix[0]:  # [class, registers, patches] -> [class, patches]
+        if regs:
+            state["reg_token"] = state["reg_token"] + pos[:, cls : cls + regs]
+            state["pos_embed"] = torch.cat([pos[:, :cls], pos[:, cls + regs :]], dim=1)
+    elif cls:  # [patches] -> [class, patches]
+        state["pos_embed"] = torch.cat([pos.new_zeros(1, 1, pos.shape[-1]), pos], dim=1)
+    return state
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
@@ -306,7 +386,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
     """
     expected = "weights are never downloaded; give a local .ckpt, .pth or .safetensors file"
     state = read_state(resolve(str(path), KEY, expected, hub_files=None), KEY)
-    return timm_to_attnlab(state) if any(k.startswith("blocks.") for k in state) else network_state(state)
+    return timm_to_attnlab(state, str(path)) if any(k.startswith("blocks.") for k in state) else network_state(state)
 
 
 def read_init_from(name: str) -> dict[str, Tensor]:
@@ -344,6 +424,7 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
         raise ValueError(f"{source} was trained with global_pool='avg' (it has fc_norm); set model.global_pool=avg")
     if "encoder.norm.weight" in state and "encoder.norm.weight" not in own:
         raise ValueError(f"{source} was trained with global_pool='token'; set model.global_pool=token")
+    _check_tokens_and_scale(model, state, source)
     pos = state.get("pos_embed")
     if pos is not None and "pos_embed" not in own:
         raise ValueError(
@@ -351,15 +432,14 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
             "set model.positions=learned"
         )
     if pos is not None and pos.shape != own["pos_embed"].shape and pos.shape[-1] == own["pos_embed"].shape[-1]:
-        old_grid = math.isqrt(pos.shape[1] - model.num_prefix_tokens)
-        if old_grid**2 + model.num_prefix_tokens != pos.shape[1]:
+        placed = model._placed_prefix
+        old_grid = math.isqrt(pos.shape[1] - placed)
+        if old_grid**2 + placed != pos.shape[1]:
             raise ValueError(
-                f"{source}: pos_embed has {pos.shape[1]} positions, not a class token and a square patch grid"
+                f"{source}: pos_embed has {pos.shape[1]} positions, not {placed} class token(s) and a square patch grid"
             )
         grid = model.patch_embed.grid_size
-        state["pos_embed"] = resample_abs_pos_embed(
-            pos, [grid, grid], [old_grid, old_grid], num_prefix_tokens=model.num_prefix_tokens
-        )
+        state["pos_embed"] = resample_abs_pos_embed(pos, [grid, grid], [old_grid, old_grid], num_prefix_tokens=placed)
         log.warning(
             "%s: positions resampled from a %dx%d to a %dx%d patch grid", source, old_grid, old_grid, grid, grid
         )
@@ -397,6 +477,26 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
         model.reset_head()
 
 
+def _check_tokens_and_scale(model: VisionTransformer, state: dict[str, Tensor], source: str) -> None:
+    """A checkpoint with another class token, register count or LayerScale than the model: one line naming the key."""
+    own = model.state_dict()
+    if ("cls_token" in state) != ("cls_token" in own):
+        raise ValueError(
+            f"{source} {'has' if 'cls_token' in state else 'lacks'} a class token (cls_token); "
+            f"set model.class_token={str('cls_token' in state).lower()}"
+        )
+    theirs = state["reg_token"].shape[1] if "reg_token" in state else 0
+    if theirs != model.num_registers:
+        raise ValueError(
+            f"{source} has {theirs} registers (reg_token), the model {model.num_registers}; "
+            f"set model.register_tokens={theirs}"
+        )
+    scaled = [("encoder.layers.0.ls1.gamma" in d) for d in (state, own)]
+    if scaled[0] != scaled[1]:
+        fix = "init_values to a number (the checkpoint's gamma replaces it)" if scaled[0] else "init_values=null"
+        raise ValueError(f"{source} {'has' if scaled[0] else 'lacks'} LayerScale (ls1.gamma); set model.{fix}")
+
+
 def _stem_widths(state: dict[str, Tensor]) -> list[int]:
     """The output widths of a state dict's convolutional stem (`PatchEmbed`), in order; [] without one."""
     widths = []
@@ -407,4 +507,4 @@ def _stem_widths(state: dict[str, Tensor]) -> list[int]:
 
 def load_timm_state_dict(model: VisionTransformer, state: dict[str, Tensor], source: str = "timm state dict") -> None:
     """Load a timm ``VisionTransformer`` state dict (timm key names) into our ``model``."""
-    load_pretrained(model, timm_to_attnlab(state), source)
+    load_pretrained(model, timm_to_attnlab(state, source), source)

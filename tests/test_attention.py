@@ -351,17 +351,66 @@ def test_options_padding_free_path_equals_reference_path_at_valid_rows(option, k
             torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
 
 
+def _queries_and_keys_by_hand(mha: MultiHeadAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Self-attention's q and k (B, H, L, d): in_proj's first D rows, then the next D, split into H heads of d."""
+    q, k, _ = (x @ mha.in_proj_weight.T + mha.in_proj_bias).split(D, dim=-1)
+    return tuple(t.view(B, -1, H, D // H).transpose(1, 2) for t in (q, k))
+
+
+def _normalised_by_hand(t: torch.Tensor, norm: str, learned: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """Over each head's d, with the parameters ``name``.weight (γ) and .bias (β): LayerNorm (t - mean) / √(var + ε)·γ
+    + β, RMSNorm t / √(mean t² + ε)·γ; ε = 1e-6 (timm's)."""
+    if norm == "layernorm":
+        centred = t - t.mean(-1, keepdim=True)
+        scaled = centred / (centred.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+        return scaled * learned[f"{name}.weight"] + learned[f"{name}.bias"]
+    return t / (t.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * learned[f"{name}.weight"]
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("similarity", SIMILARITIES)
-def test_qk_norm_normalises_each_head_of_queries_and_keys(similarity):
-    mha, _ = _with_option("qk_layernorm", similarity)
+def test_qk_norm_normalises_each_head_of_queries_and_keys(similarity, norm):
+    mha, _ = _with_option(f"qk_{norm}", similarity)
     x = torch.randn(B, LQ, D)
     with capture_attention(mha, scores=True) as maps:
         mha(x)
-    q, k, _ = mha._project(x, x, x)
-    q, k = nn.functional.layer_norm(q, (D // H,), mha.q_norm.weight, mha.q_norm.bias, 1e-6), mha.k_norm(k)
+    learned = mha.state_dict()
+    q, k = _queries_and_keys_by_hand(mha, x)
+    q, k = _normalised_by_hand(q, norm, learned, "q_norm"), _normalised_by_hand(k, norm, learned, "k_norm")
     if similarity == "general":
-        q = torch.einsum("bhld,hde->bhle", q, mha.general_weight)
-    torch.testing.assert_close(maps[""][0].logits, q @ k.transpose(-2, -1) * mha.scale)
+        q = torch.einsum("bhld,hde->bhle", q, learned["general_weight"])
+    scale = (D // H) ** -0.5 if similarity == "scaled_dot" else 1.0
+    torch.testing.assert_close(maps[""][0].logits, q @ k.transpose(-2, -1) * scale)
+
+
+def test_rope_and_position_bias_reach_the_logits_as_llama_rotates_and_where_the_bias_says():
+    """The logits and weights against a hand computation: queries and keys rotated by Hugging Face Llama's
+    ``apply_rotary_pos_emb`` at positions 3..7, q·k/√d, then the softmax over keys after an asymmetric bias is
+    added at its (head, query, key)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    mha, _ = _with_option("rope")
+    x, bias = torch.randn(B, LQ, D), torch.randn(H, LQ, LQ)
+    with capture_attention(mha, scores=True) as maps:
+        mha(x, rope=RotaryEmbedding(D // H)(LQ, start=3), position_bias=bias)
+    q, k = _queries_and_keys_by_hand(mha, x)
+    llama = LlamaRotaryEmbedding(LlamaConfig(hidden_size=D, num_attention_heads=H, rope_theta=10000.0))
+    cos, sin = llama(q, torch.arange(3, 3 + LQ)[None])
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    logits = q @ k.transpose(-2, -1) / math.sqrt(D // H)  # (B, H, L, L), before the bias
+    torch.testing.assert_close(maps[""][0].logits, logits)
+    torch.testing.assert_close(maps[""][0].weights, (logits + bias).softmax(-1))
+
+
+def test_rope_attention_depends_on_the_distance_between_positions_only():
+    """q·k after rotating q to position i and k to j depends on j - i only: shifting every position leaves the
+    layer's output as it was (rotating the keys alone would not)."""
+    mha, _ = _with_option("rope+qk_layernorm")
+    rope, x = RotaryEmbedding(D // H), torch.randn(B, LQ, D)
+    out = mha(x, rope=rope(LQ))[0]
+    torch.testing.assert_close(mha(x, rope=rope(LQ, start=11))[0], out, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(mha(x)[0], out, atol=1e-3)  # the rotation matters
 
 
 def test_qk_norm_bounds_the_largest_logit_that_capture_records():

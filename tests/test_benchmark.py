@@ -144,7 +144,16 @@ def test_interleaved_timing_and_ratios():
 def test_case_keys_are_unique_and_every_section_has_cases():
     all_cases = cases(quick=True)
     assert len({c.key for c in all_cases}) == len(all_cases)
-    assert {c.section for c in all_cases} == {"core", "attention", "vit", "text", "decoding", "detr", "scaling"}
+    assert {c.section for c in all_cases} == {
+        "core",
+        "attention",
+        "options",
+        "vit",
+        "text",
+        "decoding",
+        "detr",
+        "scaling",
+    }
 
 
 def test_memory_probe_prints_json(capsys):

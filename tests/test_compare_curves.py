@@ -83,18 +83,27 @@ def test_report_gives_lr_sensitivity_over_seeds_and_plots_loss_against_lr_and_ev
     assert "| series | 1x | 2x |" in report and f"| digits/lr=0.1,qk_norm=layernorm | 2 ± {h} | 3 ± {h} |" in report
 
 
-def test_each_series_lr_sensitivity_is_paired_with_the_first_of_its_group_over_common_seeds():
+@pytest.mark.parametrize("missing", [3, 1, 0], ids=["last", "middle", "first"])
+def test_each_series_lr_sensitivity_is_paired_with_the_first_of_its_group_over_common_seeds(missing):
+    """A seed missing from one series: the others pair by seed (written out by hand below), not by position."""
     from scipy import stats
 
     from experiments.compare.tables import sensitivity_rows
 
-    per_series = {"none": {0: 1.0, 1: 1.4, 2: 0.9, 3: 2.0}, "ln": {0: 0.3, 1: 0.5, 2: 0.4}, "rms": {5: 0.1}}
+    none, ln = {0: 1.0, 1: 1.4, 2: 0.9, 3: 2.0}, {0: 0.3, 1: 0.5, 2: 0.4, 3: 1.6}
+    per_series = {"none": none, "ln": {s: v for s, v in ln.items() if s != missing}, "rms": {5: 0.1}}
     rows, pairs = sensitivity_rows(per_series)
     assert [row[:2] for row in rows] == [["none", "4"], ["ln", "3"], ["rms", "1"]]
-    a, b = [0.3, 0.5, 0.4], [1.0, 1.4, 0.9]  # seed 3 has no QK-norm run; "rms" shares no seed: no pair
-    ci = stats.ttest_1samp([x - y for x, y in zip(a, b)], 0).confidence_interval(0.95)
+    # the pairs by seed ("rms" shares no seed: no pair)
+    a, b = {
+        3: ([0.3, 0.5, 0.4], [1.0, 1.4, 0.9]),
+        1: ([0.3, 0.4, 1.6], [1.0, 0.9, 2.0]),
+        0: ([0.5, 0.4, 1.6], [1.4, 0.9, 2.0]),
+    }[missing]
+    diffs = [x - y for x, y in zip(a, b)]
+    ci = stats.ttest_1samp(diffs, 0).confidence_interval(0.95)
     p = stats.ttest_rel(a, b).pvalue
-    assert pairs == [["ln vs none", "3", f"{-0.7:+.3g}", f"{ci.low:.3g} to {ci.high:.3g}", f"{p:.2g}"]]
+    assert pairs == [["ln vs none", "3", f"{sum(diffs) / 3:+.3g}", f"{ci.low:.3g} to {ci.high:.3g}", f"{p:.2g}"]]
 
 
 def test_swept_series_band_is_the_t_interval_over_seeds(lr_sweep):

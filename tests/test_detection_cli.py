@@ -2,13 +2,14 @@
 as one-line errors, and the detector's options as `attnlab` parses them (flat, with the network's defaults)."""
 
 import csv
+import dataclasses
 import inspect
 import json
 
 import pytest
 import yaml
 from conftest import TINY_TRUNK, config_args
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 
 from models.detr import DETR, build_detr
 from models.detr_module import ObjectDetector
@@ -128,7 +129,9 @@ def test_the_detector_takes_the_networks_options_with_the_networks_defaults():
     for network, built_there in ((build_detr, "detr"), (DETR, "backbone")):  # model.init_args.<name>
         for name, p in inspect.signature(network).parameters.items():
             if name != built_there:
-                assert defaults[name] == p.default, name
+                default = vars(defaults[name]) if isinstance(defaults[name], Namespace) else defaults[name]
+                expected = dataclasses.asdict(p.default) if dataclasses.is_dataclass(p.default) else p.default
+                assert default == expected, name  # a block (the attention's) by its fields
     built = ObjectDetector(**TINY)
     assert TINY.items() <= dict(built.hparams).items()  # recorded, so a checkpoint rebuilds the same network
     rebuilt = ObjectDetector(**built.hparams)

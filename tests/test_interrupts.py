@@ -2,10 +2,11 @@
 `attnlab fit --ckpt_path last` to the same step count, the same training batches and the same weights as
 an uninterrupted run of the same seed.
 
-The interrupted runs are subprocesses of the real CLI; a test-only callback kills the process, or waits
-for the test's SIGTERM, at a chosen step, so the point of interruption is exact, not a matter of timing.
-The uninterrupted reference and the resumed runs go through the same CLI in-process (one import, one
-thread) to keep the file quick.
+A test-only callback kills the process, signals it or waits for the test's SIGTERM at a chosen step, so the point
+of interruption is exact, not a matter of timing. Runs killed (SIGKILL) or run under DDP are subprocesses of the real
+CLI; the others, the uninterrupted references and the resumed runs go through the same CLI in this process (one
+import, one thread) to keep the file quick: a SIGTERM this process sends itself meets the handlers a fit's process
+has, and the fit's exit status is its SystemExit.
 """
 
 import csv
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -53,14 +55,15 @@ EVERY_3_STEPS = (
 
 
 class BatchLog(pl.Callback):
-    """Append each training batch's process, step and labels to a JSON-lines file: the sample order training saw."""
+    """Append each training batch's fit (an id per run of the CLI), step and labels to a JSON-lines file: the sample
+    order training saw."""
 
     def __init__(self, path: str):
-        self.path = path
+        self.path, self.fit = path, uuid.uuid4().hex
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         with open(self.path, "a") as f:
-            f.write(json.dumps({"pid": os.getpid(), "step": trainer.global_step, "labels": batch[1].tolist()}) + "\n")
+            f.write(json.dumps({"fit": self.fit, "step": trainer.global_step, "labels": batch[1].tolist()}) + "\n")
 
 
 class KillAt(pl.Callback):
@@ -101,17 +104,32 @@ def probe(cls: type, **init_args) -> str:
     return f"--trainer.callbacks+={json.dumps({'class_path': f'{__name__}.{cls.__name__}', 'init_args': init_args})}"
 
 
+def fit_args(root: Path, *args: str, last: str = EVERY_3_STEPS) -> list[str]:
+    """The `attnlab` arguments of a tiny fit in the run folder ``root`` that logs its batches, then ``args``."""
+    return [
+        "fit",
+        *TINY,
+        last,
+        f"--trainer.default_root_dir={root}",
+        probe(BatchLog, path=str(root / "batches.jsonl")),
+        *args,
+    ]
+
+
 def fit_in_process(root: Path, *args: str) -> None:
-    main(
-        [
-            "fit",
-            *TINY,
-            EVERY_3_STEPS,
-            f"--trainer.default_root_dir={root}",
-            probe(BatchLog, path=str(root / "batches.jsonl")),
-            *args,
-        ]
-    )
+    main(fit_args(root, *args))
+
+
+def stopped_in_process(capsys, root: Path, *args: str) -> str:
+    """`fit_in_process` of a run that a SIGTERM stops, with the argv its own process would have (the resume command
+    it prints is made from it): its exit status must be 143. Returns what it wrote on stderr."""
+    argv = fit_args(root, *args)
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_:
+        patch.setattr(sys, "argv", ["attnlab", *argv])
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == SIGTERM_STATUS == 143, err[-3000:]
+    return err
 
 
 def start_fit(root: Path, *args: str, last: str = EVERY_3_STEPS) -> subprocess.Popen:
@@ -122,17 +140,7 @@ def start_fit(root: Path, *args: str, last: str = EVERY_3_STEPS) -> subprocess.P
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
     }
-    command = [
-        sys.executable,
-        "-m",
-        "experiments.cli",
-        "fit",
-        *TINY,
-        last,
-        f"--trainer.default_root_dir={root}",
-        probe(BatchLog, path=str(root / "batches.jsonl")),
-        *args,
-    ]
+    command = [sys.executable, "-m", "experiments.cli", *fit_args(root, *args, last=last)]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -154,8 +162,8 @@ def reference(tmp_path_factory) -> Path:
 def assert_continues_exactly(run: Path, reference: Path, checkpoint_step: int) -> None:
     """The interrupted-then-resumed run trained the same batches to the same weights as the reference."""
     log = batch_log(run)
-    resumed = [r["step"] for r in log if r["pid"] != log[0]["pid"]]
-    assert resumed == list(range(checkpoint_step, STEPS))  # the resumed process continued at the checkpoint's step
+    resumed = [r["step"] for r in log if r["fit"] != log[0]["fit"]]
+    assert resumed == list(range(checkpoint_step, STEPS))  # the resumed fit continued at the checkpoint's step
     trained = {r["step"]: r["labels"] for r in log}  # a step trained again after the resume keeps its second batch
     assert trained == {r["step"]: r["labels"] for r in batch_log(reference)}  # the rest of the epoch, not a new shuffle
 
@@ -217,24 +225,18 @@ def logged_steps(folder: Path, key: str) -> list[tuple[int, int]]:
 
 
 @pytest.mark.slow
-def test_sigterm_saves_last_checkpoint_exits_143_and_resume_matches(reference, tmp_path):
+def test_sigterm_saves_last_checkpoint_exits_143_and_resume_matches(reference, tmp_path, capsys):
     run = tmp_path / "run"
-    ready = run / "ready"
     # with loader workers (persistent ones, which draw their seed once per process): the result must not change
     workers = "--data.init_args.num_workers=2"
-    job = start_fit(run, workers, probe(AwaitSigterm, step=7, ready=str(ready)))
-    while not ready.exists() and job.poll() is None:
-        time.sleep(0.05)
-    job.send_signal(signal.SIGTERM)
-    _, err = job.communicate(timeout=300)
-    assert job.returncode == SIGTERM_STATUS == 143, err[-3000:]
+    err = stopped_in_process(capsys, run, workers, probe(SigtermAt, batch=7))
     assert "Traceback" not in err
     said = re.search(
         r"^attnlab: SIGTERM at step (\d+): saved (\S+); resume with `attnlab fit (.*) --ckpt_path last`$", err, re.M
     )
     assert said, err[-3000:]
     step = int(said.group(1))
-    assert step in (7, 8)  # the signal came at the end of step 7's batch: stopped there, or after one more batch
+    assert step == 8  # the signal came in step 7's batch (the 8th): stopped after it
     assert (
         Path(said.group(2)) == run / "checkpoints" / "last.ckpt"
         and load(run / "checkpoints" / "last.ckpt")["global_step"] == step
@@ -499,15 +501,13 @@ class SigtermAt(pl.Callback):
 
 
 @pytest.mark.slow
-def test_sigterm_under_gradient_accumulation_finishes_the_optimizer_step_then_resumes(tmp_path):
+def test_sigterm_under_gradient_accumulation_finishes_the_optimizer_step_then_resumes(tmp_path, capsys):
     """Steps of 3 batches and a SIGTERM during batch 3, the first of the second step: batches 4 and 5 still
     train, the step ends (global step 2), last.ckpt holds it with no half-accumulated step, status 143; the
     resumed run trains batches 6-8 and ends at the weights of a run that never stopped."""
     accumulate = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=9", "--trainer.accumulate_grad_batches=3"]
     run, reference = tmp_path / "run", tmp_path / "reference"
-    job = start_fit(run, *accumulate, probe(SigtermAt, batch=3))
-    _, err = job.communicate(timeout=300)
-    assert job.returncode == SIGTERM_STATUS, err[-3000:]
+    err = stopped_in_process(capsys, run, *accumulate, probe(SigtermAt, batch=3))
     last = run / "checkpoints" / "last.ckpt"
     assert re.search(rf"^attnlab: SIGTERM at step 2: saved {re.escape(str(last))}; resume with", err, re.M), err[-3000:]
     assert [r["step"] for r in batch_log(run)] == [0, 0, 0, 1, 1, 1]  # signalled in batch 3: batches 4, 5 end the step
@@ -518,7 +518,7 @@ def test_sigterm_under_gradient_accumulation_finishes_the_optimizer_step_then_re
     fit_in_process(run, *accumulate, "--ckpt_path", "last")
     fit_in_process(reference, *accumulate)
     log = batch_log(run)
-    assert [r["step"] for r in log if r["pid"] != log[0]["pid"]] == [2, 2, 2]
+    assert [r["step"] for r in log if r["fit"] != log[0]["fit"]] == [2, 2, 2]
     assert [r["labels"] for r in log] == [r["labels"] for r in batch_log(reference)]
     ours, theirs = load(last), load(reference / "checkpoints" / "last.ckpt")
     assert ours["global_step"] == theirs["global_step"] == 3
@@ -526,19 +526,18 @@ def test_sigterm_under_gradient_accumulation_finishes_the_optimizer_step_then_re
 
 
 @pytest.mark.slow
-def test_sigterm_without_checkpointing_stops_after_the_batch_and_saves_nothing(tmp_path):
+def test_sigterm_without_checkpointing_stops_after_the_batch_and_saves_nothing(tmp_path, capsys):
     """`trainer.enable_checkpointing: false` (and so no ModelCheckpoint, which the config lists): the run stops
     after the batch the signal came in, writes no checkpoint file, and still exits with status 143."""
     run = tmp_path / "run"
-    job = start_fit(
+    err = stopped_in_process(
+        capsys,
         run,
         "--trainer.enable_checkpointing=false",
         "--trainer.callbacks=[]",
         probe(BatchLog, path=str(run / "batches.jsonl")),
         probe(SigtermAt, batch=1),
     )
-    _, err = job.communicate(timeout=300)
-    assert job.returncode == SIGTERM_STATUS, err[-3000:]
     said = "attnlab: SIGTERM at step 2: nothing saved (trainer.enable_checkpointing: false)"
     assert "Traceback" not in err and said in err, err[-3000:]
     assert [r["step"] for r in batch_log(run)] == [0, 1]

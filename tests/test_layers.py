@@ -110,6 +110,47 @@ def test_decoder_layer_matches_torch(norm_first):
     )
 
 
+# LayerScale (Touvron et al. 2021, CaiT): each residual branch multiplied by a learned gamma (D,)
+
+
+def _layer(decoder: bool, norm_first: bool, init_values: float | None = None) -> nn.Module:
+    torch.manual_seed(0)
+    layer = TransformerDecoderLayer if decoder else TransformerEncoderLayer
+    return layer(D, H, FF, dropout=0.0, norm_first=norm_first, init_values=init_values).eval()
+
+
+def _run(layer: nn.Module, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+    return layer(x, memory, tgt_is_causal=True) if isinstance(layer, TransformerDecoderLayer) else layer(x)
+
+
+@pytest.mark.parametrize("decoder", [False, True])
+def test_layer_scale_of_zero_makes_a_pre_norm_layer_the_identity(decoder):
+    x, memory = torch.randn(2, 5, D), torch.randn(2, 7, D)
+    torch.testing.assert_close(_run(_layer(decoder, True, init_values=0.0), x, memory), x, rtol=0, atol=0)
+    assert not torch.allclose(_run(_layer(decoder, True), x, memory), x)  # without it the branches add to x
+
+
+@pytest.mark.parametrize("decoder", [False, True])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layer_scale_multiplies_each_branch_by_its_own_gamma(decoder, norm_first):
+    """gamma ⊙ (W h + b) = (diag(gamma) W) h + gamma ⊙ b: the layer with LayerScale equals the plain layer whose
+    branches' last projections are scaled, row by row, by their gammas (each branch a different one)."""
+    scaled, plain = _layer(decoder, norm_first, init_values=1.0), _layer(decoder, norm_first)
+    plain.load_state_dict({k: v for k, v in scaled.state_dict().items() if not k.endswith(".gamma")})
+    last = {"ls1": "self_attn.out_proj", "ls2": "multihead_attn.out_proj" if decoder else "linear2"}
+    last |= {"ls3": "linear2"} if decoder else {}
+    assert {n for n, _ in scaled.named_parameters() if n.endswith("gamma")} == {f"{ls}.gamma" for ls in last}
+    with torch.no_grad():
+        for ls, projection in last.items():
+            gamma = torch.rand(D) + 0.5
+            scaled.get_submodule(ls).gamma.copy_(gamma)
+            linear = plain.get_submodule(projection)
+            linear.weight.mul_(gamma[:, None])
+            linear.bias.mul_(gamma)
+    x, memory = torch.randn(2, 5, D), torch.randn(2, 7, D)
+    torch.testing.assert_close(_run(scaled, x, memory), _run(plain, x, memory), atol=1e-5, rtol=1e-5)
+
+
 def test_stacks_match_torch_stacks():
     torch.manual_seed(0)
     ref_enc = nn.TransformerEncoder(

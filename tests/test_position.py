@@ -1,6 +1,9 @@
 """RoPE (1D, 2D axial and mixed), ALiBi and relative position biases against the implementations whose
 checkpoints they must load (HF Llama, timm, BLOOM, T5) and against their defining properties."""
 
+import itertools
+
+import numpy as np
 import pytest
 import torch
 from timm.layers import RelPosBias, RotaryEmbeddingCat, RotaryEmbeddingMixed, apply_rot_embed_cat
@@ -103,6 +106,17 @@ def test_alibi_equals_bloom_up_to_a_constant_per_query(heads):
     assert torch.allclose(shift[:, past], torch.zeros_like(diff), atol=1e-5)
 
 
+@pytest.mark.parametrize("heads", [4, 8])
+@pytest.mark.parametrize("lq,lk", [(6, 6), (2, 6)])
+def test_alibi_is_minus_the_slope_times_the_distance_before_and_after_the_query(heads, lq, lk):
+    """Press et al. 2022: head h (1-based) has slope m_h = 2^(-8h/H) and adds -m_h·|i - j|; an encoder sees the keys
+    after the query too (j > i), with the same bias as the keys as far before it. Queries sit at the last Lq keys."""
+    bias = ALiBi(heads)(lq, lk)
+    for h, i, j in itertools.product(range(heads), range(lq), range(lk)):
+        position = lk - lq + i
+        assert bias[h, i, j].item() == pytest.approx(-(2 ** (-8 * (h + 1) / heads)) * abs(position - j), abs=1e-6)
+
+
 def test_alibi_of_a_cached_step_is_the_last_row():
     alibi = ALiBi(3)
     torch.testing.assert_close(alibi(2, 6), alibi(6, 6)[:, -2:])
@@ -142,6 +156,67 @@ def test_swin_table_equals_timm_rel_pos_bias(prefix):
     torch.testing.assert_close(ours((3, 4)), ours())  # the table's own grid: unchanged
     if prefix:  # the class token's three entries are kept as they are
         torch.testing.assert_close(ours((5, 6))[:, 0, 0], ours()[:, 0, 0])
+
+
+def _gathered_by_hand(offsets: torch.Tensor, grid: tuple[int, int], prefix: int) -> torch.Tensor:
+    """Swin's bias (H, p + h·w, p + h·w) from ``offsets`` (H, 2h - 1, 2w - 1), entry [dy + h - 1, dx + w - 1] for a
+    query cell (y, x) and key cell (y', x') with dy = y - y', dx = x - x', cells row by row; a class token (``prefix``):
+    class to cell, cell to class, class to class, (H,) each, after the offsets (BEiT)."""
+    h, w = grid
+    heads = offsets.shape[0]
+    cells = [(y, x) for y in range(h) for x in range(w)]
+    bias = torch.empty(heads, prefix + h * w, prefix + h * w)
+    for (a, (y, x)), (b, (y_, x_)) in itertools.product(enumerate(cells), repeat=2):
+        bias[:, prefix + a, prefix + b] = offsets[:, y - y_ + h - 1, x - x_ + w - 1]
+    return bias
+
+
+def _spread_by_beit(n: int, n_new: int) -> np.ndarray:
+    """Where BEiT's resize puts one axis's old offsets -(n - 1)..n - 1: 0, ±1, ±(1 + q), ±(1 + q + q²), .., with q in
+    [1.01, 1.5] chosen so that the last lands on the new largest offset n_new - 1 where it can."""
+    from scipy.optimize import brentq
+
+    def reach(q: float) -> float:
+        return sum(q**i for i in range(n - 1)) - (n_new - 1)
+
+    q = 1.01 if reach(1.01) > 0 else 1.5 if reach(1.5) < 0 else brentq(reach, 1.01, 1.5)
+    spread = np.cumsum([q**i for i in range(n - 1)])
+    return np.concatenate([-spread[::-1], [0.0], spread])
+
+
+def _resized_by_hand(offsets: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) -> torch.Tensor:
+    """An offset table (H, 2h - 1, 2w - 1) resized to another grid as BEiT fine-tunes at a higher resolution: the old
+    offsets spread (`_spread_by_beit`), each new integer offset interpolated linearly between them (scipy), the edge
+    value beyond the last."""
+    from scipy.interpolate import RegularGridInterpolator
+
+    axes = [_spread_by_beit(n, n_new) for n, n_new in zip(old, new)]
+    dy, dx = (np.clip(np.arange(1 - n, n), a[0], a[-1]) for n, a in zip(new, axes))
+    points = np.stack(np.meshgrid(dy, dx, indexing="ij"), axis=-1)  # (2h' - 1, 2w' - 1, 2)
+    resized = [RegularGridInterpolator(axes, table.double().numpy())(points) for table in offsets]
+    return torch.tensor(np.stack(resized), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("new", [(4, 3), (5, 6), (2, 2)], ids=["table's grid", "larger", "smaller"])
+def test_swin_bias_is_the_offset_table_gathered_and_resized_by_hand(prefix, new):
+    """A (4, 3) table (non-square: the axes are told apart) on its own grid, on a larger one (rows: q = 1.30 spreads
+    the offsets to reach 4; columns: q = 1.5 leaves the edge value beyond 2.5) and on a smaller one (the centre)."""
+    old, heads = (4, 3), 2
+    module = RelativePositionBias2D(old, heads, prefix)
+    n_offsets = (2 * old[0] - 1) * (2 * old[1] - 1)
+    table = module.relative_position_bias_table.detach()  # (offsets + 3·prefix, H), offsets row by row (dy outer)
+    offsets = table[:n_offsets].T.reshape(heads, 2 * old[0] - 1, 2 * old[1] - 1)
+    if new != old:
+        offsets = _resized_by_hand(offsets, old, new)
+    expected = _gathered_by_hand(offsets, new, prefix)
+    if prefix:
+        expected[:, 0, :], expected[:, :, 0], expected[:, 0, 0] = (
+            table[n_offsets, :, None],
+            table[n_offsets + 1, :, None],
+            table[n_offsets + 2],
+        )
+    torch.testing.assert_close(module(new), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_swin_table_depends_on_the_offset_only():

@@ -1,18 +1,23 @@
 """`attnlab sweep`: expansion and names, the status file, checks before any run, skip and resume, failures,
-the SLURM launcher through submitit's local executor, W&B grouping, and the real CLI end to end on the digits.
+the SLURM launcher through submitit's debug executor, W&B grouping, and the real CLI end to end on the digits.
 
-The fast tests plan and check without training. The `slow` ones launch `python -m experiments.cli fit`
-subprocesses with a 1-layer ViT for one short epoch.
+The fast tests plan and check without training. The `slow` ones train a 1-layer ViT for one short epoch per run:
+in this process (`in_process`: each run's `attnlab fit` called here, no process to start and no Lightning to import
+per run), except one sweep of real processes, signals and all (`test_an_interrupted_sweep_resumes_...`).
 """
 
+import contextlib
 import json
 import os
+import pickle
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -56,6 +61,48 @@ def write(tmp_path: Path, name: str = "s", **spec) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({k: v for k, v in spec.items() if v is not None}, sort_keys=False))
     return path
+
+
+class _Ended:
+    """What `in_process`'s spawn returns: a run already ended, with `subprocess.Popen`'s poll, wait and returncode."""
+
+    def __init__(self, returncode: int):
+        self.returncode = returncode
+
+    def poll(self) -> int:
+        return self.returncode
+
+    wait = poll
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """The sweep's runs in this process: `spawn` (the launchers' one way to start a run) calls `attnlab fit` here,
+    with the run's environment and its output in the run's log, and returns once the run has ended."""
+    from experiments.cli import main
+    from experiments.sweep import launch
+
+    def spawn(command: list[str], env: dict[str, str], log: Path, own_session: bool = False) -> _Ended:
+        assert command[:3] == [sys.executable, "-m", "experiments.cli"], command
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with monkeypatch.context() as patch, log.open("a") as out:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                try:
+                    main(command[3:])
+                    code = 0
+                except SystemExit as exit_:
+                    code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+                except Exception:  # what a process would die of: its traceback in the log, status 1
+                    traceback.print_exc()
+                    code = 1
+                finally:  # as a process's exit does: the W&B run (offline: its file) is finished
+                    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+                        sys.modules["wandb"].finish()
+        return _Ended(code)
+
+    monkeypatch.setattr(launch, "spawn", spawn)
 
 
 def test_one_run_per_config_cell_and_seed_with_stable_names_and_commands(tmp_path):
@@ -233,8 +280,12 @@ def test_the_status_file_records_every_run_and_keeps_their_state(tmp_path):
         and "--seed_everything 1" in entry["command"]
     )
     sweeps.update(sweep.root, "digits/similarity=dot/seed=1", status="failed", error="attnlab: error: boom")
+    sweeps.update(sweep.root, "digits/similarity=dot/seed=0", status="done", returncode=0)
     sweeps.record(sweep)  # a second start of the sweep keeps what the first recorded
-    assert SweepStatus.read(sweep.root).runs["digits/similarity=dot/seed=1"].error == "attnlab: error: boom"
+    runs = SweepStatus.read(sweep.root).runs
+    assert runs["digits/similarity=dot/seed=1"].error == "attnlab: error: boom"
+    assert [runs[r.name].status for r in sweep.runs()] == ["pending", "pending", "done", "failed"]
+    assert [how for _, how in sweeps.plan(sweep)] == ["new", "new", "done", "new"]  # done stays done
 
 
 def test_the_error_line_is_attnlabs_own_or_the_exception_that_ended_the_traceback(tmp_path):
@@ -326,7 +377,8 @@ def test_a_file_that_is_not_yaml_or_not_a_mapping_is_one_line(attnlab, tmp_path,
     code, _, err = attnlab("sweep", str(path))
     assert (
         code == 2
-        and err.startswith(f"attnlab: error: {path}: not a YAML file (line 2)")
+        and err.startswith(f"attnlab: error: {path}:2:1: not valid YAML: expected ',' or ']'")  # the file ends open
+        and "(while parsing a flow sequence at 1:7)" in err  # the '[' after "name: "
         and len(err.strip().splitlines()) == 1
     )
     path.write_text("- configs/vision/digits.yaml\n")
@@ -368,6 +420,29 @@ def test_wandb_runs_get_the_sweep_as_group_the_cell_as_job_type_and_settings_as_
     assert f"attnlab: sweep: {run.name} is done, skipped" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_a_signal_while_a_run_starts_stops_that_run_too(tmp_path, monkeypatch):
+    """SIGTERM to the sweep while it starts a run (its log opened, its process not yet known to the sweep's handler):
+    the run is stopped all the same, recorded as interrupted, and the sweep exits with 143."""
+    from experiments.sweep import launch
+    from experiments.sweep.runs import Sweep
+
+    sweep = sweeps.load(write(tmp_path, grid={"model.init_args.similarity": ["dot"]}, seeds=[0]))
+    monkeypatch.setattr(Sweep, "command", lambda self, run: [sys.executable, "-c", "import time; time.sleep(20)"])
+    start = launch.spawn
+
+    def signalled_while_starting(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, before the process below exists
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "spawn", signalled_while_starting)
+    sweeps.record(sweep)
+    began = time.monotonic()
+    assert launch.launch_local(sweep, sweeps.plan(sweep)) == 128 + signal.SIGTERM
+    assert SweepStatus.read(sweep.root).runs["digits/similarity=dot/seed=0"].status == "interrupted"
+    assert time.monotonic() - began < 15  # stopped, not slept to its end
+
+
 # ---- the real CLI
 
 
@@ -394,8 +469,13 @@ def _wandb_run_record(folder: Path):
 
 
 @pytest.mark.slow
-def test_submitit_runs_each_cell_a_failing_cell_is_recorded_and_wandb_groups_the_runs(attnlab, tmp_path, monkeypatch):
-    """launcher: slurm through submitit's local executor (the SLURM stand-in); patch_size 3 fails on 8x8 digits."""
+def test_submitit_runs_each_cell_a_failing_cell_is_recorded_and_wandb_groups_the_runs(
+    attnlab, tmp_path, monkeypatch, in_process
+):
+    """launcher: slurm through submitit's debug executor (the SLURM stand-in: each job runs in this process when the
+    sweep waits for it); patch_size 3 fails on 8x8 digits. A SLURM job's function and arguments travel pickled."""
+    from experiments.sweep import launch
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     path = write(
         tmp_path,
@@ -404,7 +484,7 @@ def test_submitit_runs_each_cell_a_failing_cell_is_recorded_and_wandb_groups_the
         seeds=[0],
         overrides=TINY,
         launcher="slurm",
-        slurm={"cluster": "local", "timeout_min": 5},
+        slurm={"cluster": "debug", "timeout_min": 5},
         wandb={"project": "attnlab"},
     )
     code, out, err = attnlab("sweep", str(path))
@@ -424,6 +504,10 @@ def test_submitit_runs_each_cell_a_failing_cell_is_recorded_and_wandb_groups_the
         and run.display_name == "digits/patch_size=2/seed=0"
     )
     assert list(run.tags) == ["patch_size=2", *(f"{k.rpartition('.')[2]}={v}" for k, v in TINY.items()), "seed=0"]
+    sweep = sweeps.load(path)
+    first = sweep.runs()[0]
+    job = (launch.execute, sweep.command(first), str(first.folder), sweep.env(first))
+    assert pickle.loads(pickle.dumps(job)) == job
 
 
 def _tiny_sweep(tmp_path: Path, name: str, **spec) -> Path:
@@ -431,7 +515,7 @@ def _tiny_sweep(tmp_path: Path, name: str, **spec) -> Path:
 
 
 @pytest.mark.slow
-def test_digits_sweep_end_to_end_then_compare_gives_a_row_per_cell(attnlab, tmp_path):
+def test_digits_sweep_end_to_end_then_compare_gives_a_row_per_cell(attnlab, tmp_path, in_process):
     path = _tiny_sweep(tmp_path, "digits_similarity", max_parallel=2)
     code, out, err = attnlab("sweep", str(path))
     assert code == 0, err
@@ -466,9 +550,10 @@ def test_digits_sweep_end_to_end_then_compare_gives_a_row_per_cell(attnlab, tmp_
 
 
 @pytest.mark.slow
-def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(attnlab, tmp_path):
-    """SIGTERM to the sweep stops its running fit (which saves last.ckpt); the next start resumes that run.
-    The signal goes when the long run's first epoch (one batch) has saved last.ckpt: 9 epochs are left to stop in."""
+def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(attnlab, tmp_path, in_process):
+    """SIGTERM to the sweep (a process, its runs processes too) stops its running fit, which saves last.ckpt; the next
+    start resumes that run. The signal goes when the long run's first epoch (one batch) has saved last.ckpt: 9 epochs
+    are left to stop in."""
     path = _tiny_sweep(
         tmp_path,
         "stop",
@@ -498,7 +583,7 @@ def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(attnlab
     assert stopped["status"] == "interrupted"
     stamp = (first / "lightning_logs" / "version_0" / "summary.json").stat().st_mtime
 
-    code, out, err = attnlab("sweep", str(path))  # the second start in-process: its run is a subprocess all the same
+    code, out, err = attnlab("sweep", str(path))  # the second start in this process, its run too
     assert code == 0, out + err
     assert "digits/max_epochs=1/seed=0 is done, skipped" in out
     assert f"digits/max_epochs=10/seed=0 started (resume from {run / 'checkpoints' / 'last.ckpt'})" in out
@@ -516,7 +601,7 @@ def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(attnlab
 
 
 @pytest.mark.slow
-def test_a_sweep_whose_runs_all_failed_ends_in_one_line_with_status_1(attnlab, tmp_path):
+def test_a_sweep_whose_runs_all_failed_ends_in_one_line_with_status_1(attnlab, tmp_path, in_process):
     """patch_size 3 passes the parser but not the 8x8 digits: no run finishes, so there is nothing to report."""
     path = _tiny_sweep(tmp_path, "broken", grid={"model.init_args.patch_size": [3]}, seeds=[0])
     code, out, err = attnlab("sweep", str(path))
@@ -529,20 +614,22 @@ def test_a_sweep_whose_runs_all_failed_ends_in_one_line_with_status_1(attnlab, t
 
 
 @pytest.mark.slow
-def test_a_sweep_stopped_before_any_run_finished_ends_in_one_line_with_status_143(tmp_path):
+def test_a_sweep_stopped_before_any_run_finished_ends_in_one_line_with_status_143(attnlab, tmp_path, monkeypatch):
+    """SIGTERM while the sweep's one run (a process that would sleep 20 s) runs: the run is stopped, and with no run
+    finished there is nothing to report."""
+    from experiments.sweep import launch
+    from experiments.sweep.runs import Sweep
+
     path = _tiny_sweep(tmp_path, "stopped", grid={"trainer.max_epochs": [30]}, seeds=[0])
-    root = tmp_path / "root"
-    sweep = subprocess.Popen(
-        [sys.executable, "-m", "experiments.cli", "sweep", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 300
-    while not list(root.glob("**/sweep.log")) and sweep.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    sweep.send_signal(signal.SIGTERM)
-    out, err = sweep.communicate(timeout=120)
-    assert sweep.returncode == 128 + signal.SIGTERM, out + err
+    monkeypatch.setattr(Sweep, "command", lambda self, run: [sys.executable, "-c", "import time; time.sleep(20)"])
+    start = launch.spawn
+
+    def signalled_soon_after(*args, **kwargs):
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "spawn", signalled_soon_after)
+    code, out, err = attnlab("sweep", str(path))
+    assert code == 128 + signal.SIGTERM, out + err
     assert "Traceback" not in err and "0 done, 0 failed, 1 interrupted of 1" in out
     assert err.strip().splitlines()[-1].startswith("attnlab: error: sweep stopped: no run finished, nothing to report")

@@ -15,7 +15,7 @@ from datamodules.text_batching import LengthBucketSampler, collate_pairs
 from datamodules.text_tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_tokenizer
 from datamodules.toy_text import toy_translation_pairs
 from models.attention import AttentionConfig, capture_attention
-from models.decoding import beam_search, greedy_decode
+from models.decoding import beam_search, greedy_decode, length_penalty
 from models.optim import param_groups
 from models.text import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 from models.text_module import check_vocabulary
@@ -276,6 +276,44 @@ def test_beam_search_finds_the_exact_best_when_the_beam_holds_every_prefix():
                 best, best_score = seq, score
     tokens, score = beam_search(model, src, max_len=max_len, beam_size=25, alpha=0.0, **IDS)
     assert tokens[0].tolist()[: len(best)] == best and score.item() == pytest.approx(best_score, abs=1e-4)
+
+
+def gnmt_length_penalty(length: int, alpha: float) -> float:
+    """lp(Y) = (5 + |Y|)^α / (5 + 1)^α (Wu et al. 2016, eq. 14)."""
+    return (5 + length) ** alpha / (5 + 1) ** alpha
+
+
+def test_length_penalty_is_gnmts():
+    for length, alpha in itertools.product((1, 2, 7, 30), (0.0, 0.6, 1.0, 2.0)):
+        assert length_penalty(length, alpha) == pytest.approx(gnmt_length_penalty(length, alpha), rel=1e-12)
+    assert length_penalty(torch.tensor([1.0, 7.0]), 0.6).tolist() == pytest.approx([1.0, 2.0**0.6])  # (5 + 7) / 6 = 2
+
+
+def test_beam_search_with_a_length_penalty_finds_the_exact_best_normalised_score():
+    """Every sentence of up to 4 tokens (EOS last) scored by hand: log p(Y) / lp(Y), |Y| counting the EOS. With this
+    model the shortest sentence (EOS alone) is the most likely and wins at α = 0; GNMT's penalty at α = 0.6 makes
+    a 4-token one win, and a penalty of the wrong sign would keep the shortest. The beam (150) holds every prefix."""
+    vocab, max_len, words = 8, 4, (3, 4, 5, 6, 7)  # next tokens: EOS, UNK and 4..7 (PAD and BOS never)
+    model = tiny_seq2seq(vocab, seed=1)
+    src = torch.tensor([[4, 5, 6]])
+    bodies = torch.tensor(list(itertools.product(words, repeat=max_len - 1)))  # (125, 3)
+    inputs = torch.cat([torch.full((len(bodies), 1), BOS_ID), bodies], dim=1)  # (125, 4)
+    with torch.no_grad():  # causal: position i's distribution depends on the tokens before it only
+        memory = model.encode(src).expand(len(bodies), -1, -1)
+        logp = model.decode(inputs, memory, None).log_softmax(-1)  # (125, 4, V)
+    scores = {}  # sentence -> log p
+    for row, body in zip(logp, bodies.tolist()):
+        for n in range(max_len):
+            sentence = (*body[:n], EOS_ID)
+            scores[sentence] = sum(row[i, t].item() for i, t in enumerate(sentence))
+    assert max(scores, key=scores.get) == (EOS_ID,)
+    for alpha in (0.0, 0.6):
+        best = max(scores, key=lambda s: scores[s] / gnmt_length_penalty(len(s), alpha))
+        tokens, score = beam_search(model, src, max_len=max_len, beam_size=150, alpha=alpha, **IDS)
+        assert tuple(tokens[0].tolist()[: len(best)]) == best and tokens[0, len(best) :].eq(PAD_ID).all()
+        assert score.item() == pytest.approx(scores[best] / gnmt_length_penalty(len(best), alpha), abs=1e-4)
+    assert len(best) == max_len  # α = 0.6 changed the winner; the wrong sign keeps EOS alone
+    assert max(scores, key=lambda s: scores[s] / gnmt_length_penalty(len(s), -0.6)) == (EOS_ID,)
 
 
 def test_hypotheses_end_with_eos_within_max_len():

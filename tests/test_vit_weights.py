@@ -56,14 +56,17 @@ def test_small_timm_vit_agrees_for_both_poolings_and_from_safetensors(tmp_path, 
         torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
 
 
-def test_positions_resampled_like_timm_at_a_new_image_size():
-    """timm's dynamic_img_size resamples its positions on the fly; ours are resampled once at load."""
-    theirs = _small_timm(dynamic_img_size=True)
-    ours = VisionTransformer(**SMALL_VIT | dict(img_size=48)).eval()
-    load_timm_state_dict(ours, theirs.state_dict())
+@pytest.mark.parametrize("registers", [{}, dict(reg_tokens=2, no_embed_class=True)])
+def test_positions_resampled_like_timm_at_a_new_image_size(registers):
+    """timm's dynamic_img_size resamples its positions on the fly; ours are resampled once at load to the model's
+    image size, or on the fly for images of another size (the class token's, if any, kept; registers have none)."""
+    theirs = _small_timm(dynamic_img_size=True, **registers)
     x = torch.randn(2, 1, 48, 48)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+    for img_size in (48, 32):
+        ours = VisionTransformer(**SMALL_VIT | dict(img_size=img_size, register_tokens=registers.get("reg_tokens", 0)))
+        load_timm_state_dict(ours.eval(), theirs.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
 
 
 def _vit(img_size: int, patch_size: int = 4, num_classes: int = 10, **kwargs) -> VisionTransformer:
@@ -152,10 +155,81 @@ def test_learned_positions_into_a_vit_with_positions_in_attention_are_refused_na
     assert message.endswith("set model.positions=learned")
 
 
+# timm's ViTs with LayerScale and registers, built small and random: VisionTransformer (DINOv2 with registers,
+# DeiT-3's no_embed_class, class-token-free "gap" ViTs) and Eva (Naver's RoPE ViTs, timm's RoPE ViTs with registers)
+SMALL_TIMM = dict(img_size=32, patch_size=4, in_chans=1, num_classes=7, embed_dim=48, depth=2, num_heads=3)
+TIMM_WITH_LAYER_SCALE_AND_REGISTERS = [
+    ("vit_small_patch14_reg4_dinov2", {}, dict(register_tokens=4, init_values=1e-5)),
+    ("vit_base_patch16_224", dict(reg_tokens=3, init_values=0.1), dict(register_tokens=3, init_values=0.1)),
+    (
+        "vit_betwixt_patch16_reg4_gap_256",
+        {},
+        dict(register_tokens=4, init_values=1e-5, class_token=False, global_pool="avg"),
+    ),
+    ("vit_small_patch16_rope_mixed_224", {}, dict(positions="rope_mixed", init_values=1e-5)),
+    ("vit_small_patch16_rope_224", {}, dict(positions="rope_axial", init_values=1e-5)),
+    (
+        "vit_betwixt_patch16_rope_reg4_gap_256",
+        dict(ref_feat_shape=(8, 8)),  # the grid of these images, as (16, 16) is at 256 px
+        dict(positions="rope_axial", rope_theta=10000.0, rope_grid_indexing="ij", register_tokens=4)
+        | dict(init_values=1e-5, class_token=False, global_pool="avg"),
+    ),
+    (
+        "vit_mediumd_patch16_rope_reg1_gap_256",  # Eva's attention without biases
+        dict(ref_feat_shape=(8, 8)),
+        dict(positions="rope_axial", rope_theta=10000.0, rope_grid_indexing="ij", register_tokens=1)
+        | dict(init_values=1e-5, class_token=False, global_pool="avg"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name,theirs,ours", TIMM_WITH_LAYER_SCALE_AND_REGISTERS, ids=[t[0] for t in TIMM_WITH_LAYER_SCALE_AND_REGISTERS]
+)
+def test_timm_vits_with_layer_scale_and_registers_load_through_init_from_with_equal_logits(
+    name, theirs, ours, tmp_path
+):
+    timm_model = _randomised(timm.create_model(name, pretrained=False, **SMALL_TIMM | theirs))
+    path = tmp_path / "timm.safetensors"
+    save_file(timm_model.state_dict(), str(path))
+    model = ImageClassifier(**SMALL_TIMM, **ours, init_from=str(path)).model.eval()
+    images = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        expected = timm_model(images)
+        assert expected.std() > 0.1
+        torch.testing.assert_close(model(images), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "theirs,ours,match",
+    [
+        (dict(init_values=1e-5), {}, r"has LayerScale \(ls1.gamma\); set model.init_values to a number"),
+        ({}, dict(init_values=1e-5), r"lacks LayerScale \(ls1.gamma\); set model.init_values=null"),
+        (dict(reg_tokens=4), {}, r"has 4 registers \(reg_token\), the model 0; set model.register_tokens=4"),
+        (
+            dict(class_token=False, global_pool="avg"),
+            dict(global_pool="avg"),
+            r"lacks a class token \(cls_token\); set model.class_token=false",
+        ),
+    ],
+)
+def test_timm_vits_of_another_layer_scale_register_count_or_class_token_are_refused_naming_the_key(theirs, ours, match):
+    with pytest.raises(ValueError, match=match) as error:
+        load_timm_state_dict(VisionTransformer(**SMALL_VIT | ours), _small_timm(**theirs).state_dict())
+    assert "\n" not in str(error.value)
+
+
 def test_timm_features_we_lack_are_named():
-    state = _small_timm(init_values=1e-5).state_dict()  # LayerScale
-    with pytest.raises(ValueError, match=r"the model lacks \['blocks.0.ls1.gamma'"):
+    state = _small_timm(pre_norm=True).state_dict()  # CLIP's norm before the blocks
+    with pytest.raises(ValueError, match=r"the model lacks \['norm_pre.weight', 'norm_pre.bias'\]"):
         load_timm_state_dict(VisionTransformer(**SMALL_VIT), state)
+
+
+def test_timm_positions_that_fit_no_layout_are_refused_naming_the_file():
+    state = _small_timm(reg_tokens=2).state_dict()
+    state["pos_embed"] = state["pos_embed"][:, :-1]  # 3 prefix positions and 63 patches
+    with pytest.raises(ValueError, match=r"^x.pth: pos_embed has 66 positions, not a square patch grid after 3 class"):
+        load_timm_state_dict(VisionTransformer(**SMALL_VIT | dict(register_tokens=2)), state, "x.pth")
 
 
 def test_missing_weights_file_names_the_key():

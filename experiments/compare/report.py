@@ -216,7 +216,7 @@ def print_result(result: dict[str, Any], scaling: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="attnlab compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="attnlab compare", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument(
         "runs", nargs="+", metavar="RUN_DIR", help="run folders (with summary.json) or folders above them"
     )

@@ -96,7 +96,10 @@ def launch_local(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
                 run, how = queue.pop(0)
                 gpu = free.pop(0)
                 env = {**sweep.env(run), **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
-                running[run.name] = (spawn(sweep.command(run), env, run.folder / LOG, own_session=True), run, gpu)
+                proc = spawn(sweep.command(run), env, run.folder / LOG, own_session=True)
+                running[run.name] = (proc, run, gpu)
+                if stop:  # the signal came while the run started, before the handler could reach it
+                    os.killpg(proc.pid, signal.SIGTERM)
                 _started(sweep, run, how, gpu=gpu)
             time.sleep(0.2)
             for name, (proc, run, gpu) in list(running.items()):

@@ -16,7 +16,7 @@ from experiments.sweep.status import lock, plan, record, states, update
 
 def main(argv: list[str] | None = None) -> int:
     argv, extra = split_extra(sys.argv[1:] if argv is None else list(argv))
-    parser = argparse.ArgumentParser(prog="attnlab sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="attnlab sweep", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("file", metavar="FILE.yaml", help="the sweep file (see configs/sweeps/)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; start nothing")
     parser.add_argument(

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from experiments.cli_checks import yaml_error
 from experiments.runfolder import cli_flags, cli_value
 from experiments.sweep.file import ConfigEntry, SweepError, SweepFile, parse
 
@@ -110,9 +111,7 @@ def load(path: str | Path, root: str | None = None, extra: list[str] | None = No
     except OSError as err:
         raise SweepError(f"{path}: cannot be read ({err.strerror})") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise SweepError(f"{path}: not a YAML file{where}: {getattr(err, 'problem', None) or err}") from None
+        raise SweepError(yaml_error(path, err)) from None
     spec = parse(path, spec)
     configs = []
     for entry in spec.configs:
