@@ -62,17 +62,17 @@ def _quantize_qkv(module: MultiHeadAttention, args: tuple, kwargs: dict) -> tupl
     q = fq["query"](query)
     k = q if key is query else fq["key"](key)
     v = k if value is key else q if value is query else fq["value"](value)
-    return (q, k, v, *args[3:]), kwargs
+    return (q, k, v), kwargs  # the rest of forward's arguments are keywords
 
 
-def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
-    """(module name, module, weight name) of every linear layer: each ``nn.Linear`` and each attention's in_proj."""
+def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, the name of its weight) of every linear layer: each ``nn.Linear`` and each attention's in_proj."""
     layers = []
-    for name, module in model.named_modules():
+    for module in model.modules():
         if isinstance(module, nn.Linear):
-            layers.append((name, module, "weight"))
+            layers.append((module, "weight"))
         elif isinstance(module, MultiHeadAttention):
-            layers.append((name, module, "in_proj_weight"))
+            layers.append((module, "in_proj_weight"))
     return layers
 
 
@@ -82,7 +82,7 @@ def w8a8(model: nn.Module) -> Iterator[int]:
     It starts calibrating: observers on, rounding off."""
     layers = linear_layers(model)
     hooks = []
-    for _, module, weight in layers:
+    for module, weight in layers:
         device = getattr(module, weight).device  # the quantizers' scale and zero point live beside the weight
         parametrize.register_parametrization(module, weight, WEIGHT().to(device))
         if isinstance(module, MultiHeadAttention):
@@ -98,7 +98,7 @@ def w8a8(model: nn.Module) -> Iterator[int]:
     finally:
         for hook in hooks:
             hook.remove()
-        for _, module, weight in layers:
+        for module, weight in layers:
             parametrize.remove_parametrizations(module, weight, leave_parametrized=False)
             delattr(module, "input_quantizers" if isinstance(module, MultiHeadAttention) else "input_quantizer")
 

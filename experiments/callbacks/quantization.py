@@ -13,6 +13,7 @@ import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities import move_data_to_device, rank_zero_warn
 
+from experiments.callbacks.summary import RunSummary
 from experiments.quantization import freeze, w8a8
 from experiments.runfolder import SUMMARY, Summary
 
@@ -183,10 +184,10 @@ def _report(trainer: pl.Trainer, stage: str, record: dict[str, Any]) -> None:
 
 
 def _summary_path(trainer: pl.Trainer, stage: str) -> Path | None:
-    """The summary.json of the run whose weights were scored: a fit's own, or the checkpoint's run folder's."""
+    """The summary.json of the run whose weights were scored: the one a fit's `RunSummary` wrote, or the one in the
+    checkpoint's run folder (``<run>/checkpoints/best.ckpt``)."""
     if stage == "fit":
-        folder = trainer.log_dir
+        path = next((cb.path for cb in trainer.callbacks if isinstance(cb, RunSummary) and cb.path), None)
     else:
-        folder = Path(trainer.ckpt_path).parent.parent if trainer.ckpt_path else None
-    path = Path(folder) / SUMMARY if folder else None
+        path = Path(trainer.ckpt_path).parent.parent / SUMMARY if trainer.ckpt_path else None
     return path if path is not None and path.is_file() else None
