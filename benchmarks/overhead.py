@@ -107,7 +107,7 @@ def _common(config: str, args: argparse.Namespace, root: str) -> list[str]:
 def _build(
     config: str, args: argparse.Namespace, root: str
 ) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
-    from experiments.cli import AttnlabCLI
+    from experiments.trainer_cli import AttnlabCLI
 
     cli = AttnlabCLI(
         model_class=pl.LightningModule,

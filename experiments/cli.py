@@ -1,230 +1,20 @@
-"""The `attnlab` command: LightningCLI over every model and DataModule of the suite (`attnlab fit --config
-configs/vision/digits.yaml`), and the `TOOLS` `attnlab compare` and `attnlab sweep`. Configs name the classes
-(``model.class_path``, ``data.class_path``); the DataModule's facts a model needs are linked (`experiments.links`).
+"""The `attnlab` command: `attnlab fit|validate|test|predict` (LightningCLI, `experiments.trainer_cli`) and the `TOOLS`
+`attnlab compare` and `attnlab sweep`. Each subcommand imports what it needs when it runs: `attnlab --help` and the
+tools start without Lightning, torch or the models.
 """
 
 from __future__ import annotations
 
-import contextlib
-import difflib
-import errno
+import argparse
 import importlib
 import logging
 import os
-import re
 import sys
 import warnings
-from pathlib import Path
 
 import huggingface_hub.constants
-import pytorch_lightning as pl
-from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from experiments import checkpoints, cli_checks, guards, tracking
-from experiments.links import LINKED_ATTRIBUTES, init_options
-from experiments.runfolder import newest_checkpoint
-
-# Subcommands that are not Lightning's: name -> (module whose main(argv) runs it, one line for --help)
-TOOLS = {
-    "compare": ("experiments.compare", "One report across runs and modalities: report.md and plots."),
-    "sweep": ("experiments.sweep", "Grids x seeds of fit runs: local, SLURM (submitit) or W&B sweeps; resumable."),
-}
-
-
-_NOISE = re.compile(
-    r"Does not validate against any of the Union subtypes|^Subtypes:|^Errors:|NoneType|^Given value type:|^tip:|^Expected a path but"
-)
-
-
-# Our own ValueErrors start with the key they concern ("trainer.logger: ...", "data.root=...: ...")
-_OWN_ERROR = re.compile(r"^(trainer|model|data)(\.\w+)*(=\S*)?: ")
-
-
-def _accepted_options(class_path: str) -> list[str]:
-    module, _, name = class_path.rpartition(".")
-    try:
-        return init_options(getattr(importlib.import_module(module), name))
-    except (ImportError, AttributeError, ValueError):
-        return []
-
-
-def condense_error(message: str) -> str:
-    """jsonargparse's nested Union report -> one line naming the key, the value and what is allowed."""
-    keys, reasons, value, class_path = [], [], None, None
-    for raw in message.splitlines():
-        line = raw.strip().lstrip("- ").strip()
-        if _OWN_ERROR.match(line):  # raised by our own code, naming its key: the rest is jsonargparse's wrapping
-            return line
-        if not line or _NOISE.search(line):
-            continue
-        if m := re.match(r'Parser key "([^"]+)":\s*(.*)', line):
-            keys.append(m.group(1))
-            line = m.group(2)
-        elif m := re.match(r"Problem with given class_path '([^']+)':", line):
-            class_path = m.group(1)
-            continue
-        elif m := re.match(r"Given value: (.*)", line):
-            value = m.group(1)
-            continue
-        if line:
-            reasons.append(line)
-    reason = "; ".join(dict.fromkeys(reasons)) or message.strip()
-    reason = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", reason)
-    reason = re.sub(r"Expected a typing\.Literal\[(.*?)\]", r"expected one of \1", reason)
-    reason = re.sub(r"Expected a (\w+)", r"expected \1", reason)
-    if m := re.search(r"Option '([^']+)' is not accepted", reason):
-        options = _accepted_options(class_path) if class_path else []
-        # a key that moved into a block (model.similarity -> model.attention.similarity) is named exactly
-        close = [o for o in options if o.endswith("." + m.group(1))] or difflib.get_close_matches(
-            m.group(1), options, n=1
-        )
-        reason = f"{m.group(1)!r} is not an option of {class_path}" + (f"; did you mean {close[0]!r}?" if close else "")
-    elif value is not None and "Got value" not in reason and not value.startswith(("Namespace(", "NestedArg(")):
-        reason = f"{reason}, got {value!r}"
-    if class_path and len(keys) > 1:
-        keys.insert(1, "init_args")
-    return f"{'.'.join(keys)}: {reason}" if keys else reason
-
-
-class AttnlabParser(LightningArgumentParser):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)  # --trainer.max_epoch is no --trainer.max_epochs
-
-    def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error:
-            return super().error(message, ex)
-        _fail(cli_checks.nearest_option(message, self) or condense_error(message))
-
-    def add_subcommands(self, *args, **kwargs):
-        self.subcommands_action = super().add_subcommands(*args, **kwargs)  # AttnlabCLI lists TOOLS in it
-        return self.subcommands_action
-
-
-class AttnlabCLI(LightningCLI):
-    def add_arguments_to_parser(self, parser) -> None:
-        for name in LINKED_ATTRIBUTES:
-            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
-        parser.add_argument(
-            "--weights_only",
-            type=bool | None,
-            default=True,
-            help="Read --ckpt_path as tensors and plain data, never as code (false: trust the file).",
-        )
-
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        # weights_only is attnlab's own argument (default true, see add_arguments_to_parser), handed on by `run`
-        return {name: skip | {"weights_only"} for name, skip in LightningCLI.subcommands().items()}
-
-    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
-        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
-        if not (add_subcommands and isinstance(self.parser, AttnlabParser)):
-            return  # run=False (benchmarks.overhead): no subcommands
-        for name, (_, summary) in TOOLS.items():  # listed by --help; main() runs them before LightningCLI parses
-            self.parser.subcommands_action.add_subcommand(name, AttnlabParser(description=summary), help=summary)
-
-    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        with _one_line():
-            cli_checks.check_config_files(sys.argv[1:] if args is None else args if isinstance(args, list) else [])
-        super().parse_arguments(parser, args)
-        # LightningCLI applies the --ckpt_path file's hyper-parameters next, its class too: a file it would refuse,
-        # or one of another model, is one line now
-        subcommand = self.config.get("subcommand")
-        if subcommand:
-            cfg = self.config[subcommand]
-            with _one_line():
-                cli_checks.check_own_optimizer(cfg)
-                checkpoints.check_fits(cfg.get("ckpt_path"), cfg.model.class_path)
-
-    def before_instantiate_classes(self) -> None:
-        tracking.prepare(self.config, self.subcommand)  # logger folders; `fit --ckpt_path last` resumes the run
-
-    def instantiate_classes(self) -> None:
-        try:
-            super().instantiate_classes()
-        except (ValueError, FileNotFoundError) as err:  # a user's bad value, raised where it entered
-            _fail(condense_error(str(err)))
-        if type(self.trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default; a plugin stays
-            self.trainer.strategy.checkpoint_io = guards.SafeCheckpointIO()  # whole files, read as tensors only
-        if self.subcommand in ("validate", "test", "predict"):
-            self.resolve_saved_checkpoint()
-        if self.subcommand is None:  # built with run=False (benchmarks.overhead): no ckpt_path to check
-            return
-        cfg, class_path = self.config_init[self.subcommand], self.config[self.subcommand].model.class_path
-        with _one_line():  # also a `best` or `last` found just now, and the data facts linked into the model
-            checkpoints.check_fits(cfg.get("ckpt_path"), class_path, self.model.hparams, cfg.weights_only is not False)
-
-    def run(self, **kwargs) -> None:
-        """LightningCLI runs a subcommand through the method of its name: the Trainer's, with its errors as lines."""
-        with self.reported_errors():
-            getattr(self.trainer, self.subcommand)(
-                **kwargs, weights_only=self.config_init[self.subcommand].weights_only
-            )
-
-    fit = validate = test = predict = run
-
-    @contextlib.contextmanager
-    def reported_errors(self):
-        # setup() and checkpoint loading also meet user input (files, a vocabulary that does not match)
-        try:
-            yield
-        except (ValueError, FileNotFoundError) as err:
-            _fail(f"{condense_error(str(err))} (ATTNLAB_DEBUG=1 shows the traceback)", traceback_when_debugging=True)
-        except guards.RunError as err:  # a guard stopped the run and says why
-            _fail(err, traceback_when_debugging=True)
-        except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            _fail(guards.disk_full_message(err, self.trainer), traceback_when_debugging=True)
-
-    def before_fit(self) -> None:
-        # an unwritable folder or a full disk is found now, not at the first checkpoint an epoch later
-        with self.reported_errors():
-            guards.check_output_folders(
-                self.trainer, self.model, resuming=bool(self.config_init["fit"].get("ckpt_path"))
-            )
-
-    def resolve_saved_checkpoint(self) -> None:
-        """`--ckpt_path best|last` in a fresh process: the newest such checkpoint of this experiment."""
-        cfg = self.config_init[self.subcommand]
-        alias = cfg.get("ckpt_path")
-        if alias not in ("best", "last"):
-            return
-        root = Path(self.trainer.default_root_dir)
-        found = newest_checkpoint(root, alias)
-        if found is None:
-            _fail(checkpoints.missing_alias(alias, root))
-        cfg["ckpt_path"] = str(found)
-        print(f"attnlab: using checkpoint {found}", file=sys.stderr)
-
-    def after_fit(self) -> None:
-        if self.trainer.is_global_zero and (warning := cli_checks.no_validation(self.trainer)):
-            print(f"attnlab: warning: {warning}", file=sys.stderr)
-        best = self.trainer.checkpoint_callback
-        if best is None or not best.best_model_path:
-            return
-        if best.best_model_score is None:  # no monitor: the checkpoint is the latest one
-            print(f"attnlab: checkpoint {best.best_model_path}")
-        else:
-            print(f"attnlab: best {best.monitor}={float(best.best_model_score):.4f}, checkpoint {best.best_model_path}")
-
-
-def _fail(err: object, traceback_when_debugging: bool = False) -> None:
-    if traceback_when_debugging and os.environ.get("ATTNLAB_DEBUG"):
-        raise  # called in an except clause: the exception it handles, with its traceback
-    sys.stderr.write(f"attnlab: error: {err}\n")  # one write: the processes of a DDP run share stderr
-    sys.stderr.flush()
-    sys.exit(2)
-
-
-@contextlib.contextmanager
-def _one_line():
-    """A ValueError raised inside (a check of the user's input) ends the command as its one line."""
-    try:
-        yield
-    except ValueError as err:
-        _fail(err, traceback_when_debugging=True)
+from experiments.subcommands import DESCRIPTION, TOOLS, TRAINER
 
 
 def quiet_lightning_notes() -> None:
@@ -240,57 +30,46 @@ def quiet_lightning_notes() -> None:
 
 def hub_offline_unless_asked() -> None:
     """Nothing downloads at run time unless the user sets ``HF_HUB_OFFLINE``. huggingface_hub reads the variable when
-    Lightning imports it (through torchmetrics), before this runs: its constant, which every hub call reads, is set too."""
+    this module imports it, before this runs: its constant, which every hub call reads, is set too."""
     if "HF_HUB_OFFLINE" not in os.environ:
         os.environ["HF_HUB_OFFLINE"] = "1"
         huggingface_hub.constants.HF_HUB_OFFLINE = True
 
 
-def _null_as_dict(argv: list[str]) -> list[str]:
-    """``--model.init_args.attention.qk_norm=null`` as ``--model.init_args.attention={qk_norm: null}``: jsonargparse
-    4.x does not read ``null`` for a field of a block (a dataclass) inside a subclass's ``init_args``, while the dict
-    form sets that one field and keeps the others."""
-    out = []
+def asks_for_help(argv: list[str]) -> bool:
+    """`attnlab --help`: -h or --help before any subcommand (after one, it is that subcommand's help)."""
     for arg in argv:
-        key, _, value = arg.partition("=")
-        parts = key.split(".")
-        if value == "null" and parts[0] == "--model" and len(parts) == 4 and parts[1] == "init_args":
-            arg = f"{'.'.join(parts[:3])}={{{parts[3]}: null}}"
-        out.append(arg)
-    return out
+        if arg in TRAINER or arg in TOOLS:
+            return False
+        if arg in ("-h", "--help"):
+            return True
+    return False
+
+
+def print_help() -> None:
+    """Every subcommand with its line, as LightningCLI's parser would list them, without building that parser: it
+    imports Lightning, torch and every model (seconds) to show the options of each subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="attnlab", description=DESCRIPTION, epilog="`attnlab SUBCOMMAND --help` shows its options."
+    )
+    parser.add_argument("-c", "--config", help="Path to a configuration file in json or yaml format.")
+    subcommands = parser.add_subparsers(title="subcommands", metavar="{" + ",".join([*TRAINER, *TOOLS]) + "}")
+    for name, line in [*TRAINER.items(), *((name, line) for name, (_, line) in TOOLS.items())]:
+        subcommands.add_parser(name, help=line)
+    parser.print_help()
 
 
 def main(args: list[str] | None = None) -> None:
     hub_offline_unless_asked()
     quiet_lightning_notes()
-    argv = _null_as_dict(sys.argv[1:] if args is None else list(args))
+    argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] and argv[0] in TOOLS:
         return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
-    if args is None:
-        sys.argv[1:] = argv
-    else:
-        args = argv
-    AttnlabCLI(
-        model_class=pl.LightningModule,
-        datamodule_class=pl.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        parser_class=AttnlabParser,
-        parser_kwargs={
-            "description": "attnlab: train, evaluate and compare Transformers for text, vision and detection."
-        },
-        save_config_kwargs={"overwrite": True},
-        save_config_callback=tracking.LoggedConfig,  # config.yaml in the run folder, and nested in W&B
-        # progress bars only where someone watches; the run folder's metrics.csv is the default log (Lightning's
-        # would be TensorBoard when installed); summary.json holds the parameter counts and FLOPs
-        trainer_defaults={
-            "enable_progress_bar": sys.stderr.isatty(),
-            "enable_model_summary": False,
-            "logger": {"class_path": "experiments.tracking.CSVLogger"},
-            "callbacks": tracking.default_callbacks(),
-        },
-        args=args,
-    )
+    if asks_for_help(argv):
+        return print_help()
+    from experiments.trainer_cli import main as trainer_main
+
+    trainer_main(args)
 
 
 if __name__ == "__main__":
