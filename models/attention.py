@@ -41,8 +41,8 @@ no other mask, no ``position_bias``, softmax, weights not requested, no KV cache
 the valid rows and runs one variable-length flash kernel over them, so padded keys (and, in self-attention, padded
 query rows, which come back as zeros) cost nothing. ``PADDING_FREE`` gives each device type its kernels, first
 choice first; the first that takes the call runs (varlen_attn has no dropout). Empty by default: on the CPU it
-cannot be faster, and CUDA's has not been measured on a GPU (benchmarks/RESULTS.md, "Padding"); the tests set
-``PADDING_FREE["cpu"]`` to hold it to the reference path.
+cannot be faster, and CUDA's waits for `python -m benchmarks --only padding` on a GPU (benchmarks/RESULTS.md holds
+only the masked SDPA's GPU rows, "key padding"); the tests set ``PADDING_FREE["cpu"]`` to hold it to the reference path.
 
 Incremental decoding: ``forward(cache=...)`` reads and writes the layer's keys and values in a cache, decoding state
 that lives in `models.kv_cache` (a `KVCache` growing by each step, or a `StaticKVCache` of fixed length).
