@@ -21,6 +21,16 @@ from torch import Tensor, nn
 from models.position import Rotation
 
 
+class WithRegisters:
+    """``num_registers`` of a model that keeps its learned registers as ``reg_token`` (1, N, D), or None."""
+
+    reg_token: nn.Parameter | None
+
+    @property
+    def num_registers(self) -> int:
+        return 0 if self.reg_token is None else self.reg_token.shape[1]
+
+
 def learned_registers(n: int, d_model: int) -> nn.Parameter | None:
     """N learned tokens (1, N, D), started as timm's ViT starts them (N(0, 1e-6)); None for N = 0."""
     if not isinstance(n, int) or n < 0:

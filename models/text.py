@@ -28,7 +28,7 @@ from models.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.decoding import CacheKind, DecodingStep, check_cache_kind
 from models.kv_cache import KVCache, StaticKVCache
 from models.position import Positions, SelfAttentionPositions, positional_encoding
-from models.registers import insert_registers, learned_registers, pad_rows, unplaced
+from models.registers import WithRegisters, insert_registers, learned_registers, pad_rows, unplaced
 from models.transformer import Activation, DecoderLayerCache, Norm, TransformerDecoder, TransformerEncoder
 
 
@@ -84,7 +84,7 @@ def check_heads(d_model: int, nhead: int) -> None:
         raise ValueError(f"model.nhead={nhead} does not divide model.d_model={d_model}; choose a divisor of {d_model}")
 
 
-class Seq2SeqTransformer(nn.Module):
+class Seq2SeqTransformer(nn.Module, WithRegisters):
     """The Transformer encoder-decoder for translation.
 
     Args:
@@ -199,10 +199,6 @@ class Seq2SeqTransformer(nn.Module):
             "reg_token",
         }
 
-    @property
-    def num_registers(self) -> int:
-        return 0 if self.reg_token is None else self.reg_token.shape[1]
-
     def register_keys(self) -> dict[str, slice]:
         """The attention layers whose keys include the registers -> their key positions: the last N of the
         encoder's self-attention and of the decoder's cross-attention (the memory)."""
@@ -287,7 +283,7 @@ class Seq2SeqTransformer(nn.Module):
         return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
 
 
-class DecoderOnlyLM(nn.Module):
+class DecoderOnlyLM(nn.Module, WithRegisters):
     """A GPT-style language model: causal self-attention blocks only, tied input/output embeddings.
 
     Llama (Touvron et al. 2023) is ``positions="rope"``, ``norm="rmsnorm"``, ``activation="swiglu"``,
@@ -401,10 +397,6 @@ class DecoderOnlyLM(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         return {"tok_embed.embedding.weight", "pos.weight", "relative_attention_bias.weight", "reg_token"}
-
-    @property
-    def num_registers(self) -> int:
-        return 0 if self.reg_token is None else self.reg_token.shape[1]
 
     def register_keys(self) -> dict[str, slice]:
         """The attention layers whose keys include the sinks -> their key positions: the first N of every block."""

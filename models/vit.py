@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from models.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.position import PositionEmbeddingSine2D, RelativePositionBias2D, RotaryEmbedding2D
-from models.registers import insert_registers, learned_registers, unplaced
+from models.registers import WithRegisters, insert_registers, learned_registers, unplaced
 from models.transformer import TransformerEncoder
 from models.weights import WEIGHT_SUFFIXES, load_checked, network_state, read_state, resolve
 
@@ -91,7 +91,7 @@ def _init_linear(layer: nn.Linear) -> None:
         nn.init.zeros_(layer.bias)
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(nn.Module, WithRegisters):
     """ViT classifier.
 
     Args:
@@ -286,10 +286,6 @@ class VisionTransformer(nn.Module):
             biases = {"position_bias": [table(grid) for table in self.rel_pos_bias]}
             return unplaced(biases, self._placed_prefix, self.num_registers)
         return {}
-
-    @property
-    def num_registers(self) -> int:
-        return 0 if self.reg_token is None else self.reg_token.shape[1]
 
     def register_keys(self) -> dict[str, slice]:
         """The attention layers whose keys include the registers -> the registers' key positions."""
