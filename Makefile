@@ -8,7 +8,7 @@ export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo ablation findings lint test install clean gpu-wheels
+.PHONY: demo ablation findings lint test install clean gpu-wheels gpu-check gpu-rehearsal
 
 # pip byte-compiles one file at a time; compileall -j 0 does it on every core (about 15 s less here). The bytecode must
 # be written at install: where PYTHONDONTWRITEBYTECODE is set, Python never caches what it compiles on import. Like
@@ -65,6 +65,14 @@ GPU_WHEELS := 'jsonargparse[signatures]>=4.32,<5' docstring-parser typeshed-clie
 gpu-wheels:
 	rm -rf .whl && $(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+
+# On a lent GPU machine (carry .whl): the carried wheels, the CUDA tests and every GPU row in about 8 minutes, one
+# report in $$OUT (else runs/gpu/); `gpu-rehearsal` runs the same steps here on the CPU at toy sizes first.
+gpu-check:
+	$(PYTHON) -m benchmarks.gpu_check
+
+gpu-rehearsal: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check --rehearse
 
 clean:
 	rm -rf $(VENV) runs lightning_logs wandb

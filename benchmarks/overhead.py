@@ -52,6 +52,7 @@ from experiments.compare.tables import markdown_table
 TASKS = {
     "vit": "configs/vision/digits.yaml",
     "seq2seq": "configs/text/toy_en_de.yaml",
+    "vit_s16": "configs/vision/vit_s16_random.yaml",  # ViT-S/16, bf16, batch 256: the GPU row
 }
 
 
@@ -101,6 +102,7 @@ def _common(config: str, args: argparse.Namespace, root: str) -> list[str]:
         "--trainer.num_sanity_val_steps=0",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
+        *(f"--{kv}" for kv in args.set),
     ]
 
 
@@ -177,13 +179,14 @@ class PlainLoop:
 
     def __init__(self, config: str, args: argparse.Namespace):
         with tempfile.TemporaryDirectory() as root:
-            self.module, data, _ = _build(config, args, root)
+            self.module, data, trainer = _build(config, args, root)
         self.device = torch.device(args.device)
         self.module.to(self.device).train()
         data.setup("fit")
         self.loader = data.train_dataloader()
         self.optimizer, self.schedule, self.loss = (_vit if "vision" in config else _seq2seq)(self.module)
-        self.clip = 1.0 if "text" in config else None  # the toy config's trainer.gradient_clip_val
+        self.clip = trainer.gradient_clip_val
+        self.bf16 = str(trainer.precision) == "bf16-mixed"  # the trainer's autocast, as Lightning's plugin sets it
         self.new_epoch()
 
     def new_epoch(self) -> None:
@@ -200,10 +203,11 @@ class PlainLoop:
             self.new_epoch()
             own = next(self.batches)
         move_data_to_device(own, self.device)
-        loss = self.loss(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            loss = self.loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.clip is not None:
+        if self.clip:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
         self.optimizer.step()
         self.schedule.step()
@@ -238,6 +242,7 @@ def _in_fresh_process(task: str, loop: str, args: argparse.Namespace) -> dict[st
     """`interleaved_step_times` of one task and loop in a new Python process: the two models' memory layout, which
     moves their relative speed by up to a point from one process to the next, is drawn anew for each run."""
     options = ["--device", args.device, "--epochs", str(args.epochs), "--batches", str(args.batches)]
+    options += [f"--set={kv}" for kv in args.set]
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.overhead", "--one", task, loop, *options, "--threads", str(args.threads)],
         capture_output=True,
@@ -252,7 +257,7 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["vit", "seq2seq"])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -267,8 +272,19 @@ def main(argv: list[str] | None = None) -> None:
         default=list(LOOPS),
         help="attnlab: `attnlab fit`; lightning: a bare pl.Trainer on the same module and data (Lightning's floor)",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config value for both loops, as `attnlab fit --KEY=VALUE` takes it (e.g. data.init_args.batch_size=64)",
+    )
     parser.add_argument("--one", nargs=2, metavar=("TASK", "LOOP"), help=argparse.SUPPRESS)  # a run, in its process
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
     warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # this script's own options are in sys.argv
@@ -276,6 +292,11 @@ def main(argv: list[str] | None = None) -> None:
         task, loop = args.one
         print(json.dumps(interleaved_step_times(TASKS[task], args, loop)))
         return
+    print(overhead_report(args, sys.argv[1:] if argv is None else argv))
+
+
+def overhead_report(args: argparse.Namespace, argv: list[str]) -> str:
+    """The command, the machine and the table: each task's loops, each run in fresh processes."""
     loads, rows = [_load()], []
     for task in args.tasks:
         times = {loop: {"trainer": [], "plain": []} for loop in args.loops}
@@ -314,15 +335,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.device == "cuda"
         else f"CPU ({platform.processor() or platform.machine()}, {args.threads} thread(s))"
     )
-    print(f"Command: `python -m benchmarks.overhead {' '.join(argv if argv is not None else sys.argv[1:])}`  ")
-    print(
+    lines = [
+        f"Command: `python -m benchmarks.overhead {' '.join(argv)}`  ",
         f"Date: {datetime.date.today()}, torch {torch.__version__}, pytorch-lightning {pl.__version__}, device: {device}, "
-        f"load average (1 min) before/after each task: {' -> '.join(loads)}  "
-    )
-    print(
+        f"load average (1 min) before/after each task: {' -> '.join(loads)}  ",
         f"{args.repeats} runs of each loop of {args.epochs} counted epochs x {args.batches} batches (after 1 warm-up "
-        "epoch), each against the plain loop in alternating steps; step time: the mean over the counted steps.\n"
-    )
+        "epoch), each against the plain loop in alternating steps; step time: the mean over the counted steps.\n",
+    ]
     header = [
         "task",
         "loop",
@@ -333,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         "overhead (ms)",
         "per-step ratio: median (quartiles)",
     ]
-    print(markdown_table(header, rows))
+    return "\n".join(lines) + "\n" + markdown_table(header, rows)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ Sections (``--only``):
     data       each experiment config's DataModule alone vs its training step vs the real fit
     padding    padded batches by each of our attention's padding paths (masked SDPA, varlen_attn, NJT SDPA:
                `models.padding_free`) vs no mask, and in the Multi30k training step vs nn.Transformer: only with CUDA
-    gpu        ViT-B/16 model FLOPs utilisation (bf16), SDPA kernel checks, decoding on the static cache with
-               CUDA graphs vs the dynamic cache (beam 5 and greedy, 64 and 1014 sentences), and the padding rows:
-               only with CUDA
+    gpu        its parts (``--gpu-parts``): padding (the padding section's rows), decoding on the static cache
+               with CUDA graphs vs the dynamic cache (beam 5 and greedy, 64 and 1014 sentences), detr (the DETR
+               steps with the share of Hungarian matching), overhead (`attnlab fit` at ViT-S/16, bf16, batch 256)
+               and mfu (ViT-B/16 model FLOPs utilisation against timm's, SDPA on fully blocked rows): with CUDA, or
+               with --quick on the CPU as a rehearsal (toy sizes; `benchmarks.gpu_check --rehearse`)
 
 Every comparison uses the same shapes, precision, optimiser (AdamW) and loss on both sides, and the
 same weights where the layouts allow it; see `benchmarks.harness` for how time and memory
@@ -50,7 +52,7 @@ from benchmarks.cases import cases
 from benchmarks.harness import machine, step_peak_mib
 from benchmarks.measure import log
 from benchmarks.report import method_text
-from benchmarks.sections import case_parts, data_part, gpu_parts, padding_report
+from benchmarks.sections import GPU_PARTS, case_parts, data_part, gpu_parts, padding_report
 from experiments.cli import hub_offline_unless_asked
 from experiments.compare.tables import markdown_table
 
@@ -86,6 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--no-memory", dest="memory", action="store_false", help="skip peak-memory probes (each runs a fresh process)"
     )
+    p.add_argument("--gpu-parts", default=",".join(GPU_PARTS), help=f"the gpu section's parts: {', '.join(GPU_PARTS)}")
     p.add_argument("--data-configs", default=",".join(DATA_CONFIGS), help="experiment YAMLs for the data section")
     p.add_argument(
         "--output",
@@ -94,9 +97,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--memory-probe", nargs=2, metavar=("KEY", "SIDE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    unknown = set(args.only.split(",")) - set(SECTIONS)
-    if unknown:
-        p.error(f"--only: unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    for flag, given, known in (("--only", args.only, SECTIONS), ("--gpu-parts", args.gpu_parts, tuple(GPU_PARTS))):
+        unknown = set(given.split(",")) - set(known)
+        if unknown:
+            p.error(f"{flag}: unknown name(s) {', '.join(sorted(unknown))}; choose from {', '.join(known)}")
     args.repeats = args.repeats or (2 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     return args
@@ -164,11 +168,12 @@ def run(args: argparse.Namespace) -> str:
             parts.append(padding_report(base, args))
             continue
         if section == "gpu":
-            if base.device.type != "cuda":
+            if base.device.type != "cuda" and not base.quick:
                 print(
                     "benchmark: gpu section skipped: no CUDA device (torch.cuda.is_available() is False) for ViT-B/16 "
                     "MFU, SDPA checks, CUDA-graph decoding and padded batches; varlen_attn and NJT SDPA's flash kernels are "
-                    "CUDA's, and on the CPU the padding-free path is off (models.attention.PADDING_FREE)",
+                    "CUDA's, and on the CPU the padding-free path is off (models.attention.PADDING_FREE); with --quick it "
+                    "runs on the CPU at toy sizes, a rehearsal",
                     file=sys.stderr,
                 )
                 continue

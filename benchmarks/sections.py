@@ -8,8 +8,8 @@ import argparse
 from functools import partial
 from pathlib import Path
 
-from benchmarks import peers, scaling
-from benchmarks.cases import GPU_DECODING, Case, static_cache_case
+from benchmarks import overhead, peers, scaling
+from benchmarks.cases import GPU_DECODING, Case, cases, static_cache_case
 from benchmarks.data_pipeline import data_pipeline_rows
 from benchmarks.harness import Ratio, interleaved
 from benchmarks.measure import attention_kernels, log, run_case
@@ -60,31 +60,73 @@ def padding_report(s: peers.Settings, args: argparse.Namespace) -> str:
     )
 
 
-def gpu_parts(s: peers.Settings, args: argparse.Namespace, with_padding: bool) -> list[str]:
-    """ViT-B/16 MFU, SDPA on a fully blocked row, decoding on the static cache with CUDA graphs and (with
-    ``with_padding``: the padding section does not run on its own) the padded batches. CUDA only."""
-    log("gpu: ViT-B/16 MFU")
-    rows = [scaling.vit_b16_mfu(s, compile_model=c, batch=b) for c in (False, True) for b in (64, 256)]
-    rows += [
-        scaling.vit_b16_mfu(s, compile_model=True, batch=256, side="timm"),
-        scaling.vit_b16_mfu(s, compile_model=True, batch=256, precision="bf16 weights"),
-    ]
-    parts = [
+def mfu_part(s: peers.Settings, args: argparse.Namespace) -> str:
+    """ViT-B/16's MFU, ours eager and compiled and timm's compiled at batch 256; SDPA on a fully blocked row."""
+    runs = [(False, "ours"), (True, "ours"), (True, "timm")] if not s.quick else [(False, "ours"), (False, "timm")]
+    batch = 2 if s.quick else 256
+    rows = [scaling.vit_b16_mfu(s, compile_model=c, batch=batch, side=side) for c, side in runs]
+    return (
         "### ViT-B/16 training step, model FLOPs utilisation (fused AdamW)\n\n"
-        + markdown_table(list(rows[0]), [list(r.values()) for r in rows]),
-        "### SDPA on this GPU: a query row whose keys are all blocked (2 x 4 heads x L x 64)\n\n"
+        + markdown_table(list(rows[0]), [list(r.values()) for r in rows])
+        + "\n\n### SDPA on this device: a query row whose keys are all blocked (2 x 4 heads x L x 64)\n\n"
         + markdown_table(
             ["backend", "dtype", "L", "output of the empty row", "gradients"], scaling.empty_row_rows(s.device)
-        ),
-    ]
-    log("gpu: decoding on the static cache with CUDA graphs")
+        )
+    )
+
+
+def decoding_part(s: peers.Settings, args: argparse.Namespace) -> str:
+    """Beam 5 and greedy decoding on the static cache (CUDA graphs) against the dynamic cache."""
     outcomes = [run_case(static_cache_case(*shape, "gpu"), s, args) for shape in GPU_DECODING]
-    parts.append(
+    return (
         f"### {SECTION_TITLES['gpu/decoding']}\n\n{comparison_table(outcomes)}\n\n"
         f"Checks and notes:\n{notes_list(outcomes)}"
     )
-    if with_padding:
-        parts.append(padding_report(s, args))
+
+
+def detr_part(s: peers.Settings, args: argparse.Namespace) -> str:
+    """DETR's training step against Hugging Face's, small and R50, with each step's share of Hungarian matching."""
+    outcomes = [run_case(c, s, args) for c in cases(s.quick) if c.key in ("detr/small", "detr/r50")]
+    return (
+        "### DETR training step (set loss with auxiliary losses, AdamW) vs Hugging Face DetrForObjectDetection, with "
+        f"the share of the step spent in Hungarian matching\n\n{comparison_table(outcomes)}\n\n"
+        f"Checks and notes:\n{notes_list(outcomes)}"
+    )
+
+
+def overhead_part(s: peers.Settings, args: argparse.Namespace) -> str:
+    """`attnlab fit` against a plain loop at ViT-S/16, bf16, batch 256 (`benchmarks.overhead`); a toy ViT on
+    random 32 px images with ``s.quick``."""
+    argv = ["--tasks", "vit_s16", "--device", s.device.type]
+    if s.quick:
+        toy = ("model.init_args.embed_dim=32", "model.init_args.depth=1", "model.init_args.num_heads=2")
+        toy += ("data.init_args.img_size=32", "data.init_args.batch_size=8", "data.init_args.num_workers=0")
+        argv += ["--repeats", "1", "--epochs", "1", "--batches", "3", *(f"--set={kv}" for kv in toy)]
+    else:
+        argv += ["--repeats", "2", "--epochs", "3", "--batches", "20"]
+    return "### Trainer overhead at ViT-S/16, bf16, batch 256\n\n" + overhead.overhead_report(
+        overhead.parse_args(argv), argv
+    )
+
+
+# the GPU section's parts, in the order `--only gpu` runs them
+GPU_PARTS = {
+    "padding": padding_report,
+    "decoding": decoding_part,
+    "detr": detr_part,
+    "overhead": overhead_part,
+    "mfu": mfu_part,
+}
+
+
+def gpu_parts(s: peers.Settings, args: argparse.Namespace, with_padding: bool) -> list[str]:
+    """The parts of `GPU_PARTS` that ``args.gpu_parts`` names (the padding rows only ``with_padding``: else the
+    padding section runs them on its own)."""
+    parts = []
+    for name in args.gpu_parts.split(","):
+        if name != "padding" or with_padding:
+            log(f"gpu: {name}")
+            parts.append(GPU_PARTS[name](s, args))
     return parts
 
 

@@ -194,4 +194,4 @@ def test_quick_run_prints_the_tables_and_appends_only_to_its_output(tmp_path):
 def test_unknown_section_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--only", "attention,speed"])
-    assert exit_.value.code == 2 and "unknown section(s) speed" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "--only: unknown name(s) speed" in capsys.readouterr().err

@@ -150,6 +150,7 @@ def test_cross_attention_with_memory_padding_equals_the_reference(forced):
     assert memory_grad[2].abs().sum() == 0
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen_attn and NJT SDPA's flash kernel: CUDA")
 @pytest.mark.parametrize("kind", ["self", "causal", "cross"])
 @pytest.mark.parametrize("kernel", padding_free.KERNELS)
@@ -348,7 +349,7 @@ def test_padding_rows_skip_without_cuda_with_a_line(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("with CUDA the rows run")
-    main(["--only", "padding,gpu", "--quick", "--no-memory", "--output", "-"])
+    main(["--only", "padding,gpu", "--no-memory", "--output", "-"])  # with --quick the gpu section rehearses
     err = capsys.readouterr().err
     assert "padding section skipped: no CUDA device" in err and "gpu section skipped: no CUDA device" in err
 

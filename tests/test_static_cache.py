@@ -200,6 +200,7 @@ def test_the_replay_path_reads_every_input_from_its_buffers(positions, monkeypat
     assert torch.equal(lm.generate(prompt, 9, temperature=0, cache="static"), lm.generate(prompt, 9, temperature=0))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi"])
 def test_cuda_graph_steps_equal_the_dynamic_cache_on_the_gpu(positions):

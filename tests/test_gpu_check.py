@@ -1,0 +1,90 @@
+"""benchmarks/gpu_check.py: the one GPU command, rehearsed on the CPU with the same wheel install, processes and
+report writer; a step that runs past its limit is cut and the others still report."""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_check
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fake_wheels(folder: Path, names) -> Path:
+    """A pure-Python wheel per name: what pip needs to install it (METADATA, WHEEL, RECORD) and one module."""
+    folder.mkdir()
+    for name in names:
+        info = f"{name}-1.0.dist-info"
+        with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as whl:
+            whl.writestr(f"{name}/__init__.py", "")
+            whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+            whl.writestr(
+                f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+            )
+            whl.writestr(f"{info}/RECORD", "")
+    return folder
+
+
+@pytest.mark.slow
+def test_the_rehearsal_installs_the_wheels_runs_each_step_and_writes_the_report(tmp_path):
+    wheels, out = fake_wheels(tmp_path / "whl", gpu_check.CARRIED), tmp_path / "out"
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--rehearse", "--steps", "env,tests,decoding"]
+    done = subprocess.run(
+        [*command, "--wheels", str(wheels), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report, figures = (out / "report.md").read_text(), json.loads((out / "figures.json").read_text())
+    assert "| env | ok |" in report and "| tests | ok |" in report and "| decoding | ok |" in report
+    assert "== gpu_check: decoding: ok" in (out / "log.txt").read_text()  # every line of every step, as it came
+    tests = figures["steps"]["tests"]["tables"][0]["rows"]
+    assert len(tests) == 9 and {r["outcome"] for r in tests} == {"skipped"}  # the CUDA-marked tests, collected
+    decoding = figures["steps"]["decoding"]["tables"][0]["rows"]
+    assert [r["case"] for r in decoding] == [
+        "beam 5, 64 sentences, static cache",
+        "beam 5, 1014 sentences, static cache",
+        "greedy, 1014 sentences, static cache",
+    ]
+    assert all(float(r["ours ms"]) > 0 for r in decoding)
+
+
+def test_what_the_gpu_machine_lacks_cannot_be_imported_in_a_rehearsal(tmp_path):
+    gpu_check.hide_absent(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    for name in gpu_check.ABSENT_THERE:
+        plain = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True)
+        hidden = subprocess.run([sys.executable, "-c", f"import {name}"], env=env, capture_output=True, text=True)
+        assert plain.returncode == 0, f"{name} is installed here"
+        assert hidden.returncode == 1 and "absent on the GPU machine" in hidden.stderr, hidden.stderr
+
+
+def test_a_step_past_its_limit_is_cut_and_reported(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    lines = []
+    result = gpu_check.run_step("env", 0.5, env, True, lines.append)  # importing torch alone takes longer
+    assert result["status"] == "cut at its limit of 0 s", result
+    assert result["seconds"] < 10 and result["markdown"] == ""
+    gpu_check.write_report(tmp_path, ["# header"], {"env": result})
+    assert "| env | cut at its limit of 0 s |" in (tmp_path / "report.md").read_text()
+
+
+def test_missing_or_incomplete_wheels_are_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as none:
+        gpu_check.install_wheels(tmp_path, rehearse=True)
+    assert f"no wheels in {tmp_path}/: run `make gpu-wheels`" in str(none.value)
+    wheels = fake_wheels(tmp_path / "whl", gpu_check.CARRIED[:-1])
+    with pytest.raises(SystemExit) as lacking:
+        gpu_check.install_wheels(wheels, rehearse=True)
+    assert str(lacking.value) == f"gpu_check: the wheels in {wheels}/ lack pycocotools: run `make gpu-wheels` again"
+
+
+def test_the_figures_are_the_reports_tables():
+    markdown = "### Speed\n\nnote\n\n| case | ms |\n|---|---|\n| a | 1.5 |\n| b | 2 |\n\n### Other\n\n| x |\n|---|\n"
+    assert gpu_check.tables(markdown) == [
+        {"title": "Speed", "columns": ["case", "ms"], "rows": [{"case": "a", "ms": "1.5"}, {"case": "b", "ms": "2"}]},
+        {"title": "Other", "columns": ["x"], "rows": []},
+    ]
