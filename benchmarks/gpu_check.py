@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 # step -> its time limit on an H100 (s); the whole run stays within BUDGET_S
-STEPS = {"env": 60, "tests": 90, "padding": 75, "decoding": 75, "detr": 75, "overhead": 110, "mfu": 150}
+# (an H100 took 22, 27, 76, 42, 38, - and 101 s: benchmarks/RESULTS.md, "GPU rows (H100)")
+STEPS = {"env": 45, "tests": 60, "padding": 100, "decoding": 60, "detr": 60, "overhead": 150, "mfu": 130}
 BUDGET_S = 470
 # what the GPU image ('cuda', read 2026-11-17: device README's KINDS.md) lacks: carried as wheels, or never
 # imported on the way to a figure

@@ -65,6 +65,18 @@ def profile_step(step: Step) -> list[Any]:
     return list(prof.events())
 
 
+def top_ops(events: list[Any], n: int = 5) -> str:
+    """The ``n`` operators with the most self time on the step's device (CUDA's where it ran, else the CPU's),
+    as "name ms (share)": where the time of a row that misses its target goes."""
+    on_device = any(e.self_device_time_total > 0 for e in events)
+    totals: dict[str, float] = {}
+    for e in events:
+        totals[e.key] = totals.get(e.key, 0.0) + (e.self_device_time_total if on_device else e.self_cpu_time_total)
+    whole = sum(totals.values()) or 1.0
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{name} {us / 1e3:.2f} ms ({100 * us / whole:.0f}%)" for name, us in top)
+
+
 def sdpa_kernels(events: list[Any]) -> str:
     """Which SDPA implementations ran (", "-joined short names), or "none" (e.g. the math fallback
     written out op by op)."""

@@ -34,7 +34,9 @@ def padding_report(s: peers.Settings, args: argparse.Namespace) -> str:
         timings = interleaved(
             bench.steps, s.device, repeats=args.repeats, warmup=args.warmup, min_sample_s=0.01 if s.quick else 0.2
         )
+        tops = []
         for side, timing in timings.items():
+            events = scaling.profile_step(bench.steps[side])
             rows.append(
                 [
                     label,
@@ -42,10 +44,11 @@ def padding_report(s: peers.Settings, args: argparse.Namespace) -> str:
                     f"{timing.median * 1e3:,.2f}",
                     str(Ratio.of(timing, timings[reference])),
                     fmt_rate(bench.items, timing.median, bench.unit),
-                    attention_kernels(scaling.profile_step(bench.steps[side])),
+                    attention_kernels(events),
                 ]
             )
-        checks.append(f"- {label}: {bench.check}")
+            tops.append(f"  - {side}, the step's top operators by self time: {scaling.top_ops(events)}")
+        checks += [f"- {label}: {bench.check}", *tops]
     header = ["case", "side", "ms", "time / reference [p25-p75]", "valid tokens/s", "attention kernels"]
     return (
         f"### Padded batches: our attention's padding paths ({'bf16 autocast' if s.amp else 'fp32'}; issue 28)\n\n"
@@ -103,7 +106,7 @@ def overhead_part(s: peers.Settings, args: argparse.Namespace) -> str:
         toy += ("data.init_args.img_size=32", "data.init_args.batch_size=8", "data.init_args.num_workers=0")
         argv += ["--repeats", "1", "--epochs", "1", "--batches", "3", *(f"--set={kv}" for kv in toy)]
     else:
-        argv += ["--repeats", "2", "--epochs", "3", "--batches", "20"]
+        argv += ["--repeats", "2", "--epochs", "3", "--batches", "20", "--loops", "attnlab"]  # 2 runs of ~45 s
     return "### Trainer overhead at ViT-S/16, bf16, batch 256\n\n" + overhead.overhead_report(
         overhead.parse_args(argv), argv
     )

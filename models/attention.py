@@ -41,8 +41,10 @@ no other mask, no ``position_bias``, softmax, weights not requested, no KV cache
 the valid rows and runs one variable-length flash kernel over them, so padded keys (and, in self-attention, padded
 query rows, which come back as zeros) cost nothing. ``PADDING_FREE`` gives each device type its kernels, first
 choice first; the first that takes the call runs (varlen_attn has no dropout). Empty by default: on the CPU it
-cannot be faster, and CUDA's waits for `python -m benchmarks --only padding` on a GPU (benchmarks/RESULTS.md holds
-only the masked SDPA's GPU rows, "key padding"); the tests set ``PADDING_FREE["cpu"]`` to hold it to the reference path.
+cannot be faster, and on an H100 both kernels were slower than the masked SDPA (benchmarks/RESULTS.md, "GPU rows
+(H100)": a padded layer at 1.85-2.18x the unmasked one by varlen_attn and 9-13x by NJT SDPA, against 1.25-1.33x; the
+Multi30k step 1.15x nn.Transformer's by varlen_attn against 1.00x). The tests set ``PADDING_FREE["cpu"]`` to hold
+the path to the reference.
 
 Incremental decoding: ``forward(cache=...)`` reads and writes the layer's keys and values in a cache, decoding state
 that lives in `models.kv_cache` (a `KVCache` growing by each step, or a `StaticKVCache` of fixed length).

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from models.attention import DEFAULT_ATTENTION, AttentionConfig
-from models.decoding import CacheKind, DecodingStep, check_cache_kind
+from models.decoding import CacheKind, DecodingStep, cache_kind
 from models.kv_cache import KVCache, StaticKVCache
 from models.position import Positions, SelfAttentionPositions, positional_encoding
 from models.registers import WithRegisters, insert_registers, learned_registers, pad_rows, unplaced
@@ -463,12 +463,12 @@ class DecoderOnlyLM(nn.Module, WithRegisters):
         likely. Each new token costs one cached step; once the context exceeds ``max_positions`` the window
         slides and is re-encoded (after the sinks, which stay), since absolute positions cannot shift inside a
         cache. ``use_cache=False`` re-runs the whole window at every step (the reference the cache is tested against). ``cache``:
-        "dynamic" or "static" (a `StaticKVCache` as long as the window, each step a CUDA graph on CUDA: see
-        `models.decoding`).
+        "auto" (static on CUDA, else dynamic), "dynamic" or "static" (a `StaticKVCache` as long as the window, each
+        step a CUDA graph on CUDA: see `models.decoding`).
         """
         if prompt.size(1) == 0:
             raise ValueError("generate needs a prompt of at least one token")
-        check_cache_kind(cache)
+        cache = cache_kind(cache, prompt.device)
         tokens, step = prompt, None
         window = min(self.max_positions, prompt.size(1) + max_new_tokens)
         for _ in range(max_new_tokens):

@@ -230,9 +230,9 @@ def test_cache_is_a_config_key_of_both_text_modules_and_checked():
         src_vocab_size=V, tgt_vocab_size=V, d_model=16, nhead=2, dim_feedforward=32, cache="static"
     )
     assert module.hparams.cache == "static"
-    assert TranslationModule(src_vocab_size=V, tgt_vocab_size=V, d_model=16, nhead=2).hparams.cache == "dynamic"
+    assert TranslationModule(src_vocab_size=V, tgt_vocab_size=V, d_model=16, nhead=2).hparams.cache == "auto"
     assert LanguageModelModule(vocab_size=V, d_model=16, nhead=2, cache="static").hparams.cache == "static"
-    with pytest.raises(ValueError, match=r"model.cache='paged' is not known; choose one of dynamic, static"):
+    with pytest.raises(ValueError, match=r"model.cache='paged' is not known; choose one of auto, dynamic, static"):
         TranslationModule(src_vocab_size=V, tgt_vocab_size=V, d_model=16, nhead=2, cache="paged")
     src = padded_batch(V, [4, 2])
     static = module.eval().translate(src, beam_size=3)
@@ -251,3 +251,17 @@ def test_benchmark_rows_decode_the_same_translations_on_both_caches():
         "gpu/static_cache/beam/1014",
         "gpu/static_cache/greedy/1014",
     }
+
+
+def test_auto_decodes_on_the_static_cache_on_cuda_and_the_dynamic_one_elsewhere(monkeypatch):
+    """The default follows the H100 rows: the static cache where a CUDA graph replays it, else the dynamic one."""
+    assert decoding.cache_kind("auto", torch.device("cuda")) == "static"
+    assert decoding.cache_kind("auto", torch.device("cpu")) == "dynamic"
+    assert decoding.cache_kind("static", torch.device("cpu")) == "static"
+    monkeypatch.setattr(decoding, "seq2seq_step", lambda *a: pytest.fail("auto took the static path on the CPU"))
+    model, src = seq2seq("sinusoidal", eos_bias=1.0), padded_batch(V, [5, 3])
+    for search, kw in ((greedy_decode, {}), (beam_search, {"beam_size": 3})):
+        assert torch.equal(
+            search(model, src, max_len=8, **IDS, **kw)[0],
+            search(model, src, max_len=8, cache="dynamic", **IDS, **kw)[0],
+        )
