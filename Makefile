@@ -58,10 +58,9 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest -n auto --dist loadfile
 
-# The wheels a lent GPU machine (Python 3.12, torch and Lightning installed, no registry) lacks for `attnlab fit`
-# and `python -m benchmarks`: carry .whl and start the command with
-# `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$$PWD`.
-GPU_WHEELS := 'jsonargparse[signatures]>=4.32,<5' docstring-parser typeshed-client 'pycocotools>=2.0.7'
+# The wheels a lent GPU machine (Python 3.12, torch and Lightning installed, no registry) lacks, at the versions that
+# ran there on 2026-11-26 (benchmarks/RESULTS.md, "GPU rows (H100)"); `gpu-check` installs them from .whl (carry it).
+GPU_WHEELS := jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 pycocotools==2.0.11
 gpu-wheels:
 	rm -rf .whl && $(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
