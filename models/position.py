@@ -135,7 +135,7 @@ def rotate_pairs(x: Tensor) -> Tensor:
     return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Rotation:
     """RoPE angles of a run of positions: ``cos`` and ``sin`` (..., L, d), broadcastable to the heads
     (B, H, L, d). Calling it rotates each pair of channels of a query or key by its position's angle:
