@@ -97,7 +97,9 @@ def test_max_attention_logit_is_logged_at_logging_steps_only(tmp_path):
 def test_max_attention_logit_is_the_largest_unblocked_logit():
     from models.attention import capture_attention
 
-    torch.manual_seed(2)  # a model whose largest logit is a blocked (future) one
+    # a model whose largest logit is a blocked (future) one, on torch 2.11 and 2.14 alike (nn.init.trunc_normal_,
+    # which the learned positions use, draws other numbers from the same seed since torch 2.13)
+    torch.manual_seed(7)
     data_free = LanguageModelModule(vocab_size=11, d_model=16, nhead=2, num_layers=2, max_positions=8).eval()
     tokens = torch.randint(11, (2, 8))
     with capture_attention(data_free, scores=True) as maps:
