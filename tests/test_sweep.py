@@ -117,9 +117,9 @@ def test_one_run_per_config_cell_and_seed_with_stable_names_and_commands(tmp_pat
     runs = sweep.runs()
     assert [r.name for r in runs] == [
         f"digits/similarity={s},max_epochs={e}/seed={seed}"
+        for seed in (0, 7)
         for s in ("scaled_dot", "dot")
         for e in (1, 2)
-        for seed in (0, 7)
     ]
     run = runs[-1]
     assert run.folder == tmp_path / "root" / "digits" / "similarity=dot,max_epochs=2" / "seed=7"
@@ -284,8 +284,8 @@ def test_the_status_file_records_every_run_and_keeps_their_state(tmp_path):
     sweeps.record(sweep)  # a second start of the sweep keeps what the first recorded
     runs = SweepStatus.read(sweep.root).runs
     assert runs["digits/similarity=dot/seed=1"].error == "attnlab: error: boom"
-    assert [runs[r.name].status for r in sweep.runs()] == ["pending", "pending", "done", "failed"]
-    assert [how for _, how in sweeps.plan(sweep)] == ["new", "new", "done", "new"]  # done stays done
+    assert [runs[r.name].status for r in sweep.runs()] == ["pending", "done", "pending", "failed"]
+    assert [how for _, how in sweeps.plan(sweep)] == ["new", "done", "new", "new"]  # done stays done
 
 
 def test_the_error_line_is_attnlabs_own_or_the_exception_that_ended_the_traceback(tmp_path):
@@ -355,7 +355,7 @@ def test_grid_and_override_values_stay_as_the_yaml_gave_them(tmp_path):
     sweep = sweeps.load(
         write(tmp_path, grid={"model.init_args.lr": ["1e-3", 0.01]}, overrides={"trainer.max_epochs": "2"})
     )
-    assert [run.name for run in sweep.runs()][::2] == ["digits/lr=1e-3/seed=0", "digits/lr=0.01/seed=0"]
+    assert [run.name for run in sweep.runs()][:2] == ["digits/lr=1e-3/seed=0", "digits/lr=0.01/seed=0"]
     assert sweep.overrides == {"trainer.max_epochs": "2"} and "--model.init_args.lr=1e-3" in sweep.command(
         sweep.runs()[0]
     )
@@ -633,3 +633,10 @@ def test_a_sweep_stopped_before_any_run_finished_ends_in_one_line_with_status_14
     assert code == 128 + signal.SIGTERM, out + err
     assert "Traceback" not in err and "0 done, 0 failed, 1 interrupted of 1" in out
     assert err.strip().splitlines()[-1].startswith("attnlab: error: sweep stopped: no run finished, nothing to report")
+
+
+def test_runs_go_seed_by_seed_so_a_stopped_sweep_pairs_every_cell(tmp_path):
+    sweep = sweeps.load(write(tmp_path, grid={"model.init_args.lr": [0.1, 0.2, 0.3]}))
+    names = [run.name for run in sweep.runs()]
+    by_seed = [f"digits/lr={lr}/seed={seed}" for seed in sweep.seeds for lr in (0.1, 0.2, 0.3)]
+    assert len(sweep.seeds) > 1 and names == by_seed

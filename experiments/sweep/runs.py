@@ -45,14 +45,19 @@ class Sweep(SweepFile):
     extra: list[str] = field(default_factory=list)
 
     def runs(self) -> list[Run]:
-        runs = []
+        """Seed by seed, every cell of every config within a seed: a sweep stopped part-way has every cell on the
+        same seeds, so each cell's paired comparison with its reference already holds."""
+        cells = []
         for config, grid in self.configs:
             short = _short_keys(list(grid))
             for cell in (dict(zip(grid, values)) for values in itertools.product(*grid.values())):
                 label = ",".join(f"{short[k]}={_folder_value(v)}" for k, v in cell.items()) or "base"
-                for seed in self.seeds:
-                    name = f"{Path(config).stem}/{label}/seed={seed}"
-                    runs.append(Run(name, config, cell, seed, self.root / name))
+                cells.append((config, cell, label))
+        runs = []
+        for seed in self.seeds:
+            for config, cell, label in cells:
+                name = f"{Path(config).stem}/{label}/seed={seed}"
+                runs.append(Run(name, config, cell, seed, self.root / name))
         return runs
 
     def command(self, run: Run) -> list[str]:
