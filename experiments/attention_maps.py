@@ -14,7 +14,7 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
@@ -71,22 +71,27 @@ def attention_rollout(maps: Maps, num_prefix_tokens: int = 1, token: Literal["cl
     return rows[:, num_prefix_tokens:].reshape(-1, g, g)
 
 
-def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str = "") -> Figure:
-    """One figure: the image (C, H, W), any scale, shown min-max normalised; the rollout (g, g) and each head's
-    class-token map (H, g, g) over it, each scaled to its own maximum: the panels show where, not how much."""
+def draw_map(ax: Any, image: Tensor, heat: Tensor | None) -> None:
+    """The image (C, H, W), any scale, min-max normalised, on ``ax``; over it the map ``heat`` (g, g), coloured from
+    0 to its own maximum: it shows where, not how much."""
     image = image.detach().float().cpu()
     image = (image - image.min()) / (image.max() - image.min()).clamp_min(1e-8)
     shown = image[0] if image.shape[0] == 1 else image.permute(1, 2, 0)  # (H, W) or (H, W, 3)
-    cmap = "gray" if image.shape[0] == 1 else None
+    extent = (0, image.shape[-1], image.shape[-2], 0)
+    ax.imshow(shown, cmap="gray" if image.shape[0] == 1 else None, extent=extent)
+    if heat is not None:
+        heat = heat.detach().float().cpu()
+        ax.imshow(heat, cmap="inferno", alpha=0.6, extent=extent, interpolation="bilinear", vmin=0)
+
+
+def render_attention(image: Tensor, rollout: Tensor, heads: Tensor, title: str = "") -> Figure:
+    """One figure: the image (C, H, W), the rollout (g, g) and each head's class-token map (H, g, g) over it
+    (`draw_map`)."""
     panels = [("input", None), ("rollout", rollout)] + [(f"head {h}", m) for h, m in enumerate(heads)]
     fig = Figure(figsize=(1.6 * len(panels), 1.9))
     axes = fig.subplots(1, len(panels))
-    extent = (0, image.shape[-1], image.shape[-2], 0)
     for ax, (name, heat) in zip(axes, panels):
-        ax.imshow(shown, cmap=cmap, extent=extent)
-        if heat is not None:  # colours from 0 to the map's maximum
-            heat = heat.detach().float().cpu()
-            ax.imshow(heat, cmap="inferno", alpha=0.6, extent=extent, interpolation="bilinear", vmin=0)
+        draw_map(ax, image, heat)
         ax.set_title(name, fontsize=7)
         ax.axis("off")
     if title:

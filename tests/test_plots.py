@@ -82,15 +82,17 @@ def test_entropy_and_distance_put_every_run_of_a_modality_on_one_axes_in_distinc
         fig = layer_figure(cells, key, key)
         axes = fig.axes
         assert [ax.get_title() for ax in axes] == ["text", "vision"]  # one Axes per modality
-        # every run drawn, its head means a line of its own: 4 vision runs (self), the text run (self and cross)
+        # every cell drawn, the mean of its seeds' head means a line of its own: 3 vision cells (self), the text
+        # cell (self and cross)
         text, vision = axes
         means = [line for line in vision.lines if line.get_marker() == "o"]
-        assert len(means) == 4 and {len(line.get_xdata()) for line in means} == {2}
+        assert len(means) == 3 and {len(line.get_xdata()) for line in means} == {2}
         assert [line.get_marker() for line in text.lines if line.get_linestyle() != "None"] == ["o", "s"]
         # the seeds of a cell share its colour, the cells' colours are pairwise distinct
         colours = [line.get_color() for line in means]
-        assert colours[2] == colours[3] and len(set(colours[:3])) == 3
-        assert text.lines[0].get_color() not in colours
+        assert len(set(colours)) == 3 and text.lines[0].get_color() not in colours
+        two_seeds = {line.get_color() for line in vision.lines if len(line.get_ydata()) == 4}  # both seeds' heads
+        assert two_seeds == {colours[2]}
         # one legend for the figure: a row per cell, none inside the panels
         assert [ax.get_legend() for ax in axes] == [None, None] and len(fig.legends) == 1
         entries = [t.get_text() for t in fig.legends[0].get_texts()]

@@ -1,4 +1,5 @@
-"""A metric against a swept number, over seeds: learning rate, evaluation length, image size.
+"""A metric against a swept number, over seeds: learning rate, evaluation length, image size; or against the
+training step (`logged_points`).
 
 The number comes from a sweep's grid key whose values are all numbers (``model.init_args.lr``: each cell is a
 point), or from metrics named with an ``@`` suffix (``val/loss@2x``, ``val/acc@42px``: each run logs every
@@ -55,6 +56,15 @@ def swept_series(cells: list[dict[str, Any]], key: str, metric: str) -> list[dic
         line["points"][x] = {r["seed"]: final_value(r, metric) for r in one_per_seed(cell)}
         line["runs"][x] = {r["seed"]: r for r in one_per_seed(cell)}
     return list(lines.values())
+
+
+def logged_points(cell: dict[str, Any], key: str) -> dict[float, dict[Any, float]]:
+    """{step: {seed: value}}: ``key`` at every step where the cell's seeds logged it in their metrics.csv."""
+    points: dict[float, dict[Any, float]] = {}
+    for run in one_per_seed(cell):
+        for step, value in run["metrics"].get(key, []):
+            points.setdefault(step, {})[run["seed"]] = value
+    return points
 
 
 def suffixed_metrics(cells: list[dict[str, Any]]) -> dict[str, list[str]]:

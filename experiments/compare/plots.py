@@ -5,6 +5,7 @@ Each cell (a run and its seeds) has one colour in every plot (`cell_colours`); `
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -94,14 +95,52 @@ def loss_figure(cells: list[dict[str, Any]]) -> Figure:
     return fig
 
 
+GROWTH = (("train/sink_mass", "sink mass"), ("train/attn_out_max", "max |x| of the attention output"))
+
+
+def growth_figure(cells: list[dict[str, Any]]) -> Figure | None:
+    """How sinks and outliers grow: each of `GROWTH` logged during training against the step, one row per metric,
+    one panel per modality; per cell the mean over its seeds (line) and their minimum to maximum (band), in the cell's
+    colour; one legend. None when no run logged them."""
+    from experiments.compare.curves import logged_points
+
+    logged = {k: label for k, label in GROWTH if any(k in r["metrics"] for c in cells for r in c["runs"])}
+    drawn = [c for c in cells if any(k in r["metrics"] for k in logged for r in c["runs"])]
+    if not drawn:
+        return None
+    colours = dict(zip(map(id, cells), cell_colours(cells)))
+    modalities = list(dict.fromkeys(c["modality"] for c in drawn))
+    fig = Figure(figsize=(2.5 + 4.5 * len(modalities), 3.4 * len(logged)), layout="constrained")
+    axes = fig.subplots(len(logged), len(modalities), squeeze=False)
+    for axes_row, (key, label) in zip(axes, logged.items()):
+        for ax, modality_ in zip(axes_row, modalities):
+            for cell in (c for c in drawn if c["modality"] == modality_):
+                points = logged_points(cell, key)
+                seeds = {x: [v for v in points[x].values() if math.isfinite(v)] for x in sorted(points)}
+                steps = [x for x, values in seeds.items() if values]
+                if not steps:
+                    continue
+                means = [sum(seeds[x]) / len(seeds[x]) for x in steps]
+                ax.plot(steps, means, color=colours[id(cell)], label=_legend_label(cell))
+                spread = [min(seeds[x]) for x in steps], [max(seeds[x]) for x in steps]
+                ax.fill_between(steps, *spread, color=colours[id(cell)], alpha=0.2, linewidth=0)
+            ax.set(title=f"{modality_}: {label}", xlabel="step", ylabel=label)
+            ax.grid(alpha=0.3)
+    entries = {line.get_label(): line for ax in axes.flat for line in ax.lines}  # a cell once, in its colour
+    fig.legend(handles=list(entries.values()), fontsize=7, loc="outside right upper")
+    return fig
+
+
 def _final(run: dict[str, Any]) -> dict[str, Any]:
     return (run["summary"].attention or {}).get("final") or {}
 
 
 def layer_figure(cells: list[dict[str, Any]], key: str, ylabel: str) -> Figure | None:
-    """``key`` of each attention layer at the end of training, one panel per modality with every run on it: the
-    mean over heads as a line (one colour per cell), each head as a dot; one legend. None when no run has ``key``."""
-    drawn = [c for c in cells if any(layer.get(key) for r in c["runs"] for layer in _final(r).get("layers", []))]
+    """``key`` of each attention layer at the end of training, one panel per modality with every cell on it: per
+    cell, the mean over its seeds of the mean over heads as a line (one colour per cell), each head of each seed as a
+    dot; a key with one value per layer (``out_max``) is a layer's one head. One legend. None when no run has ``key``.
+    """
+    drawn = [c for c in cells if any(_heads(layer, key) for layer in _cell_layers(c))]
     if not drawn:
         return None
     colours = dict(zip(map(id, cells), cell_colours(cells)))
@@ -109,41 +148,61 @@ def layer_figure(cells: list[dict[str, Any]], key: str, ylabel: str) -> Figure |
     fig = Figure(figsize=(2.5 + 4.5 * len(modalities), 4), layout="constrained")
     axes = fig.subplots(1, len(modalities), squeeze=False)[0]
     for ax, modality_ in zip(axes, modalities):
-        runs = [(r, c) for c in drawn if c["modality"] == modality_ for r in c["runs"]]
-        names = list(dict.fromkeys(layer["name"] for r, _ in runs for layer in _final(r).get("layers", [])))
-        for r, cell in runs:
-            label = _legend_label(cell) if r is cell["runs"][0] else None  # one legend entry per cell
-            _draw_layers(ax, names, _final(r).get("layers", []), key, colours[id(cell)], label)
-        units = sorted({_final(r).get("unit") for r, _ in runs} - {None})
+        members = [c for c in drawn if c["modality"] == modality_]
+        runs = [r for c in members for r in c["runs"]]
+        names = list(dict.fromkeys(layer["name"] for r in runs for layer in _final(r).get("layers", [])))
+        for cell in members:
+            _draw_layers(ax, names, cell["runs"], key, colours[id(cell)], _legend_label(cell))
+        units = sorted({_final(r).get("unit") for r in runs} - {None})
         unit = f" ({', '.join(units)})" if key == "distance" and units else ""
         ax.set_xticks(range(len(names)), [_short(name) for name in names], rotation=60, fontsize=7)
         ax.set(title=modality_, ylabel=ylabel + unit)
         ax.grid(alpha=0.3)
-    fig.legend(handles=_layer_legend(axes), fontsize=7, loc="outside right upper")
+    per_head = any(isinstance(layer.get(key), list) for c in drawn for layer in _cell_layers(c))
+    fig.legend(handles=_layer_legend(axes, per_head), fontsize=7, loc="outside right upper")
     return fig
 
 
-def _draw_layers(ax: Any, names: list[str], layers: list[dict], key: str, colour: Any, label: str | None) -> None:
-    """One run's ``key`` at x = the layer's place in ``names``: self- and cross-attention layers as two lines of the
-    head means, each head a dot."""
+def _cell_layers(cell: dict[str, Any]) -> list[dict[str, Any]]:
+    return [layer for r in cell["runs"] for layer in _final(r).get("layers", [])]
+
+
+def _heads(layer: dict[str, Any], key: str) -> list[float]:
+    """A layer's ``key`` per head: its list, a one-value list for a layer-wide number, [] when not measured."""
+    value = layer.get(key)
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
+def _draw_layers(ax: Any, names: list[str], runs: list[dict], key: str, colour: Any, label: str) -> None:
+    """One cell's ``key`` at x = the layer's place in ``names``: self- and cross-attention layers as two lines of the
+    mean over the seeds of the head means, each head of each seed a dot."""
     for kind, style in (("self", "o-"), ("cross", "s--")):
-        ours = [layer for layer in layers if layer["kind"] == kind and layer.get(key)]
-        if not ours:
+        seeds: dict[str, list[list[float]]] = {}  # layer name -> each seed's heads
+        for r in runs:
+            for layer in _final(r).get("layers", []):
+                if layer["kind"] == kind and _heads(layer, key):
+                    seeds.setdefault(layer["name"], []).append(_heads(layer, key))
+        if not seeds:
             continue
-        xs = [names.index(layer["name"]) for layer in ours]
-        ax.plot(xs, [sum(layer[key]) / len(layer[key]) for layer in ours], style, color=colour, ms=4, label=label)
-        label = None
-        for x, layer in zip(xs, ours):
-            ax.plot([x] * len(layer[key]), layer[key], ".", color=colour, alpha=0.35, ms=4)
+        ours = sorted(seeds, key=names.index)
+        means = [sum(sum(h) / len(h) for h in seeds[name]) / len(seeds[name]) for name in ours]
+        ax.plot([names.index(name) for name in ours], means, style, color=colour, ms=4, label=label)
+        label = None  # one legend entry per cell
+        for name in ours:
+            heads = [h for seed in seeds[name] for h in seed]
+            ax.plot([names.index(name)] * len(heads), heads, ".", color=colour, alpha=0.35, ms=4)
 
 
-def _layer_legend(axes: Any) -> list[Line2D]:
-    """The cells (by colour), then the markers: self- and cross-attention head means, a head."""
+def _layer_legend(axes: Any, per_head: bool) -> list[Line2D]:
+    """The cells (by colour), then the markers: self- and cross-attention means, a head of a seed (``per_head``) or a
+    seed."""
     lines = [line for ax in axes for line in ax.lines]
-    keys = [Line2D([], [], color="gray", marker="o", ms=4, label="self-attention: mean over heads")]
+    mean = "mean over seeds of the head means" if per_head else "mean over seeds"
+    keys = [Line2D([], [], color="gray", marker="o", ms=4, label=f"self-attention: {mean}")]
     if any(line.get_marker() == "s" for line in lines):
-        keys.append(Line2D([], [], color="gray", marker="s", ls="--", ms=4, label="cross-attention: mean over heads"))
-    keys.append(Line2D([], [], color="gray", marker=".", ls="", alpha=0.5, label="one head"))
+        keys.append(Line2D([], [], color="gray", marker="s", ls="--", ms=4, label=f"cross-attention: {mean}"))
+    dot = "a head of a seed" if per_head else "a seed"
+    keys.append(Line2D([], [], color="gray", marker=".", ls="", alpha=0.5, label=dot))
     return [line for line in lines if not line.get_label().startswith("_")] + keys
 
 

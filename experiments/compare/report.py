@@ -21,7 +21,15 @@ from experiments.compare.curves import (
     swept_keys,
     swept_series,
 )
-from experiments.compare.plots import layer_figure, loss_figure, plot_against, plot_cells, plot_scaling, save
+from experiments.compare.plots import (
+    growth_figure,
+    layer_figure,
+    loss_figure,
+    plot_against,
+    plot_cells,
+    plot_scaling,
+    save,
+)
 from experiments.compare.runs import find_runs, group_cells, load_runs
 from experiments.compare.tables import (
     cell_rows,
@@ -57,6 +65,35 @@ PAIRED = """## Paired comparisons over the same seeds
 Each cell against its reference (the same settings with one key at its first grid value{here}), over the seeds both ran:
 the mean difference (cell - reference), its 95% t-interval and the p-value of a paired t-test
 (scipy.stats.ttest_rel)."""
+# (plot name, file, the sentence before it) of the section on sinks and outliers
+SINK_FIGURES = (
+    (
+        "sink_mass",
+        "attention_sink_mass.png",
+        "Sink mass of each attention layer at the end of training: per cell, the mean over its seeds of the heads' mean "
+        "weight on the first key (line); each head of each seed is a dot.",
+    ),
+    (
+        "out_max",
+        "attention_out_max.png",
+        "Max |x| of each attention layer's output at the end of training: per cell, the mean over its seeds (line); "
+        "each seed is a dot.",
+    ),
+    (
+        "growth",
+        "sink_growth.png",
+        "Sink mass and the attention layers' largest max |x| on the training batches as training goes on: per cell, "
+        "the mean over its seeds (line) and their minimum to maximum (band).",
+    ),
+    (
+        "cls_maps",
+        "cls_maps.png",
+        "The last layer's [CLS] attention to the patches, averaged over heads, of the best checkpoint of each cell's "
+        "first seed on the first validation images (one per column), each map scaled to its own maximum: where the "
+        "class token reads with and without registers (Darcet et al. 2024 find high-norm artifact patches in the "
+        "background without them).",
+    ),
+)
 LR_SENSITIVITY = """### Learning-rate sensitivity (Wortsman et al. 2023)
 
 Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus
@@ -105,7 +142,7 @@ def build_report(
                 markdown_table(paired_columns, paired_table),
             )
     against_lines, sensitivity, sensitivity_pairs = against_numbers(cells, out, plots)
-    lines += against_lines
+    lines += against_lines + sinks_and_outliers(cells, out, plots)
     lines += [f"![{name}]({plots[name].name})" for name in ("loss", "entropy", "distance") if name in plots]
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
     report = out / "report.md"
@@ -171,6 +208,34 @@ def against_numbers(
         points = ", ".join(k.split("@")[1] for k in keys)
         lines += _section(f"### {metric} at {points}", f"![{slug}]({path.name})", series_table(series, unit))
     return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity, pairs
+
+
+def sinks_and_outliers(cells: list[dict[str, Any]], out: Path, plots: dict[str, Path]) -> list[str]:
+    """The section on sinks and outliers: each of `SINK_FIGURES` the runs have data for, with its sentence. The [CLS]
+    maps need each cell's checkpoint and data: without them the section says why they are left out."""
+    figures = {
+        "sink_mass": layer_figure(cells, "sink_mass", "sink mass"),
+        "out_max": layer_figure(cells, "out_max", "max |x| of the attention output"),
+        "growth": growth_figure(cells),
+    }
+    missing = None
+    vision = [c for c in cells if c["modality"] == "vision"]
+    if any((c["runs"][0]["summary"].hparams or {}).get("register_tokens") for c in vision):
+        from experiments.compare.cls_maps import registers_figure  # torch and the models: for these runs only
+
+        try:
+            figures["cls_maps"] = registers_figure(vision)
+        except (OSError, ValueError) as err:
+            missing = f"The [CLS] attention maps are left out: {err}"
+            print(f"attnlab: {missing}", file=sys.stderr)
+    lines = []
+    for name, file, sentence in SINK_FIGURES:
+        if figures.get(name) is not None:
+            plots[name] = out / file
+            save(figures[name], plots[name])
+            lines += _section(sentence, f"![{name}]({file})")
+    lines += [missing, ""] if missing else []
+    return ["## Attention sinks and outliers", "", *lines] if lines else []
 
 
 def log_to_wandb(target: str, result: dict[str, Any], out: Path) -> str:
