@@ -228,3 +228,11 @@ def test_long_sequences_show_every_kth_token_or_the_first_patch_of_each_row():
     ax = _panels(attention_figure({"blocks.0.attn": torch.full((50, 50), 0.02)}, *token_sides(vit, (), None, None)))[0]
     assert list(ax.get_yticks()) == [1 + 7 * r for r in range(7)]
     assert _labels(ax.yaxis) == [f"{r},0" for r in range(7)]
+
+
+def test_legend_labels_flatten_nested_grid_values_to_their_leaves():
+    from experiments.compare.plots import _legend_label
+
+    cell = {"label": "sinks_text/init_args={attention={normalization=softmax,gate=elementwise}}", "runs": [1, 2, 3]}
+    assert _legend_label(cell) == "sinks_text/normalization=softmax,gate=elementwise (3 seeds)"
+    assert _legend_label({"label": "digits/similarity=dot", "runs": [1]}) == "digits/similarity=dot"

@@ -61,8 +61,12 @@ def cell_colours(cells: list[dict[str, Any]]) -> list[Any]:
 
 
 def _legend_label(cell: dict[str, Any]) -> str:
-    n = len(cell["runs"])
-    return cell["label"] + (f" ({n} seeds)" if n > 1 else "")
+    """The cell's label with nested keys flattened to their leaves ("sinks/init_args={attention={gate=x}}" ->
+    "sinks/gate=x"), and its number of seeds."""
+    label, n = cell["label"], len(cell["runs"])
+    while (flat := re.sub(r"[\w.]+=\{([^{}]*)\}", r"\1", label)) != label:
+        label = flat
+    return label + (f" ({n} seeds)" if n > 1 else "")
 
 
 def loss_figure(cells: list[dict[str, Any]]) -> Figure:
