@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytorch_lightning as pl
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -201,6 +202,20 @@ class AttnlabCLI(LightningCLI):
             print(f"attnlab: best {best.monitor}={float(best.best_model_score):.4f}, checkpoint {best.best_model_path}")
 
 
+class CheckingCLI(AttnlabCLI):
+    """`AttnlabCLI` for ``--print_config`` only, which exits once the arguments are parsed: its parser, two thirds of
+    a check's time, is built once per process and reused by every check (`attnlab sweep` checks each grid value).
+    A run must build its own: LightningCLI binds the instantiators it adds to the parser to the run."""
+
+    built: ClassVar[AttnlabParser | None] = None
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        if CheckingCLI.built is None:
+            super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+            CheckingCLI.built = self.parser
+        self.parser = CheckingCLI.built
+
+
 def _fail(err: object, traceback_when_debugging: bool = False) -> None:
     if traceback_when_debugging and os.environ.get("ATTNLAB_DEBUG"):
         raise  # called in an except clause: the exception it handles, with its traceback
@@ -232,14 +247,14 @@ def _null_as_dict(argv: list[str]) -> list[str]:
     return out
 
 
-def main(args: list[str] | None = None) -> None:
+def main(args: list[str] | None = None, cli: type[AttnlabCLI] = AttnlabCLI) -> None:
     """Parse ``args`` (default: the command line) and run the Trainer's subcommand."""
     argv = _null_as_dict(sys.argv[1:] if args is None else list(args))
     if args is None:  # LightningCLI reads sys.argv itself (and warns when given args from the command line)
         sys.argv[1:] = argv
     else:
         args = argv
-    AttnlabCLI(
+    cli(
         model_class=pl.LightningModule,
         datamodule_class=pl.LightningDataModule,
         subclass_mode_model=True,

@@ -159,60 +159,72 @@ def reference(tmp_path_factory) -> Path:
     return root
 
 
-def assert_continues_exactly(run: Path, reference: Path, checkpoint_step: int) -> None:
-    """The interrupted-then-resumed run trained the same batches to the same weights as the reference."""
+def assert_continues_exactly(run: Path, reference: Path, checkpoint_step: int, folder: Path | None = None) -> None:
+    """The interrupted-then-resumed run ``run`` trained the same batches to the same weights as the reference;
+    ``folder`` holds its checkpoints and summary (default: ``run``, a run without a logger)."""
+    folder = folder or run
     log = batch_log(run)
     resumed = [r["step"] for r in log if r["fit"] != log[0]["fit"]]
     assert resumed == list(range(checkpoint_step, STEPS))  # the resumed fit continued at the checkpoint's step
     trained = {r["step"]: r["labels"] for r in log}  # a step trained again after the resume keeps its second batch
     assert trained == {r["step"]: r["labels"] for r in batch_log(reference)}  # the rest of the epoch, not a new shuffle
 
-    ours, theirs = load(run / "checkpoints" / "last.ckpt"), load(reference / "checkpoints" / "last.ckpt")
+    ours, theirs = load(folder / "checkpoints" / "last.ckpt"), load(reference / "checkpoints" / "last.ckpt")
     assert ours["global_step"] == theirs["global_step"] == STEPS
     # Bitwise equal on this CPU; 1e-6 leaves room for a BLAS whose kernels depend on memory alignment, while
     # a resume that trains on other samples or other dropout masks lands ~1e-2 away (plain Lightning here).
     worst = max((ours["state_dict"][k] - theirs["state_dict"][k]).abs().max().item() for k in theirs["state_dict"])
     assert worst <= 1e-6
-    ours, theirs = (json.loads((root / "summary.json").read_text()) for root in (run, reference))
+    ours, theirs = (json.loads((root / "summary.json").read_text()) for root in (folder, reference))
     assert ours["status"] == "finished" and ours["global_step"] == STEPS
     for key in ("val/loss", "val/acc"):
         assert ours["metrics"][key] == pytest.approx(theirs["metrics"][key], abs=1e-6)
 
 
+# metrics.csv written at every step
+LOGGED = (
+    "--trainer.logger={class_path: experiments.tracking.CSVLogger, init_args: {flush_logs_every_n_steps: 1}}",
+    "--trainer.log_every_n_steps=1",
+)
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> Path:
+    """A run of the CLI in its own process, SIGKILLed at step 8 (`LOGGED`): each test below resumes a copy of it."""
+    run = tmp_path_factory.mktemp("killed") / "run"
+    job = start_fit(run, *LOGGED, probe(KillAt, step=8))
+    _, err = job.communicate(timeout=300)
+    assert job.returncode == -signal.SIGKILL, err[-3000:]
+    return run
+
+
 @pytest.mark.slow
-def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(reference, tmp_path):
+def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(killed, reference, tmp_path):
     run = tmp_path / "run"
-    killed = start_fit(run, probe(KillAt, step=8))
-    _, err = killed.communicate(timeout=300)
-    assert killed.returncode == -signal.SIGKILL, err[-3000:]
-    saved = load(run / "checkpoints" / "last.ckpt")
+    shutil.copytree(killed, run)
+    folder = run / "lightning_logs" / "version_0"
+    saved = load(folder / "checkpoints" / "last.ckpt")
     batches = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
     assert (
         saved["global_step"] == 6 and saved["epoch"] == 1 and batches["ready"] == 1
     )  # one batch into the second epoch
 
-    fit_in_process(run, "--ckpt_path", "last")
-    assert_continues_exactly(run, reference, checkpoint_step=6)
+    fit_in_process(run, *LOGGED, "--ckpt_path", "last")
+    assert_continues_exactly(run, reference, checkpoint_step=6, folder=folder)
 
 
 @pytest.mark.slow
-def test_a_killed_run_reads_as_killed_and_its_resume_logs_each_step_once(tmp_path):
+def test_a_killed_run_reads_as_killed_and_its_resume_logs_each_step_once(killed, tmp_path):
     """Killed at step 8 with metrics.csv written at every step: the row of step 6 came after last.ckpt (step 6);
     the summary says killed, and once resumed metrics.csv holds each step's row once."""
     run = tmp_path / "run"
-    logged = (
-        "--trainer.logger={class_path: experiments.tracking.CSVLogger, init_args: {flush_logs_every_n_steps: 1}}",
-        "--trainer.log_every_n_steps=1",
-    )
-    killed = start_fit(run, *logged, probe(KillAt, step=8))
-    _, err = killed.communicate(timeout=300)
-    assert killed.returncode == -signal.SIGKILL, err[-3000:]
+    shutil.copytree(killed, run)
     folder = run / "lightning_logs" / "version_0"
     assert load(folder / "checkpoints" / "last.ckpt")["global_step"] == 6
     assert [step for step, _ in logged_steps(folder, "train/loss")] == list(range(7))  # 6 came after the checkpoint
     assert Summary.read(folder).status == "running" and Summary.read(folder).state() == "killed"
 
-    fit_in_process(run, *logged, "--ckpt_path", "last")
+    fit_in_process(run, *LOGGED, "--ckpt_path", "last")
     assert [step for step, _ in logged_steps(folder, "train/loss")] == list(range(STEPS))
     assert [epoch for _, epoch in logged_steps(folder, "val/loss")] == [0, 1, 2]
     assert Summary.read(folder).state() == "finished"

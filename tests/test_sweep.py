@@ -7,6 +7,7 @@ per run), except one sweep of real processes, signals and all (`test_an_interrup
 """
 
 import contextlib
+import io
 import json
 import os
 import pickle
@@ -359,6 +360,41 @@ def test_grid_and_override_values_stay_as_the_yaml_gave_them(tmp_path):
     assert sweep.overrides == {"trainer.max_epochs": "2"} and "--model.init_args.lr=1e-3" in sweep.command(
         sweep.runs()[0]
     )
+
+
+def test_the_check_reuses_one_parser_and_answers_as_a_fresh_one():
+    """Every check parses with the parser the first one built; what an error leaves in it (one after
+    --print_config was read: an unknown argument) changes no later answer of a fresh `attnlab fit` parser."""
+    from experiments.sweep.runs import _parse_error
+    from experiments.trainer_cli import AttnlabCLI, CheckingCLI, main
+
+    def fresh(args: list[str]) -> str | None:
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+            main([*args, "--print_config"], cli=AttnlabCLI)
+        return err.getvalue().strip().removeprefix("attnlab: error: ") if e.value.code else None
+
+    digits = ["fit", "--config", DIGITS]
+    cases = [
+        digits,
+        [*digits, "--bogus=1"],
+        [*digits, "--trainer.max_epochs=many"],
+        [*digits, "--trainer.max_epochs=2"],
+    ]
+    _parse_error(digits)
+    parser = CheckingCLI.built
+    assert parser is not None
+    assert (
+        [_parse_error(args) for args in cases]
+        == [fresh(args) for args in cases]
+        == [
+            None,
+            "unrecognized arguments: --bogus=1",
+            "trainer.max_epochs: expected int, got 'many'",
+            None,
+        ]
+    )
+    assert CheckingCLI.built is parser
 
 
 @pytest.mark.parametrize("case", BAD, ids=str)

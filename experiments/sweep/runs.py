@@ -150,12 +150,12 @@ def slurm_executor(sweep: Sweep, folder: Path):
 
 def _parse_error(args: list[str]) -> str | None:
     """The real `attnlab fit` parser on ``args`` (--print_config: nothing is instantiated); its error line or None."""
-    from experiments.cli import main as attnlab
+    from experiments.trainer_cli import CheckingCLI, main
 
     err = io.StringIO()
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            attnlab([*args, "--print_config"])
+            main([*args, "--print_config"], cli=CheckingCLI)
     except SystemExit as exit_:
         if exit_.code:
             lines = [line for line in err.getvalue().splitlines() if line.strip()]
