@@ -23,6 +23,7 @@ from torch import Tensor
 
 from experiments.attention_maps import cls_attention, draw_map
 from experiments.checkpoints import saved_hyperparameters
+from experiments.compare.plots import flat_label
 from models.attention import capture_attention
 
 NUM_IMAGES = 4
@@ -84,7 +85,7 @@ def registers_figure(cells: list[dict[str, Any]]) -> Figure:
         for ax, image, heat in zip(axes_row, images, heats):
             draw_map(ax, image, heat)
             ax.set(xticks=[], yticks=[])
-        axes_row[0].set_ylabel(label, fontsize=7)
+        axes_row[0].set_ylabel(flat_label(label).rpartition("/")[2], fontsize=7)
     for k, ax in enumerate(axes[0]):
         ax.set_title(f"image {k}", fontsize=7)
     fig.suptitle("last layer: [CLS] -> patches, mean over heads", fontsize=8)

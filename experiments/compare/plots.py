@@ -60,13 +60,17 @@ def cell_colours(cells: list[dict[str, Any]]) -> list[Any]:
     return [palette[i % len(palette)] for i in range(len(cells))]
 
 
-def _legend_label(cell: dict[str, Any]) -> str:
-    """The cell's label with nested keys flattened to their leaves ("sinks/init_args={attention={gate=x}}" ->
-    "sinks/gate=x"), and its number of seeds."""
-    label, n = cell["label"], len(cell["runs"])
+def flat_label(label: str) -> str:
+    """A cell label with nested keys flattened to their leaves: "sinks/init_args={attention={gate=x}}" ->
+    "sinks/gate=x"."""
     while (flat := re.sub(r"[\w.]+=\{([^{}]*)\}", r"\1", label)) != label:
         label = flat
-    return label + (f" ({n} seeds)" if n > 1 else "")
+    return label
+
+
+def _legend_label(cell: dict[str, Any]) -> str:
+    n = len(cell["runs"])
+    return flat_label(cell["label"]) + (f" ({n} seeds)" if n > 1 else "")
 
 
 def loss_figure(cells: list[dict[str, Any]]) -> Figure:
