@@ -40,9 +40,9 @@ ablation: $(STAMP)
 # Findings reproduced in every modality, 5 seeds each, one sweep after the other (resumable: run it again after an
 # interruption), each with its report in runs/sweeps/<name>/report: train short, test long (Press et al. 2022), QK-norm
 # against the learning rate (Wortsman et al. 2023), DETR's encoder with 2D RoPE against sine positions (the first three,
-# about 83 min measured on a 2-core CPU); then, new and not yet run, attention sinks and outliers under softmax,
-# softmax+1, clipped softmax, sigmoid, gated attention and registers, with each model's W8A8 drop, in text, images,
-# and DETR on shapes and on BCCD (sinks_*.yaml, about 2 h more by the ESTIMATEs in their headers).
+# about 83 min measured on a 2-core CPU); then attention sinks and outliers under softmax, softmax+1, clipped softmax,
+# sigmoid, gated attention and registers, with each model's W8A8 drop, in text (49 min), images (73 min, those two
+# measured side by side with one thread each), DETR on shapes (17 min) and on BCCD (about 2.5 min a run: 75 min).
 findings: $(STAMP)
 	$(BIN)/attnlab sweep configs/sweeps/train_short_test_long.yaml
 	$(BIN)/attnlab sweep configs/sweeps/qk_norm_lr.yaml
