@@ -42,7 +42,7 @@ ablation: $(STAMP)
 # against the learning rate (Wortsman et al. 2023), DETR's encoder with 2D RoPE against sine positions (the first three,
 # about 83 min measured on a 2-core CPU); then attention sinks and outliers under softmax, softmax+1, clipped softmax,
 # sigmoid, gated attention and registers, with each model's W8A8 drop, in text (49 min), images (73 min, those two
-# measured side by side with one thread each), DETR on shapes (17 min) and on BCCD (about 2.1 min a run: 64 min).
+# measured side by side with one thread each), DETR on shapes (17 min) and on BCCD (61 min in two sittings).
 findings: $(STAMP)
 	$(BIN)/attnlab sweep configs/sweeps/train_short_test_long.yaml
 	$(BIN)/attnlab sweep configs/sweeps/qk_norm_lr.yaml
