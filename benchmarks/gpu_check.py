@@ -145,9 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     started, deadline = time.strftime("%Y-%m-%d %H:%M:%S"), time.perf_counter() + BUDGET_S
     site = install_wheels(args.wheels, args.rehearse)
-    hidden = Path(tempfile.mkdtemp(prefix="attnlab-hide-"))
-    hide_absent(hidden)
-    paths = [hidden, ROOT] if args.rehearse else [site, ROOT]  # the cp312 wheels load only on the GPU machine
+    paths = [site, ROOT]
+    if args.rehearse:  # the cp312 wheels load only on the GPU machine: here, what it lacks is hidden instead
+        paths[0] = Path(tempfile.mkdtemp(prefix="attnlab-hide-"))
+        hide_absent(paths[0])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, paths)), PYTHONUNBUFFERED="1")
     env.update(WANDB_MODE="disabled", HF_HUB_OFFLINE="1")
     command = "python -m benchmarks.gpu_check " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -170,8 +171,8 @@ def main(argv: list[str] | None = None) -> None:
             results[name] = run_step(name, min(STEPS[name], left), env, args.rehearse, log)
             log(f"== gpu_check: {name}: {results[name]['status']} in {results[name]['seconds']:.0f} s ==\n")
             write_report(out, header, results)
-    shutil.rmtree(site, ignore_errors=True)
-    shutil.rmtree(hidden, ignore_errors=True)
+    for folder in {site, paths[0]}:
+        shutil.rmtree(folder, ignore_errors=True)
     failed = [n for n, r in results.items() if r["status"] != "ok"]
     print(f"gpu_check: report in {out}/report.md; {'not ok: ' + ', '.join(failed) if failed else 'every step ok'}")
     sys.exit(1 if failed else 0)
