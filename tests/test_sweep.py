@@ -456,6 +456,31 @@ def test_wandb_runs_get_the_sweep_as_group_the_cell_as_job_type_and_settings_as_
     assert f"attnlab: sweep: {run.name} is done, skipped" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("cores", "max_parallel", "preset", "expected"),
+    [(8, 2, None, "4"), (8, 3, None, "2"), (2, 4, None, "1"), (8, 1, None, None), (8, 2, "3", "3")],
+)
+def test_local_runs_on_the_cpu_share_its_cores_as_torchrun_does(
+    tmp_path, monkeypatch, cores, max_parallel, preset, expected
+):
+    """torchrun's rule: OMP_NUM_THREADS = cores // processes, at least 1; one run at a time or a value the user set
+    is left alone (the run's torch then reads the environment it inherits)."""
+    from experiments.sweep import launch
+
+    sweep = sweeps.load(write(tmp_path, grid={"model.init_args.similarity": ["dot", "scaled_dot"]}, seeds=[0]))
+    sweep.max_parallel = max_parallel
+    monkeypatch.setattr(launch, "_gpus", list)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    if preset is not None:
+        monkeypatch.setenv("OMP_NUM_THREADS", preset)
+    seen = []
+    monkeypatch.setattr(launch, "spawn", lambda command, env, log, own_session=False: seen.append(env) or _Ended(0))
+    sweeps.record(sweep)
+    assert launch.launch_local(sweep, sweeps.plan(sweep)) == 0
+    assert [env.get("OMP_NUM_THREADS") for env in seen] == [None if preset else expected] * 2
+
+
 @pytest.mark.slow
 def test_a_signal_while_a_run_starts_stops_that_run_too(tmp_path, monkeypatch):
     """SIGTERM to the sweep while it starts a run (its log opened, its process not yet known to the sweep's handler):

@@ -76,10 +76,21 @@ def _gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def cpu_threads(max_parallel: int) -> dict[str, str]:
+    """On the CPU, runs at once share its cores as torchrun's processes do: each gets OMP_NUM_THREADS = cores //
+    max_parallel (at least 1), unless the environment sets it. Otherwise each run's torch takes every core, and the
+    runs slow each other down."""
+    if max_parallel == 1 or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // max_parallel))}
+
+
 def launch_local(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
-    """Up to max_parallel runs at once (one GPU each when there are GPUs); SIGTERM or Ctrl-C stops them all cleanly."""
+    """Up to max_parallel runs at once (one GPU each when there are GPUs, else a share of the cores each);
+    SIGTERM or Ctrl-C stops them all cleanly."""
     gpus = _gpus()
     free: list[str | None] = gpus[: sweep.max_parallel] if gpus else [None] * sweep.max_parallel
+    threads = {} if gpus else cpu_threads(sweep.max_parallel)
     queue, running = list(todo), {}
     stop: list[int] = []
 
@@ -95,7 +106,7 @@ def launch_local(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
             while queue and free and not stop:
                 run, how = queue.pop(0)
                 gpu = free.pop(0)
-                env = {**sweep.env(run), **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
+                env = {**threads, **sweep.env(run), **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
                 proc = spawn(sweep.command(run), env, run.folder / LOG, own_session=True)
                 running[run.name] = (proc, run, gpu)
                 if stop:  # the signal came while the run started, before the handler could reach it
