@@ -41,13 +41,14 @@ ablation: $(STAMP)
 # interruption), each with its report in runs/sweeps/<name>/report: train short, test long (Press et al. 2022), QK-norm
 # against the learning rate (Wortsman et al. 2023), DETR's encoder with 2D RoPE against sine positions (the first three,
 # about 83 min measured on a 2-core CPU); then attention sinks and outliers under softmax, softmax+1, clipped softmax,
-# sigmoid, gated attention and registers, with each model's W8A8 drop, in text (49 min), images (73 min, those two
-# measured side by side with one thread each), DETR on shapes (17 min) and on BCCD (61 min in two sittings).
+# sigmoid, gated attention and registers, with each model's W8A8 drop, in the character GPT (13 min), toy En-De
+# translation (18 min), images (26 min), DETR on shapes (17 min) and on BCCD (32 min), each measured alone.
 findings: $(STAMP)
 	$(BIN)/attnlab sweep configs/sweeps/train_short_test_long.yaml
 	$(BIN)/attnlab sweep configs/sweeps/qk_norm_lr.yaml
 	$(BIN)/attnlab sweep configs/sweeps/detr_rope.yaml
 	$(BIN)/attnlab sweep configs/sweeps/sinks_text.yaml
+	$(BIN)/attnlab sweep configs/sweeps/sinks_translation.yaml
 	$(BIN)/attnlab sweep configs/sweeps/sinks_vision.yaml
 	$(BIN)/attnlab sweep configs/sweeps/sinks_detection.yaml
 	$(BIN)/attnlab sweep configs/sweeps/sinks_bccd.yaml
