@@ -11,7 +11,8 @@ A sweep file (see configs/sweeps/)::
     overrides: {trainer.max_epochs: 5}       # applied to every run
     root: runs/sweeps/digits_similarity      # the default
     launcher: local                          # local | slurm | wandb
-    max_parallel: 1                          # local and wandb: runs (agents) at once, one GPU each when there are GPUs
+    max_parallel: 1                          # local and wandb: runs (agents) at once, one GPU each when there are GPUs;
+                                             #   local on the CPU: OMP_NUM_THREADS = cores // max_parallel each
     slurm: {timeout_min: 240, gpus_per_node: 1, slurm_partition: gpu}  # submitit's parameters; cluster: local runs here
     wandb: {project: attnlab, entity: null}  # log to W&B: group = sweep name, job type = cell, tags = settings
     report: {title: null, scaling: false}    # the report's title (default: attnlab: sweep <name>); scaling: print
