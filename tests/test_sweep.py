@@ -470,8 +470,9 @@ def test_local_runs_on_the_cpu_share_its_cores_as_torchrun_does(
     sweep = sweeps.load(write(tmp_path, grid={"model.init_args.similarity": ["dot", "scaled_dot"]}, seeds=[0]))
     sweep.max_parallel = max_parallel
     monkeypatch.setattr(launch, "_gpus", list)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
-    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     if preset is not None:
         monkeypatch.setenv("OMP_NUM_THREADS", preset)
     seen = []

@@ -82,7 +82,9 @@ def cpu_threads(max_parallel: int) -> dict[str, str]:
     runs slow each other down."""
     if max_parallel == 1 or "OMP_NUM_THREADS" in os.environ:
         return {}
-    return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // max_parallel))}
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux only; elsewhere every core counts
+    cores = len(affinity(0)) if affinity else os.cpu_count() or 1
+    return {"OMP_NUM_THREADS": str(max(1, cores // max_parallel))}
 
 
 def launch_local(sweep: Sweep, todo: list[tuple[Run, str]]) -> int:
