@@ -1,9 +1,10 @@
 """Two-process DDP on CPU (gloo) through the real CLI, one run per modality on tiny data.
 
-Each run is a subprocess (`python -m experiments.cli`): a DDP launch inside pytest would re-run
-pytest in the child. For the ViT, two processes with half the batch each must follow the same
-loss curve as one process with the whole batch: DDP averages the gradients of the two halves,
-which is the gradient of the whole batch (dropout off, same sample order via DistributedSampler).
+The ViT run is `attnlab fit --trainer.devices=2` in a subprocess, with Lightning's launcher starting the second
+process (a DDP launch inside pytest would re-run pytest in the child): two processes with half the batch each must
+follow the same loss curve as one process with the whole batch. DDP averages the gradients of the two halves, which
+is the gradient of the whole batch (dropout off, same sample order via DistributedSampler). The text and detection
+runs start their two processes as torchrun does (`processes.torchrun`).
 """
 
 import csv
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import torchrun, wait_all
 
 pytestmark = pytest.mark.slow  # every test launches DDP runs of the CLI in subprocesses
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +49,8 @@ class GlobalLoss(pl.Callback):
 '''
 
 
-def run_cli(tmp_path: Path, *args: str, wandb: str = "disabled") -> subprocess.CompletedProcess:
+def environment(tmp_path: Path, wandb: str = "disabled") -> dict[str, str]:
+    """This process's environment for a run in ``tmp_path`` (which is on the Python path) with W&B in mode ``wandb``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(
         WANDB_MODE=wandb,
@@ -59,10 +62,14 @@ def run_cli(tmp_path: Path, *args: str, wandb: str = "disabled") -> subprocess.C
         OMP_NUM_THREADS="1",
         HF_HUB_OFFLINE="1",
     )
+    return env
+
+
+def run_cli(tmp_path: Path, *args: str, wandb: str = "disabled") -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.cli", "fit", *args],
         cwd=ROOT,
-        env=env,
+        env=environment(tmp_path, wandb),
         capture_output=True,
         text=True,
         timeout=400,
@@ -158,16 +165,10 @@ def test_two_process_run(tmp_path, modality):
     if not (ROOT / config).exists():
         pytest.skip(f"{config} is not in the repository")
     data_dir = ("--data.init_args.data_dir=" + str(tmp_path / "data"),) if modality == "detection" else ()
-    run_cli(
-        tmp_path,
-        "--config",
-        config,
-        *TINY,
-        *extra,
-        *data_dir,
-        "--trainer.devices=2",
-        f"--trainer.default_root_dir={tmp_path / 'run'}",
-    )
+    run_root = f"--trainer.default_root_dir={tmp_path / 'run'}"
+    args = ["fit", "--config", config, *TINY, *extra, *data_dir, "--trainer.devices=2", run_root]
+    ranks = torchrun(args, environment(tmp_path), tmp_path / "logs")
+    assert wait_all(ranks, timeout=300) == [0, 0], ranks[0].stderr()[-3000:] + ranks[1].stderr()[-3000:]
     run = tmp_path / "run" / "lightning_logs" / "version_0"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["trainer"]["world_size"] == 2 and summary["modality"] == modality

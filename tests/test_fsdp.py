@@ -7,20 +7,17 @@ Lightning refuses ``strategy: fsdp`` without a GPU, and torch's FSDP refuses a C
 its device: the strategy below only passes ``device_id=cpu``; it is Lightning's FSDPStrategy otherwise
 (one FSDP unit over the whole LightningModule, as ``--trainer.strategy=fsdp`` gives). Between the steps
 the weights are sharded, so a forward pass run directly on the model fails unless every process
-gathers them first (`models.distributed.full_weights`).
+gathers them first (`models.distributed.full_weights`). The two processes are started as torchrun starts
+them (`processes.torchrun`).
 """
 
 import json
 import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import LM_SMALL
+from processes import torchrun, wait_all
 
-ROOT = Path(__file__).resolve().parents[1]
 STRATEGY = """
 import torch
 from pytorch_lightning.strategies import FSDPStrategy
@@ -83,16 +80,8 @@ def test_fsdp_run_on_two_cpu_processes(tmp_path, run):
     (tmp_path / "cpu_fsdp.py").write_text(STRATEGY)
     (tmp_path / "fsdp.yaml").write_text("trainer:\n  strategy:\n    class_path: cpu_fsdp.CPUFSDP\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(
-        WANDB_MODE="disabled",
-        PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-    )
+    env.update(WANDB_MODE="disabled", PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     args = [
-        sys.executable,
-        "-m",
-        "experiments.cli",
         "fit",
         "--config",
         config,
@@ -102,15 +91,12 @@ def test_fsdp_run_on_two_cpu_processes(tmp_path, run):
         *(a.format(data=tmp_path / "data") for a in extra),
         f"--trainer.default_root_dir={tmp_path / 'run'}",
     ]
-    proc = subprocess.Popen(
-        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    ranks = torchrun(args, env, tmp_path / "logs")
     try:
-        _, err = proc.communicate(timeout=500)
-    except subprocess.TimeoutExpired:  # a forward pass on one process only waits for the other forever
-        os.killpg(proc.pid, signal.SIGKILL)
+        codes = wait_all(ranks, timeout=300)
+    except TimeoutError:  # a forward pass on one process only waits for the other forever
         pytest.fail(f"the FSDP {run} run hung")
-    assert proc.returncode == 0, err[-3000:]
+    assert codes == [0, 0], ranks[0].stderr()[-3000:] + ranks[1].stderr()[-3000:]
     version = tmp_path / "run" / "lightning_logs" / "version_0"
     summary = json.loads((version / "summary.json").read_text())
     assert (

@@ -3,10 +3,10 @@
 an uninterrupted run of the same seed.
 
 A test-only callback kills the process, signals it or waits for the test's SIGTERM at a chosen step, so the point
-of interruption is exact, not a matter of timing. Runs killed (SIGKILL) or run under DDP are subprocesses of the real
-CLI; the others, the uninterrupted references and the resumed runs go through the same CLI in this process (one
-import, one thread) to keep the file quick: a SIGTERM this process sends itself meets the handlers a fit's process
-has, and the fit's exit status is its SystemExit.
+of interruption is exact, not a matter of timing. Runs killed (SIGKILL) or run under DDP are processes of their own
+(`processes`: DDP's two ranks started as torchrun starts them); the others, the uninterrupted references and the
+resumed runs go through the same CLI in this process (one import, one thread) to keep the file quick: a SIGTERM this
+process sends itself meets the handlers a fit's process has, and the fit's exit status is its SystemExit.
 """
 
 import csv
@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -25,6 +24,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from builders import CallCounter
+from processes import CLIProcess, torchrun, wait_all
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
 from experiments.cli import main
@@ -132,16 +132,26 @@ def stopped_in_process(capsys, root: Path, *args: str) -> str:
     return err
 
 
-def start_fit(root: Path, *args: str, last: str = EVERY_3_STEPS) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
-        "WANDB_MODE": "disabled",
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
-    command = [sys.executable, "-m", "experiments.cli", *fit_args(root, *args, last=last)]
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+ENV = {
+    "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),  # the probes below: test_interrupts.KillAt
+    "WANDB_MODE": "disabled",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+def start_fit(root: Path, *args: str, last: str = EVERY_3_STEPS) -> CLIProcess:
+    """`fit_args` in a process of its own (its output in ``root``.parent/logs)."""
+    return CLIProcess(fit_args(root, *args, last=last), {**os.environ, **ENV}, root.parent / "logs")
+
+
+def start_ddp_fit(root: Path, *args: str, last: str = EVERY_3_STEPS) -> list[CLIProcess]:
+    """`fit_args` on two processes with DDP, started as torchrun starts them."""
+    return torchrun(fit_args(root, *DDP, *args, last=last), {**os.environ, **ENV}, root.parent / "logs")
+
+
+def stderr(processes: list[CLIProcess]) -> str:
+    return "".join(p.stderr() for p in processes)
 
 
 def load(path: Path) -> dict:
@@ -193,8 +203,7 @@ def killed(tmp_path_factory) -> Path:
     """A run of the CLI in its own process, SIGKILLed at step 8 (`LOGGED`): each test below resumes a copy of it."""
     run = tmp_path_factory.mktemp("killed") / "run"
     job = start_fit(run, *LOGGED, probe(KillAt, step=8))
-    _, err = job.communicate(timeout=300)
-    assert job.returncode == -signal.SIGKILL, err[-3000:]
+    assert job.wait(timeout=300) == -signal.SIGKILL, job.stderr()[-3000:]
     return run
 
 
@@ -273,11 +282,10 @@ def ddp_reference(tmp_path_factory) -> Path:
     by_time = (
         "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 30}}"
     )
-    job = start_fit(
-        root, *DDP, "--trainer.max_epochs=2", probe(Collectives, path=str(root / "collectives.json")), last=by_time
+    ranks = start_ddp_fit(
+        root, "--trainer.max_epochs=2", probe(Collectives, path=str(root / "collectives.json")), last=by_time
     )
-    _, err = job.communicate(timeout=180)
-    assert job.returncode == 0, err[-3000:]
+    assert wait_all(ranks, timeout=180) == [0, 0], stderr(ranks)[-3000:]
     return root
 
 
@@ -292,21 +300,21 @@ def test_sigterm_to_one_ddp_process_stops_both_at_the_same_batch_and_resumes_to_
     process's random state and its share of the epoch's order come back)."""
     run = tmp_path / "run"
     ready = run / "ready"
-    job = start_fit(run, *DDP, "--trainer.max_epochs=2", probe(AwaitSigterm, step=2, ready=str(ready)))
-    while not ready.exists() and job.poll() is None:
+    ranks = start_ddp_fit(run, "--trainer.max_epochs=2", probe(AwaitSigterm, step=2, ready=str(ready)))
+    while not ready.exists() and all(rank.poll() is None for rank in ranks):
         time.sleep(0.05)
-    job.send_signal(signal.SIGTERM)
-    _, err = job.communicate(timeout=120)  # until both processes closed stderr: a rank left hanging fails here
-    assert job.returncode == SIGTERM_STATUS, err[-3000:]
+    ranks[0].send_signal(signal.SIGTERM)
+    codes = wait_all(ranks, timeout=120)  # a rank left hanging fails here
+    err = stderr(ranks)
+    assert codes == [SIGTERM_STATUS] * 2, err[-3000:]
     assert "Traceback" not in err and len(re.findall("^attnlab: SIGTERM at step", err, re.M)) == 1, err[-3000:]
     saved = load(run / "checkpoints" / "last.ckpt")
     assert (
         saved["global_step"] in (2, 3) and len(saved["callbacks"]["ExactResume"]["rng"]) == 2
     )  # both processes' random states
 
-    resumed = start_fit(run, *DDP, "--trainer.max_epochs=2", "--ckpt_path", "last")
-    _, err = resumed.communicate(timeout=180)
-    assert resumed.returncode == 0, err[-3000:]
+    resumed = start_ddp_fit(run, "--trainer.max_epochs=2", "--ckpt_path", "last")
+    assert wait_all(resumed, timeout=180) == [0, 0], stderr(resumed)[-3000:]
     ours, theirs = load(run / "checkpoints" / "last.ckpt"), load(ddp_reference / "checkpoints" / "last.ckpt")
     assert ours["global_step"] == theirs["global_step"] == 10
     assert (
@@ -334,16 +342,10 @@ def test_a_nan_loss_on_one_ddp_process_stops_both_and_keeps_the_last_checkpoint(
     flag; a process stopping alone would leave the other waiting in the gradient all-reduce), each says why
     in a line of its own, and last.ckpt stays the one of step 3."""
     run = tmp_path / "run"
-    job = start_fit(
-        run,
-        "--trainer.strategy=ddp",
-        "--trainer.devices=2",
-        "--data.init_args.batch_size=32",
-        "--trainer.max_epochs=1",
-        probe(PoisonOnRank, rank=1, step=4),
-    )
-    _, err = job.communicate(timeout=120)  # a process left waiting would fail here
-    assert job.returncode == 2, err[-3000:]
+    ranks = start_ddp_fit(run, "--trainer.max_epochs=1", probe(PoisonOnRank, rank=1, step=4))
+    codes = wait_all(ranks, timeout=120)  # a process left waiting would fail here
+    err = stderr(ranks)
+    assert codes == [2, 2], err[-3000:]
     stops = re.findall(
         r"^attnlab: error: training stopped at global step 4 \(epoch 0\): (.*?); the weights were not updated",
         err,
