@@ -104,6 +104,8 @@ def test_an_unreachable_wandb_server_falls_back_to_offline_and_says_so_once(attn
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    # wandb's own "logged in as" line asks the server who the key belongs to first, in a wait of its own (10 s)
+    monkeypatch.setenv("WANDB_SILENT", "true")
     logger = "--trainer.logger=[{class_path: experiments.tracking.WandbLogger, init_args: {init_timeout: 1}}]"
     wandb.teardown()  # wandb reads the environment once per process: from here on, this test's
     try:
