@@ -15,23 +15,23 @@ CONFIGS = sorted(p.relative_to(ROOT) for p in (ROOT / "configs").rglob("*.yaml")
 PIECES = ("trainer", "logger")
 # The paper's DETR-R50 resizes to 800-1333 px, and the one-GPU recipes take 64-256 examples a batch in 12 loader
 # processes (one batch of the ViT-S/16 overhead config, 256 images of 224 px, took 97 s here): the same configs, on
-# small images and small batches in the main process, keep this test fast.
+# small images and small batches in the main process, keep this test fast (the text recipes too: 128 sentences a
+# batch, or 32 blocks of 256 characters).
+SMALL_DETR = [
+    "--data.init_args.train_scales=[64]",
+    "--data.init_args.val_size=64",
+    "--data.init_args.max_size=96",
+    "--data.init_args.batch_size=2",
+]
 SMALLER = {
+    "configs/text/multi30k_en_de.yaml": ["--data.init_args.batch_size=8"],
     "configs/text/shakespeare_char.yaml": ["--data.init_args.batch_size=2", "--data.init_args.block_size=64"],
+    "configs/text/shakespeare_char_cpu.yaml": ["--data.init_args.batch_size=2", "--data.init_args.block_size=64"],
     "configs/vision/fashion_mnist.yaml": ["--data.init_args.batch_size=8", "--data.init_args.num_workers=0"],
     "configs/vision/vit_s16_random.yaml": ["--data.init_args.batch_size=2", "--data.init_args.num_workers=0"],
-    "configs/detection/coco.yaml": [
-        "--data.init_args.train_scales=[64]",
-        "--data.init_args.val_size=64",
-        "--data.init_args.max_size=96",
-        "--data.init_args.crop=false",
-    ],
-    "configs/detection/bccd_finetune.yaml": [
-        "--data.init_args.train_scales=[64]",
-        "--data.init_args.val_size=64",
-        "--data.init_args.max_size=96",
-        "--data.init_args.batch_size=2",
-    ],
+    "configs/detection/coco.yaml": [*SMALL_DETR, "--data.init_args.crop=false"],
+    "configs/detection/bccd.yaml": SMALL_DETR,
+    "configs/detection/bccd_finetune.yaml": SMALL_DETR,
 }
 
 
