@@ -16,10 +16,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # the libraries' own test suites (tests/ and test/ folders: 2,100 files that nothing imports, 13 of its 44 CPU
 # seconds). The project is built by the setuptools installed first (pyproject.toml's build requirement), not in an
 # isolated build environment that pip would first fill from the index (about 4 s); torch and everything else come in
-# one pip command, one resolution (5 s less than two).
+# one pip command.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-compile 'setuptools>=68'
+	$(BIN)/python -m pip install -q --no-compile 'setuptools>=77'
 	$(BIN)/python -m pip install -q --no-compile --no-build-isolation -c constraints.txt torch==2.14.1 torchvision==0.29.1 -e '.[dev]'
 	$(BIN)/python -m compileall -q -j 0 -x '/tests?/' $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") > /dev/null || true
 	touch $(STAMP)
