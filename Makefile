@@ -64,9 +64,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 # One pytest worker a core (pytest-xdist), a file to a worker (module fixtures such as one DDP reference run are
-# made once): the suite's many small processes (CLI, DDP, sweeps) fill every core.
+# made once): the suite's many small processes (CLI, DDP, sweeps) fill every core. Files go to the workers in the
+# order tests/conftest.py gives them (those with the most slow tests first), not xdist's (the most tests first).
 test: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest -n auto --dist loadfile
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # The wheels a lent GPU machine (Python 3.12, torch and Lightning installed, no registry) lacks, at the versions that
 # ran there on 2026-11-26 (benchmarks/RESULTS.md, "GPU rows (H100)"); `gpu-check` installs them from .whl (carry it).

@@ -1,3 +1,4 @@
+import collections
 import os
 from pathlib import Path
 
@@ -55,3 +56,14 @@ def attnlab(capsys):
         return code, out, err
 
     return run
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files with the most `slow` tests first, each file's tests in their order. `make test` hands files to its
+    workers in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so both workers end on small files;
+    xdist's own order (most tests first) left a 20-s one-test file to the end of one worker."""
+    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+    first = {}
+    for index, item in enumerate(items):
+        first.setdefault(item.path, index)
+    items.sort(key=lambda item: (-slow[item.path], first[item.path]))

@@ -39,6 +39,7 @@ def test_configs_exist():
     assert Path("configs/vision/digits.yaml") in CONFIGS
 
 
+@pytest.mark.slow  # a fit through the CLI: seconds for the larger recipes, 45 s for all of them
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 def test_config_runs_one_batch(attnlab, tmp_path, monkeypatch, config):
     monkeypatch.chdir(ROOT)  # data paths in configs are relative to the repository root

@@ -2,9 +2,12 @@
 
 import re
 
+import pytest
+
 from benchmarks.overhead import main
 
 
+@pytest.mark.slow  # each loop runs in a process of its own
 def test_overhead_table_reports_both_loops_and_lightnings_floor(capsys):
     main(["--tasks", "vit", "--repeats", "1", "--epochs", "1", "--batches", "3"])
     out = capsys.readouterr().out
