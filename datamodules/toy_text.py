@@ -7,7 +7,9 @@ writes it in the Multi30k layout that `datamodules.text.ParallelTextDataModule` 
 
 from __future__ import annotations
 
+import os
 import random
+import tempfile
 from pathlib import Path
 
 _ANIMATE = [  # English singular, plural; German singular, plural, gender
@@ -158,8 +160,11 @@ def write_toy_corpus(folder: str | Path) -> Path:
     start = 0
     for split, size in TOY_SPLITS.items():  # distinct sentences, so no val/test sentence is in train
         for lang, side in (("en", 0), ("de", 1)):
-            tmp = folder / f".{split}.{lang}.tmp"
-            tmp.write_text("".join(p[side] + "\n" for p in pairs[start : start + size]), encoding="utf-8")
-            tmp.replace(folder / f"{split}.{lang}")  # atomic: concurrent runs never read half a file
+            # a temporary file of this call's own, renamed into place: processes that write the corpus at once (the
+            # ranks of a torchrun launch) never read half a file, and never rename each other's file away
+            fd, tmp = tempfile.mkstemp(prefix=f".{split}.{lang}.", suffix=".tmp", dir=folder)
+            with open(fd, "w", encoding="utf-8") as out:
+                out.write("".join(p[side] + "\n" for p in pairs[start : start + size]))
+            os.replace(tmp, folder / f"{split}.{lang}")
         start += size
     return folder

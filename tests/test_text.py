@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import os
 
 import pytest
 import sacrebleu
@@ -13,7 +14,7 @@ from datamodules.checks import read_lines
 from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
 from datamodules.text_batching import LengthBucketSampler, collate_pairs
 from datamodules.text_tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_tokenizer
-from datamodules.toy_text import toy_translation_pairs
+from datamodules.toy_text import TOY_SPLITS, toy_translation_pairs, write_toy_corpus
 from models.attention import AttentionConfig, capture_attention
 from models.decoding import beam_search, greedy_decode, length_penalty
 from models.optim import param_groups
@@ -478,6 +479,31 @@ def test_checkpoint_tokenizer_must_match_the_data(tmp_path):
     )
     with pytest.raises(ValueError, match="the checkpoint's tokenizer .* is not the one this data built"):
         other.load_state_dict(state)
+
+
+def test_a_second_writer_of_the_toy_corpus_leaves_the_first_ones_files_whole(tmp_path, monkeypatch):
+    """The ranks of a torchrun launch each write the corpus when their data module is built. Another writer that runs
+    start to end while this one is between writing a file and renaming it into place (the schedule that failed rank 0
+    of a two-process run) takes nothing from it: both finish, and every file holds its split's sentences."""
+    replace, interleaved = os.replace, []
+
+    def other_writer_first(src, dst):
+        if not interleaved:
+            interleaved.append(dst)
+            write_toy_corpus(tmp_path)
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", other_writer_first)
+    write_toy_corpus(tmp_path)
+    monkeypatch.undo()
+    pairs, start = toy_translation_pairs(sum(TOY_SPLITS.values())), 0
+    for split, size in TOY_SPLITS.items():
+        for lang, side in (("en", 0), ("de", 1)):
+            assert (tmp_path / f"{split}.{lang}").read_text().splitlines() == [
+                p[side] for p in pairs[start : start + size]
+            ]
+        start += size
+    assert interleaved and not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_corpus_blocks_are_contiguous_and_split_by_position(tmp_path):
