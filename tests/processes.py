@@ -73,10 +73,13 @@ class CLIProcess:
         """The exit status (-N: killed by signal N); on a timeout, SIGKILL and raise TimeoutError."""
         self.process.join(timeout)
         if self.process.exitcode is None:
-            os.kill(self.pid, signal.SIGKILL)
-            self.process.join()
+            self.kill()
             raise TimeoutError(f"{self.err.stem} ran past {timeout} s")
         return self.process.exitcode
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        self.process.join()
 
     def poll(self) -> int | None:
         return self.process.exitcode
@@ -109,14 +112,20 @@ def torchrun(args: list[str], env: dict[str, str], folder: Path, nprocs: int = 2
     return ranks
 
 
-def wait_all(ranks: list[CLIProcess], timeout: float) -> list[int]:
-    """Every rank's exit status; if one runs past ``timeout`` (a rank left waiting in a collective), every rank is
-    killed and TimeoutError raised."""
-    deadline = time.monotonic() + timeout
-    try:
-        return [rank.wait(max(0.0, deadline - time.monotonic())) for rank in ranks]
-    except TimeoutError:
-        for rank in ranks:
-            if rank.poll() is None:
-                rank.send_signal(signal.SIGKILL)
-        raise
+def wait_all(ranks: list[CLIProcess], timeout: float, grace: float = 30) -> list[int]:
+    """Every rank's exit status (-N: killed by signal N). As under torchrun, once a rank has failed the others get
+    ``grace`` seconds to end, and are killed after: a rank whose peer is gone waits in its next collective until
+    gloo's 30-minute timeout. Ranks still running after ``timeout`` with none failed (a hang) are all killed and
+    TimeoutError is raised."""
+    deadline, failed = time.monotonic() + timeout, False
+    while any(rank.poll() is None for rank in ranks):
+        if not failed and any(rank.poll() for rank in ranks):  # a status other than None (running) or 0
+            failed, deadline = True, min(deadline, time.monotonic() + grace)
+        if time.monotonic() > deadline:
+            running = [rank for rank in ranks if rank.poll() is None]
+            for rank in running:
+                rank.kill()
+            if not failed:
+                raise TimeoutError(f"{', '.join(r.err.stem for r in running)} still running after {timeout} s")
+        time.sleep(0.05)
+    return [rank.poll() for rank in ranks]
