@@ -15,7 +15,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # pip, it passes over files that are not Python 3.11 (torch ships a Python 3.12-only test helper), and it leaves out
 # the libraries' own test suites (tests/ and test/ folders: 2,100 files that nothing imports, 13 of its 44 CPU
 # seconds). pip runs on one core: while it installs the project's dependencies, the other core compiles torch, sympy
-# and torchvision, which the first command installed (a third of the bytecode); the last pass compiles the rest. The
+# and torchvision, which the first command installed (a quarter of the bytecode); the last pass compiles the rest. The
 # project is built by the setuptools installed beside torch (pyproject.toml's build requirement), not in an isolated
 # build environment that pip would first fill from the index (about 4 s).
 SITE = $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
