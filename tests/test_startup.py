@@ -1,6 +1,7 @@
 """`attnlab --help`, `attnlab compare` and `attnlab sweep --help` start without Lightning, torch or the models (each
 run in a fresh interpreter that then names what it imported), and every subcommand is described by a whole sentence."""
 
+import gc
 import json
 import os
 import re
@@ -69,3 +70,14 @@ def test_a_trainer_subcommands_help_opens_with_the_line_attnlab_help_lists(attnl
     monkeypatch.setenv("COLUMNS", "1000")
     code, out, _ = attnlab(name, "--help")
     assert code == 0 and f"\n{listed[name]}\n" in out
+
+
+def test_only_the_process_entry_freezes_what_it_made_before_the_interpreter_exits(attnlab):
+    """`attnlab` as a process (``main()`` on sys.argv) leaves the garbage collector nothing to pass over at exit;
+    ``main(args)`` called in a longer-lived process (these tests, a sweep's in-process runs) must leave it whole."""
+    script = "import gc, sys\nfrom experiments.cli import main\nsys.argv = ['attnlab', '--help']\nmain()\n"
+    script += "print(gc.get_freeze_count())"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and int(done.stdout.splitlines()[-1]) > 1000, done.stderr
+    before = gc.get_freeze_count()
+    assert attnlab("--help")[0] == 0 and gc.get_freeze_count() == before
