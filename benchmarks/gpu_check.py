@@ -15,6 +15,7 @@ that would fail there fails here first.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -137,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.step:
         from benchmarks.gpu_steps import run
 
-        sys.exit(run(args.step, args.result, args.rehearse))
+        code = run(args.step, args.result, args.rehearse)
+        gc.freeze()  # the step's process ends: no garbage-collector passes over what it made (experiments.cli.main)
+        sys.exit(code)
     unknown = set(args.steps.split(",")) - set(STEPS)
     if unknown:
         p.error(f"--steps: unknown step(s) {', '.join(sorted(unknown))}; choose from {', '.join(STEPS)}")

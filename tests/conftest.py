@@ -1,15 +1,13 @@
 import collections
+import gc
 import os
 from pathlib import Path
 
 import pytest
-import torch
 
 os.environ["WANDB_MODE"] = "disabled"  # tests never start a W&B run
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # spawned DDP workers too
-# Test tensors are tiny: one thread avoids oversubscribing CI's 2 cores (5-15x faster under load).
-torch.set_num_threads(1)
 
 # A 1-block-per-stage ResNet-18 of 8-64 channels, trained whole, for DETR tests (`Backbone`'s arguments;
 # `from conftest import TINY_TRUNK`): layer3's output, stride 16.
@@ -41,6 +39,15 @@ def config_args(config: str, root: Path | str, *overrides: str) -> tuple[str, ..
     return ("--config", config, f"--trainer.default_root_dir={root}", *overrides)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Test tensors are tiny: one thread avoids oversubscribing CI's 2 cores (5-15x faster under load). A fixture, so
+    that pytest-xdist's controller, which runs no test, starts its workers without importing torch first."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture
 def attnlab(capsys):
     """Run the real `attnlab` CLI in-process; returns (exit code, stdout, stderr)."""
@@ -67,3 +74,10 @@ def pytest_collection_modifyitems(config, items):
     for index, item in enumerate(items):
         first.setdefault(item.path, index)
     items.sort(key=lambda item: (-slow[item.path], first[item.path]))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """The process exits next (a worker, or plain pytest): what the tests made is frozen out of the garbage collector,
+    whose passes over it while the interpreter shuts down took seconds (`experiments.cli.main` does the same)."""
+    gc.freeze()
