@@ -81,3 +81,10 @@ def pytest_unconfigure(config):
     """The process exits next (a worker, or plain pytest): what the tests made is frozen out of the garbage collector,
     whose passes over it while the interpreter shuts down took seconds (`experiments.cli.main` does the same)."""
     gc.freeze()
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, Lightning, the models, the test modules) lives as long as the process: frozen
+    out of the garbage collector, so that its full passes during the tests go over what the tests made only."""
+    gc.collect()
+    gc.freeze()
