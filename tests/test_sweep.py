@@ -14,7 +14,6 @@ import pickle
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 from builders import gone_pid
+from processes import CLIProcess
 from scipy import stats
 
 from experiments import sweep as sweeps
@@ -613,8 +613,8 @@ def test_digits_sweep_end_to_end_then_compare_gives_a_row_per_cell(attnlab, tmp_
 
 @pytest.mark.slow
 def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(attnlab, tmp_path, in_process):
-    """SIGTERM to the sweep (a process, its runs processes too) stops its running fit, which saves last.ckpt; the next
-    start resumes that run. The signal goes when the long run's first epoch (one batch) has saved last.ckpt: 9 epochs
+    """SIGTERM to the sweep (a process, `CLIProcess`; its runs new interpreters, as the launcher starts them) stops
+    its running fit, which saves last.ckpt; the next start resumes that run. The signal goes when the long run's first epoch (one batch) has saved last.ckpt: 9 epochs
     are left to stop in."""
     path = _tiny_sweep(
         tmp_path,
@@ -625,8 +625,7 @@ def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(attnlab
     )
     root = tmp_path / "root"
     first, long = root / "digits" / "max_epochs=1" / "seed=0", root / "digits" / "max_epochs=10" / "seed=0"
-    command = [sys.executable, "-m", "experiments.cli", "sweep", str(path)]
-    sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sweep = CLIProcess(["sweep", str(path)], dict(os.environ), tmp_path / "logs")
     deadline = time.monotonic() + 300
     while (
         not list(long.glob("lightning_logs/version_0/checkpoints/last.ckpt"))
@@ -635,8 +634,7 @@ def test_an_interrupted_sweep_resumes_its_run_and_skips_the_finished_one(attnlab
     ):
         time.sleep(0.05)
     sweep.send_signal(signal.SIGTERM)
-    out = sweep.communicate(timeout=120)[0]
-    assert sweep.returncode == 128 + signal.SIGTERM, out
+    assert sweep.wait(timeout=120) == 128 + signal.SIGTERM, sweep.out.read_text() + sweep.stderr()
     status = json.loads((root / "sweep.json").read_text())["runs"]
     assert status["digits/max_epochs=1/seed=0"]["status"] == "done"
     assert status["digits/max_epochs=10/seed=0"]["status"] == "interrupted"
