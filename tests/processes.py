@@ -6,12 +6,13 @@ callbacks once (multiprocessing's forkserver, preloaded): a new `python -m exper
 on those imports before it trains, 13 s for a run on two processes. The forkserver has run no torch operation, so
 its children start with no thread pool (a fork of a process that ran OpenMP code hangs in its first parallel
 region). A child gets its own environment, working folder, `sys.argv` and standard streams, and ends as a process
-does: its exit status is the CLI's, or minus the signal that killed it.
+does: its exit handlers run, and its exit status is the CLI's, or minus the signal that killed it.
 
 `torchrun` starts the ranks of a distributed run as torchrun does (one process per rank, rank and rendezvous in the
 environment): Lightning's `TorchElasticEnvironment` reads them and starts no process of its own.
 """
 
+import atexit
 import multiprocessing
 import os
 import signal
@@ -21,6 +22,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# sys.argv[0] of a process that the `attnlab` script started: Lightning's DDP launcher starts the other ranks of
+# `--trainer.devices=N` as `python SCRIPT ARGS`
+SCRIPT = str(Path(sys.executable).with_name("attnlab"))
 PRELOAD = [
     "experiments.trainer_cli",
     "experiments.attention_maps",
@@ -52,8 +56,11 @@ def _cli(args: list[str], env: dict[str, str], out: str, err: str) -> None:
         os.close(opened)
     # a new process reads OMP_NUM_THREADS when torch loads; this one loaded torch before it had its environment
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
-    sys.argv = ["attnlab", *args]
-    main(args)
+    sys.argv = [SCRIPT, *args]
+    try:
+        main(args)
+    finally:  # what a process runs at its exit and multiprocessing's children skip: W&B finishes its run there
+        atexit._run_exitfuncs()
 
 
 class CLIProcess:

@@ -1,7 +1,8 @@
 """Two-process DDP on CPU (gloo) through the real CLI, one run per modality on tiny data.
 
-The ViT run is `attnlab fit --trainer.devices=2` in a subprocess, with Lightning's launcher starting the second
-process (a DDP launch inside pytest would re-run pytest in the child): two processes with half the batch each must
+The ViT run is `attnlab fit --trainer.devices=2` in a process of its own (`processes.CLIProcess`: as started by
+the `attnlab` script), with Lightning's launcher starting the second as it would for a user: `python attnlab ARGS`
+(a DDP launch inside pytest would re-run pytest in the child): two processes with half the batch each must
 follow the same loss curve as one process with the whole batch. DDP averages the gradients of the two halves, which
 is the gradient of the whole batch (dropout off, same sample order via DistributedSampler). The text and detection
 runs start their two processes as torchrun does (`processes.torchrun`).
@@ -10,13 +11,11 @@ runs start their two processes as torchrun does (`processes.torchrun`).
 import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from processes import torchrun, wait_all
+from processes import CLIProcess, torchrun, wait_all
 
 pytestmark = pytest.mark.slow  # every test launches DDP runs of the CLI in subprocesses
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,19 +64,6 @@ def environment(tmp_path: Path, wandb: str = "disabled") -> dict[str, str]:
     return env
 
 
-def run_cli(tmp_path: Path, *args: str, wandb: str = "disabled") -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.cli", "fit", *args],
-        cwd=ROOT,
-        env=environment(tmp_path, wandb),
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
 def val_column(run: Path, key: str) -> list[float]:
     return [float(r[key]) for r in csv.DictReader((run / "metrics.csv").open()) if r.get(key)]
 
@@ -112,11 +98,11 @@ def test_vit_two_processes_with_half_batches_follow_one_process_with_full_batche
         if devices == 1:
             code, _, err = attnlab("fit", *args)
             assert code == 0, err[-3000:]
-            proc = None
         else:
-            proc = run_cli(tmp_path, *args, wandb="offline")
-        runs[devices] = (root, json.loads((root / "losses.json").read_text()), proc)
-    (one, curve1, _), (two, curve2, proc) = runs[1], runs[2]
+            launch = CLIProcess(["fit", *args], environment(tmp_path, wandb="offline"), tmp_path / "logs")
+            assert launch.wait(timeout=400) == 0, launch.stderr()[-3000:]
+        runs[devices] = (root, json.loads((root / "losses.json").read_text()))
+    (one, curve1), (two, curve2) = runs[1], runs[2]
     assert curve1["world_size"] == 1 and curve2["world_size"] == 2 and len(curve1["losses"]) == 4
     assert curve2["losses"] == pytest.approx(curve1["losses"], rel=1e-5, abs=1e-6)
     run1, run2 = one / "lightning_logs" / "version_0", two / "lightning_logs" / "version_0"
@@ -138,7 +124,7 @@ def test_vit_two_processes_with_half_batches_follow_one_process_with_full_batche
         and summary["wandb"][0]["mode"] == "offline"
         and summary["status"] == "finished"
     )
-    assert "wandb sync" in proc.stdout
+    assert "wandb sync" in launch.out.read_text()
     # the nested, resolved config is in the offline run's record
     record = next((two / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
     assert b'"init_args"' in record and b'"patch_size"' in record
