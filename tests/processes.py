@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# sys.argv[0] of a process that the `attnlab` script started: Lightning's DDP launcher starts the other ranks of
-# `--trainer.devices=N` as `python SCRIPT ARGS`
+# sys.argv[0] of a process that the `attnlab` script started (installed beside this Python by `make install`):
+# Lightning's DDP launcher starts the other ranks of `--trainer.devices=N` as `python SCRIPT ARGS`
 SCRIPT = str(Path(sys.executable).with_name("attnlab"))
 PRELOAD = [
     "experiments.trainer_cli",
@@ -41,7 +41,7 @@ PRELOAD = [
 
 
 def _cli(args: list[str], env: dict[str, str], out: str, err: str) -> None:
-    """The child: `python -m experiments.cli ARGS` in ``env``, run from the repository root."""
+    """The child: `attnlab ARGS` in ``env``, run from the repository root, as the `attnlab` script would start it."""
     import torch
 
     from experiments.cli import main

@@ -1,5 +1,6 @@
 """`attnlab --help`, `attnlab compare` and `attnlab sweep --help` start without Lightning, torch or the models (each
-run in a fresh interpreter that then names what it imported), and every subcommand is described by a whole sentence."""
+run in a fresh interpreter that then names what it imported), every subcommand is described by a whole sentence, and
+`attnlab` as a process leaves the garbage collector nothing to pass over when it exits."""
 
 import gc
 import json
