@@ -73,8 +73,10 @@ def train_step(
 
 
 def training_flops(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor]) -> int:
-    """FLOPs of one forward + backward (torch.utils.flop_counter; matmuls, convolutions, SDPA)."""
+    """FLOPs of one forward + backward (torch.utils.flop_counter; matmuls, convolutions, SDPA on every device)."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    import experiments.flops  # noqa: F401  (registers the SDPA formulas torch lacks on the CPU)
 
     with FlopCounterMode(display=False) as counter:
         loss_fn(model).backward()

@@ -17,6 +17,7 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities import measure_flops, rank_zero_warn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+import experiments.flops  # noqa: F401  (registers the SDPA formulas that measure_flops lacks on the CPU)
 from experiments import stats as summary_stats
 from experiments.callbacks.base import batch_size, shadowed
 from experiments.callbacks.monitors import GradientNorm, Throughput
