@@ -8,9 +8,10 @@ by ``fc_norm`` ("avg", as timm and MAE do).
 
 Weights come from a local file (`load_pretrained`): a checkpoint of our own
 (`attnlab fit` writes Lightning ``.ckpt`` files) or a timm ``VisionTransformer`` state dict
-(``.pth``/``.bin``/``.safetensors``), renamed by `timm_to_attnlab`; or from a timm hub name
+(``.pth``/``.bin``/``.safetensors``), renamed by `models.vit_timm.timm_to_attnlab`; or from a timm hub name
 (``timm/vit_small_patch16_224.augreg_in21k``), the hub repository of timm's weights, through huggingface_hub's
-cache (`models.weights`: one path for foreign weights). Positions are resampled
+cache (`models.weights`: one path for foreign weights); or by timm's model name (``timm:vit_small_patch16_224``),
+which also sets the architecture (`models.vit_timm`). Positions are resampled
 (bicubic, timm's ``resample_abs_pos_embed``) when the patch grid differs from the checkpoint's,
 the patch projection is adapted when the channel count differs, and the head is re-initialised
 when the class count differs.
@@ -20,24 +21,23 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import torch
 from timm.layers import ConvNormAct, resample_abs_pos_embed
-from timm.models import adapt_input_conv, get_pretrained_cfg
+from timm.models import adapt_input_conv
 from torch import Tensor, nn
 
 from models.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.position import PositionEmbeddingSine2D, RelativePositionBias2D, RotaryEmbedding2D
 from models.registers import WithRegisters, insert_registers, learned_registers, unplaced
 from models.transformer import TransformerEncoder
+from models.vit_timm import KEY, TIMM, hub_repository, split_timm, timm_to_attnlab
 from models.weights import WEIGHT_SUFFIXES, load_checked, network_state, read_state, resolve
 
 log = logging.getLogger(__name__)
-KEY = "model.init_from"
 
 
 class PatchEmbed(nn.Module):
@@ -83,6 +83,51 @@ class PatchEmbed(nn.Module):
         """Images (B, C, H, W) of any size the patches tile (`patch_grid`) -> tokens (B, N, D), rows first."""
         self.patch_grid(*x.shape[-2:])
         return self.proj(self.stem(x)).flatten(2).transpose(1, 2)  # (B, N, D)
+
+
+def _check_settings(positions: str, global_pool: str, class_token: bool, embed_dim: int, num_heads: int) -> None:
+    """Settings of the ViT that cannot work (together), refused with their keys."""
+    if positions not in VisionTransformer.POSITIONS:
+        known = ", ".join(VisionTransformer.POSITIONS)
+        raise ValueError(f"model.positions={positions!r} is not known for the ViT; choose one of {known}")
+    if global_pool not in ("token", "avg"):
+        raise ValueError(f"model.global_pool={global_pool!r}; expected 'token' or 'avg'")
+    if global_pool == "token" and not class_token:
+        raise ValueError("model.class_token=false leaves nothing for model.global_pool=token to read; set it to avg")
+    if num_heads < 1 or embed_dim % num_heads:
+        raise ValueError(
+            f"model.num_heads={num_heads} does not divide model.embed_dim={embed_dim}; choose a divisor of {embed_dim}"
+        )
+    if positions == "sincos2d" and embed_dim % 4:
+        raise ValueError(f"model.positions=sincos2d needs model.embed_dim divisible by 4, got {embed_dim}")
+    if positions.startswith("rope") and (embed_dim // num_heads) % 4:
+        raise ValueError(
+            f"model.positions={positions} needs a head size divisible by 4, "
+            f"got model.embed_dim/model.num_heads = {embed_dim // num_heads}"
+        )
+
+
+def _positions_of(
+    positions: str,
+    embed_dim: int,
+    num_heads: int,
+    depth: int,
+    grid: tuple[int, int],
+    placed: int,
+    rope_theta: float | None,
+    rope_grid_indexing: str,
+) -> tuple[PositionEmbeddingSine2D | None, RotaryEmbedding2D | None, nn.ModuleList | None]:
+    """The position modules of ``positions`` other than learned ones: (sine-cosine, RoPE, per-layer relative
+    position tables), None where unused; ``placed``: the prefix tokens that relative positions cover."""
+    sincos = rope = tables = None
+    if positions == "sincos2d":
+        sincos = PositionEmbeddingSine2D(embed_dim // 2, normalize=False)  # integer row and column
+    if positions.startswith("rope"):
+        mode = positions.removeprefix("rope_")
+        rope = RotaryEmbedding2D(embed_dim // num_heads, num_heads, mode, rope_theta, depth, rope_grid_indexing)
+    if positions == "relpos":
+        tables = nn.ModuleList(RelativePositionBias2D(grid, num_heads, placed) for _ in range(depth))
+    return sincos, rope, tables
 
 
 def _init_linear(layer: nn.Linear) -> None:
@@ -159,21 +204,7 @@ class VisionTransformer(nn.Module, WithRegisters):
         rope_grid_indexing: Literal["xy", "ij"] = "xy",
     ):
         super().__init__()
-        if positions not in self.POSITIONS:
-            raise ValueError(
-                f"model.positions={positions!r} is not known for the ViT; choose one of {', '.join(self.POSITIONS)}"
-            )
-        if global_pool not in ("token", "avg"):
-            raise ValueError(f"model.global_pool={global_pool!r}; expected 'token' or 'avg'")
-        if global_pool == "token" and not class_token:
-            raise ValueError(
-                "model.class_token=false leaves nothing for model.global_pool=token to read; set it to avg"
-            )
-        if num_heads < 1 or embed_dim % num_heads:
-            raise ValueError(
-                f"model.num_heads={num_heads} does not divide model.embed_dim={embed_dim}; "
-                f"choose a divisor of {embed_dim}"
-            )
+        _check_settings(positions, global_pool, class_token, embed_dim, num_heads)
         self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, stem_channels)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
@@ -181,25 +212,9 @@ class VisionTransformer(nn.Module, WithRegisters):
         self.num_prefix_tokens = int(class_token) + register_tokens  # before the patches: [class, registers]
         num_placed, grid = int(class_token) + self.patch_embed.num_patches, self.patch_embed.grid_size
         self.pos_embed = nn.Parameter(torch.zeros(1, num_placed, embed_dim)) if positions == "learned" else None
-        self.rope = self.rel_pos_bias = self.sincos = None
-        if positions == "sincos2d":
-            if embed_dim % 4:
-                raise ValueError(f"model.positions=sincos2d needs model.embed_dim divisible by 4, got {embed_dim}")
-            self.sincos = PositionEmbeddingSine2D(embed_dim // 2, normalize=False)  # integer row and column
-        if positions.startswith("rope"):
-            if (embed_dim // num_heads) % 4:
-                raise ValueError(
-                    f"model.positions={positions} needs a head size divisible by 4, "
-                    f"got model.embed_dim/model.num_heads = {embed_dim // num_heads}"
-                )
-            mode = positions.removeprefix("rope_")
-            self.rope = RotaryEmbedding2D(  # timm's name
-                embed_dim // num_heads, num_heads, mode, rope_theta, depth, rope_grid_indexing
-            )
-        if positions == "relpos":
-            self.rel_pos_bias = nn.ModuleList(
-                RelativePositionBias2D((grid, grid), num_heads, int(class_token)) for _ in range(depth)
-            )
+        self.sincos, self.rope, self.rel_pos_bias = _positions_of(
+            positions, embed_dim, num_heads, depth, (grid, grid), int(class_token), rope_theta, rope_grid_indexing
+        )
         self.pos_drop = nn.Dropout(drop_rate)
         self.encoder = TransformerEncoder(
             depth,
@@ -305,72 +320,6 @@ class VisionTransformer(nn.Module, WithRegisters):
         return self.forward_head(self.forward_features(x))
 
 
-# timm VisionTransformer key -> ours (nn.TransformerEncoderLayer names in models.transformer).
-_TIMM_KEYS = (
-    (r"^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$", r"encoder.layers.\1.self_attn.in_proj_\2"),
-    (r"^blocks\.(\d+)\.attn\.proj\.", r"encoder.layers.\1.self_attn.out_proj."),
-    (r"^blocks\.(\d+)\.mlp\.fc1\.", r"encoder.layers.\1.linear1."),
-    (r"^blocks\.(\d+)\.mlp\.fc2\.", r"encoder.layers.\1.linear2."),
-    (r"^blocks\.(\d+)\.(norm[12])\.", r"encoder.layers.\1.\2."),
-    (r"^blocks\.(\d+)\.attn\.([qk]_norm)\.", r"encoder.layers.\1.self_attn.\2."),
-    (r"^norm\.", "encoder.norm."),
-    (r"^blocks\.(\d+)\.(ls[12])\.gamma$", r"encoder.layers.\1.\2.gamma"),  # VisionTransformer's LayerScale
-    (r"^blocks\.(\d+)\.gamma_([12])$", r"encoder.layers.\1.ls\2.gamma"),  # Eva's
-    (r"^blocks\.(\d+)\.attn\.([qv])_bias$", r"encoder.layers.\1.self_attn.\2_bias"),  # Eva's, joined below
-)
-
-
-def timm_to_attnlab(state: dict[str, Tensor], source: str = "timm state dict") -> dict[str, Tensor]:
-    """Rename the keys of a timm ``VisionTransformer`` state dict to ours.
-
-    timm's packed ``attn.qkv`` is our ``in_proj`` (both (3D, D), q, k, v stacked), ``attn.proj`` our
-    ``out_proj``, ``mlp.fc1/fc2`` our ``linear1/linear2`` and the final ``norm`` our ``encoder.norm``;
-    ``attn.q_norm/k_norm`` (QK-norm) our ``self_attn.q_norm/k_norm``;
-    LayerScale's ``ls1/ls2.gamma`` (Eva: ``gamma_1/gamma_2``) our ``ls1/ls2.gamma``; Eva's ``q_bias`` and
-    ``v_bias`` (its key bias is zero) are packed into ``in_proj_bias``, and a projection without biases
-    (``qkv_bias=False``) gets zero ones; ``cls_token``, ``reg_token``, ``patch_embed.proj``, ``fc_norm``, ``head``
-    and a RoPE ViT's ``rope.freqs`` keep their names, and ``pos_embed`` is moved to our layout (`_timm_positions`).
-    Keys of timm features we lack pass through unrenamed, so that loading names them.
-    """
-    renamed = {}
-    for key, value in state.items():
-        for pattern, replacement in _TIMM_KEYS:
-            key = re.sub(pattern, replacement, key)
-        renamed[key] = value
-    for weight in [k for k in renamed if k.endswith("self_attn.in_proj_weight")]:
-        layer = weight.removesuffix("in_proj_weight")
-        if layer + "in_proj_bias" not in renamed:
-            q, v = (renamed.pop(layer + f"{x}_bias", None) for x in "qv")
-            zeros = renamed[weight].new_zeros(renamed[weight].shape[0] // 3)
-            renamed[layer + "in_proj_bias"] = torch.cat([zeros if q is None else q, zeros, zeros if v is None else v])
-    return _timm_positions(renamed, source)
-
-
-def _timm_positions(state: dict[str, Tensor], source: str) -> dict[str, Tensor]:
-    """timm's learned positions cover the class token, the registers and the patches, or (``no_embed_class``:
-    DeiT-3, DINOv2 with registers) the patches only; ours the class token and the patches. A register's position
-    is a constant added to a constant, so it joins ``reg_token``; a class token without one gets a zero one."""
-    pos = state.get("pos_embed")
-    if pos is None:
-        return state
-    cls = int("cls_token" in state)
-    regs = state["reg_token"].shape[1] if "reg_token" in state else 0
-    prefix = [n for n in {0, cls + regs} if math.isqrt(pos.shape[1] - n) ** 2 == pos.shape[1] - n]
-    if len(prefix) != 1:
-        raise ValueError(
-            f"{source}: pos_embed has {pos.shape[1]} positions, not a square patch grid after {cls + regs} "
-            "class and register tokens, nor without them"
-        )
-    state = dict(state)
-    if prefix[0]:  # [class, registers, patches] -> [class, patches]
-        if regs:
-            state["reg_token"] = state["reg_token"] + pos[:, cls : cls + regs]
-            state["pos_embed"] = torch.cat([pos[:, :cls], pos[:, cls + regs :]], dim=1)
-    elif cls:  # [patches] -> [class, patches]
-        state["pos_embed"] = torch.cat([pos.new_zeros(1, 1, pos.shape[-1]), pos], dim=1)
-    return state
-
-
 def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
     """A local weights file or folder -> a state dict with our key names.
 
@@ -387,22 +336,33 @@ def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
 
 def read_init_from(name: str) -> dict[str, Tensor]:
     """``model.init_from`` -> a state dict with our key names: a local weights file or folder (`read_checkpoint`),
-    or a timm hub name (``timm/<model>.<tag>``, or timm's ``<model>.<tag>``): the hub repository of timm's weights,
-    read through huggingface_hub's cache, downloaded into it only when online (`models.weights.resolve`)."""
+    a timm hub name (``timm/<model>.<tag>``, or timm's ``<model>.<tag>``): the hub repository of timm's weights,
+    read through huggingface_hub's cache, downloaded into it only when online (`models.weights.resolve`), or
+    ``timm:NAME`` (those hub weights) or ``timm:NAME=FILE`` (a local timm state dict), whose architecture
+    `models.vit_timm.fill_from_timm` has read."""
+    if name.startswith(TIMM):
+        model_name, file = split_timm(name)
+        if file:
+            return read_checkpoint(file)
+        return _read_hub(hub_repository(model_name, name), f"{KEY}={TIMM}{model_name}")
     if Path(name).expanduser().exists() or name.endswith(WEIGHT_SUFFIXES) or name.startswith((".", "/", "~")):
         return read_checkpoint(name)
-    repository = name
-    if "/" not in name:  # timm's name -> the hub repository of its weights
-        try:
-            repository = get_pretrained_cfg(name).hf_hub_id
-        except (RuntimeError, AttributeError):  # a tag timm does not know, or no such architecture (None)
-            repository = None
-        if not repository:
-            raise ValueError(
-                f"{KEY}={name}: no such local file, and timm knows no hub weights of that name; "
-                "give a timm ViT name (timm/vit_small_patch16_224.augreg_in21k) or a local file"
-            )
-    return read_checkpoint(resolve(repository, KEY, "give a local file or a timm hub name", hub_files=("*.json",)))
+    if "/" in name:
+        return _read_hub(name, KEY)
+    try:  # timm's name -> the hub repository of its weights
+        repository = hub_repository(name, name)
+    except ValueError:
+        raise ValueError(
+            f"{KEY}={name}: no such local file, and timm knows no hub weights of that name; "
+            "give a timm ViT name (timm/vit_small_patch16_224.augreg_in21k) or a local file"
+        ) from None
+    return _read_hub(repository, KEY)
+
+
+def _read_hub(repository: str, key: str) -> dict[str, Tensor]:
+    """The weights of a hub repository, from huggingface_hub's cache (`models.weights.resolve`); ``key`` begins
+    the messages (with the repository) and ends the hint (``key=DIR``)."""
+    return read_checkpoint(resolve(repository, key, "give a local file or a timm hub name", hub_files=("*.json",)))
 
 
 def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: str = "checkpoint") -> None:
@@ -421,24 +381,7 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
     if "encoder.norm.weight" in state and "encoder.norm.weight" not in own:
         raise ValueError(f"{source} was trained with global_pool='token'; set model.global_pool=token")
     _check_tokens_and_scale(model, state, source)
-    pos = state.get("pos_embed")
-    if pos is not None and "pos_embed" not in own:
-        raise ValueError(
-            f"{source} has learned positions (pos_embed) that this model's positions inside attention lack; "
-            "set model.positions=learned"
-        )
-    if pos is not None and pos.shape != own["pos_embed"].shape and pos.shape[-1] == own["pos_embed"].shape[-1]:
-        placed = model._placed_prefix
-        old_grid = math.isqrt(pos.shape[1] - placed)
-        if old_grid**2 + placed != pos.shape[1]:
-            raise ValueError(
-                f"{source}: pos_embed has {pos.shape[1]} positions, not {placed} class token(s) and a square patch grid"
-            )
-        grid = model.patch_embed.grid_size
-        state["pos_embed"] = resample_abs_pos_embed(pos, [grid, grid], [old_grid, old_grid], num_prefix_tokens=placed)
-        log.warning(
-            "%s: positions resampled from a %dx%d to a %dx%d patch grid", source, old_grid, old_grid, grid, grid
-        )
+    _fit_positions(model, state, source)
     stems = {name: _stem_widths(d) for name, d in (("checkpoint", state), ("model", own))}
     if stems["checkpoint"] != stems["model"]:
         raise ValueError(
@@ -471,6 +414,28 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
     )
     if new_head:
         model.reset_head()
+
+
+def _fit_positions(model: VisionTransformer, state: dict[str, Tensor], source: str) -> None:
+    """The checkpoint's learned positions, resampled (bicubic) in ``state`` to the model's patch grid where it
+    differs; a ValueError where the model has none or the checkpoint's fit no square grid."""
+    pos, own = state.get("pos_embed"), model.pos_embed
+    if pos is not None and own is None:
+        raise ValueError(
+            f"{source} has learned positions (pos_embed) that this model's positions inside attention lack; "
+            "set model.positions=learned"
+        )
+    if pos is None or pos.shape == own.shape or pos.shape[-1] != own.shape[-1]:
+        return  # nothing to resample, or a width that `load_checked` names
+    placed = model._placed_prefix
+    old_grid = math.isqrt(pos.shape[1] - placed)
+    if old_grid**2 + placed != pos.shape[1]:
+        raise ValueError(
+            f"{source}: pos_embed has {pos.shape[1]} positions, not {placed} class token(s) and a square patch grid"
+        )
+    grid = model.patch_embed.grid_size
+    state["pos_embed"] = resample_abs_pos_embed(pos, [grid, grid], [old_grid, old_grid], num_prefix_tokens=placed)
+    log.warning("%s: positions resampled from a %dx%d to a %dx%d patch grid", source, old_grid, old_grid, grid, grid)
 
 
 def _check_tokens_and_scale(model: VisionTransformer, state: dict[str, Tensor], source: str) -> None:

@@ -1,7 +1,9 @@
 """LightningModule that trains a `VisionTransformer` for image classification, from scratch or
-fine-tuned from a local checkpoint (ours or timm's) or a timm hub name."""
+fine-tuned from a local checkpoint (ours or timm's), a timm hub name, or a timm model by name (``timm:NAME``)."""
 
 from __future__ import annotations
+
+import inspect
 
 import pytorch_lightning as pl
 import torch.nn.functional as F
@@ -11,6 +13,9 @@ from torchmetrics.classification import MulticlassAccuracy
 from models import optim
 from models.distributed import clip_gradients
 from models.vit import VisionTransformer, load_pretrained, read_init_from
+from models.vit_timm import TIMM, fill_from_timm
+
+NETWORK_DEFAULTS = {name: p.default for name, p in inspect.signature(VisionTransformer).parameters.items()}
 
 
 class ImageClassifier(pl.LightningModule):
@@ -30,7 +35,10 @@ class ImageClassifier(pl.LightningModule):
         init_from: a local ``.ckpt`` of `attnlab fit`, a timm ViT ``.pth``/``.safetensors`` state dict, or
             a timm hub name (``timm/vit_small_patch16_224.augreg_in21k``, fetched when online); positions
             are resampled to this image size and the head is re-initialised when the class count differs
-            (see `models.vit.load_pretrained`).
+            (see `models.vit.load_pretrained`). ``timm:NAME`` (timm's hub weights of that model) or
+            ``timm:NAME=FILE`` (a local timm state dict) also sets the architecture from timm's registry: the
+            network's settings left at their defaults take timm's values, others must equal them
+            (`models.vit_timm.fill_from_timm`); the image size, channels and classes stay the data's.
         freeze_backbone: train the head only (a linear probe).
         layer_decay: layer-wise learning-rate decay (BEiT; timm's ``param_groups_layer_decay``):
             block i of L trains at ``lr * layer_decay ** (L + 1 - i)``, the head at ``lr``.
@@ -57,7 +65,9 @@ class ImageClassifier(pl.LightningModule):
         super().__init__()
         if layer_decay is not None and not 0 < layer_decay <= 1:
             raise ValueError(f"model.layer_decay={layer_decay} must be in (0, 1]")
-        self.save_hyperparameters()
+        if init_from and init_from.startswith(TIMM):
+            network = fill_from_timm(init_from, network, NETWORK_DEFAULTS)
+        self.save_hyperparameters()  # with timm's settings
         self.model = VisionTransformer(**network)
         if init_from:
             load_pretrained(self.model, read_init_from(init_from), f"model.init_from={init_from}")

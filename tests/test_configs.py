@@ -29,6 +29,7 @@ SMALLER = {
     "configs/text/shakespeare_char_cpu.yaml": ["--data.init_args.batch_size=2", "--data.init_args.block_size=64"],
     "configs/vision/fashion_mnist.yaml": ["--data.init_args.batch_size=8", "--data.init_args.num_workers=0"],
     "configs/vision/vit_s16_random.yaml": ["--data.init_args.batch_size=2", "--data.init_args.num_workers=0"],
+    "configs/vision/timm_finetune.yaml": ["--data.init_args.batch_size=2", "--data.init_args.num_workers=0"],
     "configs/detection/coco.yaml": [*SMALL_DETR, "--data.init_args.crop=false"],
     "configs/detection/bccd.yaml": SMALL_DETR,
     "configs/detection/bccd_finetune.yaml": SMALL_DETR,
