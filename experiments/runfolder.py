@@ -12,6 +12,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -82,6 +83,68 @@ def cli_value(value: Any) -> str:
 def cli_flags(settings: dict[str, Any]) -> list[str]:
     """{"trainer.max_epochs": 3} -> ["--trainer.max_epochs=3"]."""
     return [f"--{key}={cli_value(value)}" for key, value in settings.items()]
+
+
+def setting_leaves(key: str, value: Any) -> dict[str, Any]:
+    """The fit keys a setting sets: a mapping (a block's fields, a class's ``class_path`` and ``init_args``) by its
+    leaves, a ``class_path`` under the key of its class. {"model.init_args": {"attention": {"gate": "x"}}} ->
+    {"model.init_args.attention.gate": "x"}."""
+    if not isinstance(value, dict) or not value:
+        return {key: value}
+    out: dict[str, Any] = {}
+    for name, inner in value.items():
+        out.update(setting_leaves(key if name == "class_path" else f"{key}.{name}", inner))
+    return out
+
+
+def short_names(keys: list[str]) -> dict[str, str]:
+    """Each fit key by its shortest tail (``init_args`` left out) that no other key ends in:
+    model.init_args.attention.normalization.init_args.k -> k, or normalization.k beside a similarity's k."""
+    parts = {key: [p for p in key.split(".") if p != "init_args"] for key in keys}
+    out = {}
+    for key, own in parts.items():
+        others = [p for k, p in parts.items() if k != key]
+        tails = (".".join(own[-n:]) for n in range(1, len(own) + 1))
+        out[key] = next((t for t in tails if all(".".join(p[-t.count(".") - 1 :]) != t for p in others)), key)
+    return out
+
+
+def setting_text(value: Any) -> str:
+    """A leaf value in a cell's name and in a folder's: as on the command line, a slash or a space as "_"."""
+    return re.sub(r"[/\s]+", "_", cli_value(value))
+
+
+def setting_names(cell: dict[str, Any], grid: dict[str, list]) -> dict[str, list[str]]:
+    """Each setting of a cell as "name=value" of its leaves, named by `short_names` over every leaf that the grid's
+    values set: {"model.init_args": {"attention": {"normalization": "clipped"}}} ->
+    {"model.init_args": ["normalization=clipped"]}."""
+    leaves = [leaf for key, values in grid.items() for value in values for leaf in setting_leaves(key, value)]
+    leaves += [leaf for key, value in cell.items() for leaf in setting_leaves(key, value)]
+    short = short_names(list(dict.fromkeys(leaves)))
+    return {
+        key: [f"{short[leaf]}={setting_text(v)}" for leaf, v in setting_leaves(key, value).items()]
+        for key, value in cell.items()
+    }
+
+
+def cell_label(cell: dict[str, Any], grid: dict[str, list]) -> str:
+    """A sweep cell's folder name and label: `setting_names` joined, "normalization=clipped,alpha=4"; "base" for
+    none."""
+    return ",".join(name for names in setting_names(cell, grid).values() for name in names) or "base"
+
+
+def legacy_cell_label(cell: dict[str, Any]) -> str:
+    """The folder name a sweep cell had before `cell_label`: each grid key by its last part (the full key when two
+    end alike), a mapping as {key=value,...}; sweeps begun then keep their folders."""
+    last = [k.rpartition(".")[2] for k in cell]
+    short = {k: (s if last.count(s) == 1 else k) for k, s in zip(cell, last)}
+
+    def text(value: Any) -> str:
+        if isinstance(value, dict):
+            return "{" + ",".join(f"{k}={text(v)}" for k, v in value.items()) + "}"
+        return setting_text(value)
+
+    return ",".join(f"{short[k]}={text(v)}" for k, v in cell.items()) or "base"
 
 
 def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -199,7 +199,7 @@ def test_cells_get_mean_and_95_percent_t_interval_over_seeds(sweep_root, tmp_pat
     for similarity, values in SCORES.items():
         row = rows[f"digits/similarity={similarity}"]
         mean, low, high = _t_interval(values)
-        assert row["n"] == "3" and row["seeds"] == "0,1,2" and row["modality"] == "vision"
+        assert row["n"] == "3*" and row["seeds"] == "0,1,2" and row["modality"] == "vision"
         assert row["best"] == f"val/acc = {mean:.3g} ± {(high - low) / 2:.3g}"
         entropies = [1.1 + seed + len(similarity) / 10 for seed in range(3)]  # the mean over the layer's two heads
         mean, low, high = _t_interval(entropies)
@@ -262,7 +262,7 @@ def test_baseline_names_the_reference_and_compare_prints_the_cells(attnlab, swee
     assert code == 0, err
     mean, low, high = _t_interval([a - b for a, b in zip(SCORES["general"], SCORES["dot"])])
     assert f"- digits, general vs dot: {mean:+.3g} val/acc (95% CI {low:.3g} to {high:.3g}, n=3" in out
-    assert "vs scaled_dot" not in out and "| digits/similarity=dot | vision | 3 | 0,1,2 | val/acc = " in out
+    assert "vs scaled_dot" not in out and "| digits/similarity=dot | vision | 3* | 0,1,2 | val/acc = " in out
     code, _, err = attnlab("compare", str(sweep_root), "--baseline", "dot")
     assert code == 2 and "--baseline 'dot': expected KEY=VALUE" in err
 
@@ -280,7 +280,7 @@ def test_runs_outside_a_sweep_form_cells_by_their_config_without_the_seed(tmp_pa
             _fake_run(tmp_path / "runs" / similarity / f"seed{seed}", SCORES[similarity][seed], 1.0, config)
     result = build_report(find_runs([str(tmp_path / "runs")]), tmp_path / "report")
     rows = {row[0]: row for row in result["cell_rows"]}
-    assert set(rows) == {"scaled_dot", "dot"} and {row[2] for row in rows.values()} == {"2"}
+    assert set(rows) == {"scaled_dot", "dot"} and {row[2] for row in rows.values()} == {"2*"}
     assert result["conclusions"][0].startswith(
         "vision, scaled_dot vs dot: "
     )  # outside a sweep the first cell is the reference
@@ -332,7 +332,7 @@ def test_pairs_use_only_the_seeds_both_cells_finished_and_say_how_many(monkeypat
     root = _sweep_with(tmp_path, scores, statuses={("dot", 2): "failed"})  # dot's seed 2 failed, general's 1 is missing
     result = build_report(find_runs([str(root)]), tmp_path / "report")
     cells = {row[0]: row for row in result["cell_rows"]}
-    assert [cells[f"digits/similarity={s}"][2:4] for s in scores] == [["3", "0,1,2"], ["2", "0,1"], ["2", "0,2"]]
+    assert [cells[f"digits/similarity={s}"][2:4] for s in scores] == [["3*", "0,1,2"], ["2*", "0,1"], ["2*", "0,2"]]
     best = {row[0]: row for row in result["paired_rows"] if row[1] == "val/acc"}
     for similarity, seeds in (("dot", [0, 1]), ("general", [0, 2])):
         a, b = [scores[similarity][s] for s in seeds], [scores["scaled_dot"][s] for s in seeds]

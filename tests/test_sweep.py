@@ -156,8 +156,8 @@ def test_a_block_given_whole_names_its_runs_by_its_fields(tmp_path):
     grid = {"model.init_args.attention": [{"normalization": "softmax1"}, {"normalization": "softmax", "gate": None}]}
     runs = sweeps.load(write(tmp_path, grid=grid, seeds=[3])).runs()
     assert [r.name for r in runs] == [
-        "digits/attention={normalization=softmax1}/seed=3",
-        "digits/attention={normalization=softmax,gate=null}/seed=3",
+        "digits/normalization=softmax1/seed=3",
+        "digits/normalization=softmax,gate=null/seed=3",
     ]
     command = sweeps.load(write(tmp_path, grid=grid, seeds=[3])).command(runs[1])
     assert command[-1] == '--model.init_args.attention={"normalization": "softmax", "gate": null}'

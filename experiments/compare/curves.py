@@ -13,8 +13,8 @@ import math
 import re
 from typing import Any
 
-from experiments.compare.runs import one_per_seed, train_loss
-from experiments.compare.stats import interval, lr_sensitivity
+from experiments.compare.runs import one_per_seed, train_loss, varying_keys
+from experiments.compare.stats import baseline_value, interval, lr_sensitivity
 
 SUFFIXED = re.compile(r"^(?P<base>.+)@(?P<x>\d+(?:\.\d+)?)(?P<unit>[a-z]*)$")  # val/acc@42px -> val/acc, 42, px
 
@@ -33,29 +33,40 @@ def final_value(run: dict[str, Any], key: str) -> float | None:
 
 
 def swept_keys(cells: list[dict[str, Any]]) -> list[str]:
-    """The grid keys of a sweep whose values are numbers, at least three of them, within one group of cells."""
+    """The settings whose values are numbers, at least three of them, within one group of cells: a sweep's grid
+    keys (``model.init_args.lr``, ``model.init_args.attention.normalization.init_args.k``), or outside a sweep the
+    settings that vary between runs."""
     keys = []
-    for key in dict.fromkeys(k for c in cells for k in c["reference"]):
-        for group in {c["group"] for c in cells}:
-            values = [_number(c["settings"].get(key)) for c in cells if c["group"] == group and key in c["settings"]]
+    for group in dict.fromkeys(c["group"] for c in cells):
+        members = [c for c in cells if c["group"] == group]
+        for key in dict.fromkeys([*members[0]["reference"], *varying_keys(members)]):
+            values = [_number(c["settings"].get(key)) for c in members if key in c["settings"]]
             if len(set(values)) >= 3 and None not in values and key not in keys:
                 keys.append(key)
     return keys
 
 
 def swept_series(cells: list[dict[str, Any]], key: str, metric: str) -> list[dict[str, Any]]:
-    """One series per group and setting of the other grid keys: x = the cell's value of ``key``."""
+    """One series per group and setting of the other keys that vary (as the cells' names give them): x = the cell's
+    value of ``key``."""
     lines: dict[str, dict[str, Any]] = {}
     for cell in cells:
         x = _number(cell["settings"].get(key))
         if x is None:
             continue
-        rest = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in cell["settings"].items() if k != key)
+        rest = ", ".join(",".join(names) for k, names in cell["names"].items() if k != key)
         label = f"{cell['group']}" + (f": {rest}" if rest else "")
         line = lines.setdefault(label, {"label": label, "points": {}, "runs": {}})
         line["points"][x] = {r["seed"]: final_value(r, metric) for r in one_per_seed(cell)}
         line["runs"][x] = {r["seed"]: r for r in one_per_seed(cell)}
     return list(lines.values())
+
+
+def reference_point(cells: list[dict[str, Any]], key: str, baseline: str | None = None) -> float | None:
+    """The value of ``key`` the other points of its axis are paired with: ``baseline`` KEY=VALUE when it names this
+    key, else the first grid value (outside a sweep, the first cell's)."""
+    chosen = baseline_value(cells, key, baseline) if baseline else None
+    return _number(chosen or cells[0]["reference"].get(key, cells[0]["settings"].get(key)))
 
 
 def logged_points(cell: dict[str, Any], key: str) -> dict[float, dict[Any, float]]:

@@ -17,39 +17,51 @@ from matplotlib.lines import Line2D
 from experiments.compare.runs import STATS, by_seed, train_loss
 from experiments.compare.stats import interval
 
+SEED_COLUMNS = 4  # panels in a row of the seeds figure
 
-def plot_cells(cells: list[dict[str, Any]], path: Path) -> None:
-    """One row per group, one panel per measure: every seed's value (dots) and the mean with its 95% interval (bars,
-    in the cell's colour)."""
+
+def seeds_figure(cells: list[dict[str, Any]]) -> Figure:
+    """Per group, one panel per measure, at most `SEED_COLUMNS` in a row (a group's panels start a new row): every
+    seed's value (dots) and the mean with its 95% interval (bars, in the cell's colour)."""
     groups = list(dict.fromkeys(c["group"] for c in cells))
     measures = [("best", "best")] + [(k, label) for k, label in STATS if any(by_seed(c, k) for c in cells)]
-    fig = Figure(figsize=(3.2 * len(measures), 3.4 * len(groups)))
-    axes = fig.subplots(len(groups), len(measures), squeeze=False)
+    columns = min(SEED_COLUMNS, len(measures))
+    per_group = -(-len(measures) // columns)  # rows of panels per group
+    fig = Figure(figsize=(3.4 * columns, 3.2 * per_group * len(groups)), layout="constrained")
+    axes = fig.subplots(per_group * len(groups), columns, squeeze=False)
     colours = dict(zip(map(id, cells), cell_colours(cells)))  # as in the other plots
-    for axes_row, group in zip(axes, groups):
+    for g, group in enumerate(groups):
         members = [c for c in cells if c["group"] == group]
-        names = [c["label"].removeprefix(f"{group}/") for c in members]
-        keys = ", ".join(re.findall(r"([\w.]+)=", names[0]))  # "similarity=dot,positions=learned": ticks "dot,learned"
-        names = [re.sub(r"[\w.]+=", "", name) for name in names]
-        for ax, (key, label) in zip(axes_row, measures):
-            for x, cell in enumerate(members):
-                values = list(by_seed(cell, key).values())
-                if not values:
-                    continue
-                dots, bars = (None, None) if x else ("a seed", "mean, 95% CI")  # one legend entry each
-                xs = [x + (i - (len(values) - 1) / 2) * 0.06 for i in range(len(values))]  # jittered
-                ax.plot(xs, values, "o", color="gray", alpha=0.6, ms=4, label=dots)
-                stat = interval(values)
-                ax.errorbar(
-                    x + 0.25, stat["mean"], stat["half"] or 0, fmt="s", color=colours[id(cell)], capsize=4, label=bars
-                )
+        panels = axes[g * per_group : (g + 1) * per_group].flat
+        for ax, (key, label) in zip(panels, measures):
+            _seed_panel(ax, members, key, [colours[id(c)] for c in members])
             monitor = next((c.get("monitor") for c in members if c.get("monitor")), None)
             ax.set_title(f"{group}: {monitor or label}" if key == "best" else f"{group}: {label}", fontsize=9)
-            ax.set_xticks(range(len(members)), names, rotation=30, ha="right", fontsize=7)
-            ax.set_xlabel(keys, fontsize=7)
-            ax.grid(alpha=0.3, axis="y")
-        axes_row[0].legend(fontsize=6)
-    save(fig, path)
+        for ax in list(axes[g * per_group : (g + 1) * per_group].flat)[len(measures) :]:
+            ax.set_visible(False)
+        axes[g * per_group, 0].legend(fontsize=6)
+    return fig
+
+
+def _seed_panel(ax: Any, members: list[dict[str, Any]], key: str, colours: list[Any]) -> None:
+    """One measure of a group's cells: x = the cell, named by what its label says beyond the group."""
+    group = members[0]["group"]
+    names = [c["label"].removeprefix(f"{group}/") for c in members]
+    keys = [re.findall(r"([\w.]+)=", name) for name in names]
+    if all(k == keys[0] for k in keys) and keys[0]:  # "similarity=dot,positions=learned": ticks "dot,learned"
+        names = [re.sub(r"[\w.]+=", "", name) for name in names]
+        ax.set_xlabel(", ".join(keys[0]), fontsize=7)
+    for x, (cell, colour) in enumerate(zip(members, colours)):
+        values = list(by_seed(cell, key).values())
+        if not values:
+            continue
+        dots, bars = (None, None) if x else ("a seed", "mean, 95% CI")  # one legend entry each
+        xs = [x + (i - (len(values) - 1) / 2) * 0.06 for i in range(len(values))]  # jittered
+        ax.plot(xs, values, "o", color="gray", alpha=0.6, ms=4, label=dots)
+        stat = interval(values)
+        ax.errorbar(x + 0.25, stat["mean"], stat["half"] or 0, fmt="s", color=colour, capsize=4, label=bars)
+    ax.set_xticks(range(len(members)), names, rotation=30, ha="right", fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
 
 
 def cell_colours(cells: list[dict[str, Any]]) -> list[Any]:

@@ -1,4 +1,5 @@
-"""`attnlab compare RUN_DIR... [--out DIR] [--wandb ENTITY/PROJECT]`: one report across runs and modalities.
+"""`attnlab compare RUN_DIR... [--out DIR] [--baseline KEY=VALUE] [--wandb ENTITY/PROJECT]`: one report across runs
+and modalities.
 
 Each RUN_DIR is a run folder or a folder above run folders (`runs.find_runs`). ``report.md`` and its plots go to
 ``--out`` (the sections as `experiments.compare` lists them); ``--wandb ENTITY/PROJECT`` (or PROJECT) logs the
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.compare.curves import (
+    reference_point,
     sensitivities,
     suffixed_metrics,
     suffixed_series,
@@ -26,12 +28,14 @@ from experiments.compare.plots import (
     layer_figure,
     loss_figure,
     plot_against,
-    plot_cells,
     plot_scaling,
     save,
+    seeds_figure,
 )
 from experiments.compare.runs import find_runs, group_cells, load_runs
+from experiments.compare.stats import BaselineError, check_baseline
 from experiments.compare.tables import (
+    axis_pairs,
     cell_rows,
     markdown_table,
     paired_rows,
@@ -39,6 +43,7 @@ from experiments.compare.tables import (
     scaling_rows,
     sensitivity_rows,
     series_table,
+    small_n_note,
 )
 
 # report.md's own words: what each section shows, before its table and plot
@@ -94,6 +99,8 @@ SINK_FIGURES = (
         "background without them).",
     ),
 )
+AXIS_PAIRS = """Each point against {point} in the same series, paired over the seeds that ran both: the mean difference
+of the final {measure}, its 95% t-interval and the p-value of a paired t-test (scipy.stats.ttest_rel)."""
 LR_SENSITIVITY = """### Learning-rate sensitivity (Wortsman et al. 2023)
 
 Per seed, the mean over the learning rates of the final val/loss capped at the first training loss, minus
@@ -112,9 +119,11 @@ def build_report(
 ) -> dict[str, Any]:
     """Write report.md and its plots into ``out``; returns {"report", "table", "rows", "plots", "cells", ...}."""
     runs = load_runs(run_dirs)
+    cells = group_cells(runs)  # one colour per cell in every plot
+    if baseline:
+        check_baseline(cells, baseline)
     out.mkdir(parents=True, exist_ok=True)
     columns, rows = run_rows(runs)
-    cells = group_cells(runs)  # one colour per cell in every plot
     plots = {"loss": out / "loss_curves.png"}
     save(loss_figure(cells), plots["loss"])
     for key, ylabel in (("entropy", "attention entropy (nats)"), ("distance", "mean attention distance")):
@@ -128,20 +137,9 @@ def build_report(
         plots["scaling"] = out / "sqrt_d.png"
         plot_scaling(runs, plots["scaling"])
         lines += _section(SCALING, markdown_table(scale_columns, scale), f"![√d]({plots['scaling'].name})")
-    cell_columns, cell_table, paired_columns, paired_table, conclusions = [], [], [], [], []
-    if any(len(c["runs"]) > 1 for c in cells):
-        cell_columns, cell_table = cell_rows(cells)
-        paired_columns, paired_table, conclusions = paired_rows(cells, baseline)
-        plots["seeds"] = out / "seeds.png"
-        plot_cells(cells, plots["seeds"])
-        lines += _section(CELLS, markdown_table(cell_columns, cell_table), f"![seeds]({plots['seeds'].name})")
-        if paired_table:
-            lines += _section(
-                PAIRED.format(here=f", here {baseline}" if baseline else ""),
-                "\n".join(f"- {line}" for line in conclusions),
-                markdown_table(paired_columns, paired_table),
-            )
-    against_lines, sensitivity, sensitivity_pairs = against_numbers(cells, out, plots)
+    cell_lines, cell_tables = seeds_section(cells, out, plots, baseline)
+    lines += cell_lines
+    against_lines, sensitivity, sensitivity_pairs = against_numbers(cells, out, plots, baseline)
     lines += against_lines + sinks_and_outliers(cells, out, plots)
     lines += [f"![{name}]({plots[name].name})" for name in ("loss", "entropy", "distance") if name in plots]
     lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for r in runs), ""]
@@ -152,11 +150,7 @@ def build_report(
         "rows": rows,
         "scaling_columns": scale_columns,
         "scaling_rows": scale,
-        "cell_columns": cell_columns,
-        "cell_rows": cell_table,
-        "paired_columns": paired_columns,
-        "paired_rows": paired_table,
-        "conclusions": conclusions,
+        **cell_tables,
         "lr_sensitivity": sensitivity,
         "lr_sensitivity_pairs": sensitivity_pairs,
     }
@@ -164,35 +158,51 @@ def build_report(
     return {**tables, "report": report, "table": table, "scaling": scale, "plots": plots, "runs": run_dirs}
 
 
+def seeds_section(
+    cells: list[dict[str, Any]], out: Path, plots: dict[str, Path], baseline: str | None
+) -> tuple[list[str], dict[str, Any]]:
+    """When a cell has several seeds: the cells' table (with the small-n note), the seeds figure and the paired
+    comparisons. Returns the lines and the tables (empty ones when every cell has one seed)."""
+    tables: dict[str, Any] = {
+        k: [] for k in ("cell_columns", "cell_rows", "paired_columns", "paired_rows", "conclusions")
+    }
+    tables["small_n"] = None
+    if not any(len(c["runs"]) > 1 for c in cells):
+        return [], tables
+    tables["cell_columns"], tables["cell_rows"] = cell_rows(cells)
+    tables["paired_columns"], tables["paired_rows"], tables["conclusions"] = paired_rows(cells, baseline)
+    tables["small_n"] = note = small_n_note(cells)
+    plots["seeds"] = out / "seeds.png"
+    save(seeds_figure(cells), plots["seeds"])
+    lines = _section(
+        CELLS, markdown_table(tables["cell_columns"], tables["cell_rows"]), *([f"\\{note}"] if note else [])
+    )
+    lines += _section(f"![seeds]({plots['seeds'].name})")
+    if tables["paired_rows"]:
+        lines += _section(
+            PAIRED.format(here=f", here {baseline}" if baseline else ""),
+            "\n".join(f"- {line}" for line in tables["conclusions"]),
+            markdown_table(tables["paired_columns"], tables["paired_rows"]),
+        )
+    return lines, tables
+
+
 def against_numbers(
-    cells: list[dict[str, Any]], out: Path, plots: dict[str, Path]
+    cells: list[dict[str, Any]], out: Path, plots: dict[str, Path], baseline: str | None = None
 ) -> tuple[list[str], list[list[str]], list[list[str]]]:
-    """The section "against the swept numbers" (`experiments.compare.curves`): per group and numeric grid key, the
-    final val/loss (or the monitor) and ``train/max_attn_logit`` when logged, with the LR sensitivity of a learning
-    rate; per ``@``-suffixed metric, the metric against its number. Returns the lines, the sensitivity rows and the
-    paired sensitivity rows."""
+    """The section "against the swept numbers" (`experiments.compare.curves`): per group and numeric setting, the
+    final val/loss (or the monitor) and ``train/max_attn_logit`` when logged, each point paired with the reference
+    point, and the LR sensitivity of a learning rate; per ``@``-suffixed metric, the metric against its number.
+    Returns the lines, the sensitivity rows and the paired sensitivity rows."""
     lines, sensitivity, pairs = [], [], []
     for key in swept_keys(cells):
-        name = key.rsplit(".", 1)[-1]
-        log_x = name == "lr"
         for group in dict.fromkeys(c["group"] for c in cells):
             members = [c for c in cells if c["group"] == group and key in c["settings"]]
-            runs = [r for c in members for r in c["runs"]]
-            if not runs:
+            if not members:
                 continue
-            metric = "val/loss" if all("val/loss" in r["metrics"] for r in runs) else members[0].get("monitor")
-            logits = ["train/max_attn_logit"] if any("train/max_attn_logit" in r["metrics"] for r in runs) else []
-            for measure in [metric, *logits]:
-                slug = re.sub(r"\W+", "_", f"{group}_{measure}_against_{name}")
-                plots[f"against/{slug}"] = path = out / f"{slug}.png"
-                series = swept_series(members, key, measure)
-                plot_against(series, key, f"final {measure}", path, log_x)
-                lines += _section(
-                    f"### {group}: final {measure} against {key}", f"![{slug}]({path.name})", series_table(series)
-                )
-            if log_x and metric == "val/loss":
-                series = swept_series(members, key, metric)
-                rows, against = sensitivity_rows(sensitivities(series, metric))
+            lines += _axis(members, key, out, plots, baseline)
+            if key.rsplit(".", 1)[-1] == "lr" and all("val/loss" in r["metrics"] for c in members for r in c["runs"]):
+                rows, against = sensitivity_rows(sensitivities(swept_series(members, key, "val/loss"), "val/loss"))
                 sensitivity, pairs = sensitivity + rows, pairs + against
     if sensitivity:
         columns = ["comparison", "n", "difference", "95% CI", "p (paired t)"]
@@ -208,6 +218,35 @@ def against_numbers(
         points = ", ".join(k.split("@")[1] for k in keys)
         lines += _section(f"### {metric} at {points}", f"![{slug}]({path.name})", series_table(series, unit))
     return (["## Against the swept numbers", "", *lines] if lines else []), sensitivity, pairs
+
+
+def _axis(
+    members: list[dict[str, Any]], key: str, out: Path, plots: dict[str, Path], baseline: str | None
+) -> list[str]:
+    """A group's metrics against the numeric setting ``key``: per metric a plot (log x when the values span 10x or
+    more), its table, and each point against the reference point paired over the seeds."""
+    name, group = key.rsplit(".", 1)[-1], members[0]["group"]
+    runs = [r for c in members for r in c["runs"]]
+    xs = [float(c["settings"][key]) for c in members]
+    log_x = min(xs) > 0 and max(xs) >= 10 * min(xs)
+    metric = "val/loss" if all("val/loss" in r["metrics"] for r in runs) else members[0].get("monitor")
+    logits = ["train/max_attn_logit"] if any("train/max_attn_logit" in r["metrics"] for r in runs) else []
+    x_ref = reference_point(members, key, baseline)
+    lines = []
+    for measure in [metric, *logits]:
+        slug = re.sub(r"\W+", "_", f"{group}_{measure}_against_{name}")
+        plots[f"against/{slug}"] = path = out / f"{slug}.png"
+        series = swept_series(members, key, measure)
+        plot_against(series, key, f"final {measure}", path, log_x)
+        lines += _section(
+            f"### {group}: final {measure} against {key}", f"![{slug}]({path.name})", series_table(series)
+        )
+        if rows := axis_pairs(series, x_ref):
+            columns = ["series", name, "n", f"difference vs {name}={x_ref:g}", "95% CI", "p (paired t)"]
+            lines += _section(
+                AXIS_PAIRS.format(measure=measure, point=f"{name}={x_ref:g}"), markdown_table(columns, rows)
+            )
+    return lines
 
 
 def sinks_and_outliers(cells: list[dict[str, Any]], out: Path, plots: dict[str, Path]) -> list[str]:
@@ -273,6 +312,8 @@ def print_result(result: dict[str, Any], scaling: bool = False) -> None:
     else:
         print("Cells: mean ± half-width of the 95% t-interval over n seeds (scipy.stats.t)")
         print(markdown_table(result["cell_columns"], result["cell_rows"]))
+        if result["small_n"]:
+            print(result["small_n"])
     if result["conclusions"]:
         print("\nPaired over the same seeds (cell - reference; 95% t-interval, scipy.stats.ttest_rel):")
         print("\n".join(f"- {line}" for line in result["conclusions"]))
@@ -286,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         "runs", nargs="+", metavar="RUN_DIR", help="run folders (with summary.json) or folders above them"
     )
     parser.add_argument(
-        "--out", default="runs/compare/report", help="folder for report.md and the plots (default: %(default)s)"
+        "--out",
+        "--output",
+        default="runs/compare/report",
+        help="folder for report.md and the plots (default: %(default)s)",
     )
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also log the table and plots to this W&B project")
     parser.add_argument("--title", default="attnlab: runs compared")
@@ -305,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attnlab: error: {err}", file=sys.stderr)
         sys.exit(2)
     out = Path(args.out)
-    result = build_report(runs, out, args.title, args.baseline)
+    try:
+        result = build_report(runs, out, args.title, args.baseline)
+    except BaselineError as err:
+        print(f"attnlab: error: {err}", file=sys.stderr)
+        sys.exit(2)
     print_result(result)
     if args.wandb:
         print(f"attnlab: W&B: {log_to_wandb(args.wandb, result, out)}")

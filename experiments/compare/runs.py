@@ -16,7 +16,16 @@ from typing import Any
 
 import yaml
 
-from experiments.runfolder import SUMMARY, Summary, SweepRun, SweepStatus, cli_value, newest
+from experiments.runfolder import (
+    SUMMARY,
+    Summary,
+    SweepRun,
+    SweepStatus,
+    cell_label,
+    cli_value,
+    newest,
+    setting_names,
+)
 
 STATS = (
     ("entropy", "entropy (nats)"),
@@ -31,6 +40,7 @@ STATS = (
     ("w8a8", "W8A8 - fp32"),
 )
 SINKS = ("sink_mass", "sink_heads", "register_mass", "out_max", "out_kurtosis")  # reduced over the model when measured
+BESIDE_THE_BLOCK = ("register_tokens", "init_values")  # the models' own fields that change what attention sees
 IGNORED = ("seed_everything", "ckpt_path", "trainer.default_root_dir", "trainer.logger", "trainer.enable_progress_bar")
 _SEED = re.compile(r"(^|/)seed[=_-]?\d+(?=/|$)")
 
@@ -141,10 +151,19 @@ def _load_run(run: Path) -> dict[str, Any]:
         "similarity": (hp.get("attention") or {}).get(
             "similarity", hp.get("similarity")
         ),  # before the block: top level
+        "attention_fields": attention_fields(hp),
         "positions": hp.get("positions"),
         "final": {**(summarize(attention["final"]) if attention.get("final") else {}), "w8a8": w8a8_change(summary)},
         "init": summarize(attention["init"]) if attention.get("init") else {},
     }
+
+
+def attention_fields(hparams: dict[str, Any]) -> dict[str, Any]:
+    """What a run's attention was: the fields of its attention block (a run from before the block: its top-level
+    similarity), then `BESIDE_THE_BLOCK`, as its hyper-parameters hold them."""
+    block = hparams.get("attention")
+    fields = dict(block) if isinstance(block, dict) else {k: hparams[k] for k in ("similarity",) if k in hparams}
+    return {**fields, **{k: hparams[k] for k in BESIDE_THE_BLOCK if k in hparams}}
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -157,45 +176,61 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _sweep_of(run_dir: Path) -> tuple[SweepStatus, SweepRun] | None:
-    """(sweep.json, this run's entry) when the run folder lies below an `attnlab sweep` root."""
+def _sweep_of(run_dir: Path) -> tuple[SweepStatus, str, SweepRun] | None:
+    """(sweep.json, this run's name and entry) when the run folder lies below an `attnlab sweep` root."""
     here = run_dir.resolve()
     for parent in here.parents:
         status = SweepStatus.read(parent)
         if status.runs:
             # runs are found by name below the sweep's folder, wherever that folder was moved
-            entry = next(
-                (e for name, e in status.runs.items() if (parent / name).resolve() in (here, *here.parents)), None
+            found = next(
+                ((n, e) for n, e in status.runs.items() if (parent / n).resolve() in (here, *here.parents)), None
             )
-            return (status, entry) if entry else None
+            return (status, *found) if found else None
     return None
 
 
+def _renamed(label: str, old: str, new: str) -> str:
+    """A run's label with its sweep run name ``old`` (or as much of its end as the label shows) as ``new``."""
+    parts, old_parts = label.split("/"), old.split("/")
+    shown = next((n for n in range(len(old_parts), 0, -1) if parts[-n:] == old_parts[-n:]), 0)
+    return "/".join(parts[: len(parts) - shown] + new.split("/")[-shown:]) if shown else label
+
+
 def identify(run: dict[str, Any]) -> None:
-    """Give a loaded run its seed, its cell's settings and label, its group and the group's reference values."""
+    """Give a loaded run its seed, its cell's settings, label and names (`experiments.runfolder.setting_names`), its
+    group and the group's reference values. A sweep's cell is named by its settings, whatever its folder's name."""
     found = _sweep_of(run["dir"])
     if found:
-        status, entry = found
+        status, name, entry = found
+        grid = status.grid(entry) or {key: [value] for key, value in entry.cell.items()}
+        cell = f"{Path(entry.config).stem}/{cell_label(entry.cell, grid)}"
         run.update(
             order=list(status.runs.values()).index(entry),
             seed=entry.seed,
             sweep=status.name,
             group=Path(entry.config).stem,
-            cell=entry.cell_name,
+            cell=cell,
+            label=_renamed(run["label"], name, f"{cell}/seed={entry.seed}"),
             settings={k: cli_value(v) for k, v in entry.cell.items()},
-            reference={k: cli_value(values[0]) for k, values in status.grid(entry).items() if values},
+            values=dict(entry.cell),
+            names=setting_names(entry.cell, grid),
+            reference={k: cli_value(values[0]) for k, values in grid.items() if values},
         )
         return
     path = run["dir"] / "config.yaml"
     config = yaml.safe_load(path.read_text()) if path.is_file() else None
     config = config if isinstance(config, dict) else {"run": str(run["dir"])}  # without a config: a cell of its own
+    settings = _flatten(config)
     run.update(
         order=None,
         seed=config.get("seed_everything"),
         sweep=None,
         group=run["summary"].modality or "-",
         cell=_SEED.sub("", run["label"]).strip("/") or run["label"],
-        settings=_flatten(config),
+        settings=settings,
+        values=settings,
+        names=None,  # by the keys that vary in its group: `group_cells`
         reference={},
     )
 
@@ -224,7 +259,7 @@ def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for run in sorted(runs, key=lambda r: (r["sweep"] or "", -1 if r["order"] is None else r["order"])):
         key = (run["sweep"], run["group"], json.dumps(run["settings"], sort_keys=True))
         label = f"{run['sweep']}: {run['cell']}" if several and run["sweep"] else run["cell"]
-        shared = {k: run[k] for k in ("group", "settings", "reference")}
+        shared = {k: run[k] for k in ("group", "settings", "values", "names", "reference")}
         cell = cells.setdefault(key, {"label": label, **shared, "modality": run["summary"].modality or "-", "runs": []})
         cell["runs"].append(run)
         cell.setdefault("monitor", (run["summary"].best or {}).get("monitor"))
@@ -233,4 +268,20 @@ def group_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for cell in out:  # outside a sweep two cells may share a folder name: then each keeps its first run's full label
         if labels.count(cell["label"]) > 1:
             cell["label"] = cell["runs"][0]["label"]
+    _name_varying(out)
     return out
+
+
+def varying_keys(members: list[dict[str, Any]]) -> list[str]:
+    """The settings whose value differs between the cells of one group."""
+    return [k for k in members[0]["settings"] if len({c["settings"].get(k) for c in members}) > 1]
+
+
+def _name_varying(cells: list[dict[str, Any]]) -> None:
+    """Cells outside a sweep get `experiments.runfolder.setting_names` of the settings that vary in their group."""
+    for group in dict.fromkeys(c["group"] for c in cells):
+        members = [c for c in cells if c["group"] == group and c["names"] is None]
+        keys = varying_keys(members) if members else []
+        grid = {k: list(dict.fromkeys(c["settings"].get(k) for c in members)) for k in keys}
+        for cell in members:
+            cell["names"] = setting_names({k: cell["settings"].get(k) for k in keys}, grid)

@@ -4,12 +4,13 @@ t-interval over its seeds) and the paired comparisons; each as (columns, rows) o
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 from experiments.compare.curves import band
 from experiments.compare.runs import STATS, by_seed
 from experiments.compare.stats import comparison, interval, paired, pairs
-from experiments.runfolder import Summary
+from experiments.runfolder import Summary, cli_value, short_names
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -67,7 +68,56 @@ SCALING_COLUMNS = {
 }
 
 
-def run_rows(runs: list[dict[str, Any]], columns: dict[str, Any] = RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:
+def readable(value: Any, names: dict[str, str] | None = None) -> str:
+    """A setting as the tables show it: null -> none; {class_path: models.attend.ClippedSoftmax, init_args: {alpha:
+    4}} -> ClippedSoftmax(alpha=4), a class path by its name in ``names`` (`class_names`); a mapping of fields ->
+    (key=value, ...)."""
+    names = names or {}
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return names.get(value, value)
+    if not isinstance(value, dict):
+        return cli_value(value)
+    path = value.get("class_path")
+    args = ", ".join(f"{k}={readable(v)}" for k, v in ((value.get("init_args") or {}) if path else value).items())
+    return f"{names.get(path, path) if path else ''}({args})" if args or not path else names.get(path, path)
+
+
+def class_names(values: list[Any]) -> dict[str, str]:
+    """The class paths among ``values`` (a dotted string, a mapping's class_path) -> the shortest tail that tells
+    them apart: ClippedSoftmax, or my_attention.TopK beside other.TopK."""
+    paths = [v.get("class_path") if isinstance(v, dict) else v for v in values]
+    return short_names(list(dict.fromkeys(p for p in paths if isinstance(p, str) and "." in p)))
+
+
+def _field_text(run: dict[str, Any], field: str, names: dict[str, str]) -> str:
+    fields = run["attention_fields"]
+    return readable(fields[field], names) if field in fields else "-"
+
+
+def attention_columns(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A column for each field of the attention block (and register_tokens, init_values) whose value differs
+    between ``runs``: name -> its text for a run ("-" where the run has no such field)."""
+    columns = {}
+    for field in dict.fromkeys(k for r in runs for k in r["attention_fields"]):
+        names = class_names([r["attention_fields"].get(field) for r in runs])
+        text = partial(_field_text, field=field, names=names)
+        if len({text(r) for r in runs}) > 1:
+            columns[field] = text
+    return columns
+
+
+def run_columns(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`RUN_COLUMNS` with the attention fields that vary after positions."""
+    columns = list(RUN_COLUMNS.items())
+    cut = list(RUN_COLUMNS).index("positions") + 1
+    extra = [(f, column) for f, column in attention_columns(runs).items() if f not in RUN_COLUMNS]
+    return dict(columns[:cut] + extra + columns[cut:])
+
+
+def run_rows(runs: list[dict[str, Any]], columns: dict[str, Any] | None = None) -> tuple[list[str], list[list[str]]]:
+    columns = run_columns(runs) if columns is None else columns
     return list(columns), [[text(r) for text in columns.values()] for r in runs]
 
 
@@ -105,17 +155,55 @@ def series_table(series: list[dict[str, Any]], unit: str = "") -> str:
     return markdown_table(["series", *(f"{x:g}{unit}" for x in xs)], rows)
 
 
+SMALL_N = 5  # fewer seeds than this: a cell's t-interval is marked and report.md says why
+
+
+def axis_pairs(series: list[dict[str, Any]], x_ref: float) -> list[list[str]]:
+    """Each point of each series against the same series at ``x_ref``, paired over the seeds with a finite value at
+    both: the series, x, n, the mean difference (x - x_ref), its 95% t-interval and the paired t-test's p-value."""
+    rows = []
+    for line in series:
+        ref = {s: v for s, v in line["points"].get(x_ref, {}).items() if v is not None and math.isfinite(v)}
+        for x in sorted(line["points"]):
+            values = {s: v for s, v in line["points"][x].items() if v is not None and math.isfinite(v)}
+            seeds = [s for s in values if s in ref]
+            if x != x_ref and len(seeds) > 1:
+                d = paired([values[s] for s in seeds], [ref[s] for s in seeds])
+                rows.append([line["label"], f"{x:g}", *_paired_cells(d)])
+    return rows
+
+
 def cell_rows(cells: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    columns = ["cell", "modality", "n", "seeds", "best", *(label for _, label in STATS)]
+    """One row per cell: the attention fields that vary between cells, n (marked * from 2 to `SMALL_N` - 1), the
+    seeds, and the mean ± half-width of the 95% t-interval of the best metric and each statistic."""
+    fields = attention_columns([c["runs"][0] for c in cells])
+    columns = ["cell", "modality", *fields, "n", "seeds", "best", *(label for _, label in STATS)]
     rows = []
     for cell in cells:
-        row = [cell["label"], cell["modality"], str(len(cell["runs"])), ",".join(str(r["seed"]) for r in cell["runs"])]
+        n = len(cell["runs"])
+        row = [cell["label"], cell["modality"], *(text(cell["runs"][0]) for text in fields.values())]
+        row += [f"{n}*" if 1 < n < SMALL_N else str(n), ",".join(str(r["seed"]) for r in cell["runs"])]
         for key in ("best", *(k for k, _ in STATS)):
             values = list(by_seed(cell, key).values())
             text = plus_minus(interval(values)) if values else "-"
             row.append(f"{cell['monitor']} = {text}" if key == "best" and values and cell.get("monitor") else text)
         rows.append(row)
     return columns, rows
+
+
+def small_n_note(cells: list[dict[str, Any]]) -> str | None:
+    """The footnote to the cells' table when a cell has 2 to `SMALL_N` - 1 seeds: how much wider its interval is
+    (Student's t quantile, scipy.stats.t) than with `SMALL_N`."""
+    from scipy import stats
+
+    small = sorted({len(c["runs"]) for c in cells if 1 < len(c["runs"]) < SMALL_N})
+    if not small:
+        return None
+    t = {n: f"{stats.t.ppf(0.975, n - 1):.3g} at n={n}" for n in (*small, SMALL_N)}
+    return (
+        f"* n={', '.join(map(str, small))}: the t-interval is wide (its half-width is t × the standard error, "
+        f"t = {', '.join(t[n] for n in small)} against {t[SMALL_N]}); {SMALL_N} or more seeds give a usable interval."
+    )
 
 
 def paired_rows(

@@ -8,7 +8,6 @@ import dataclasses
 import io
 import itertools
 import json
-import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 import yaml
 
 from experiments.cli_checks import yaml_error
-from experiments.runfolder import cli_flags, cli_value
+from experiments.runfolder import SweepStatus, cell_label, cli_flags, cli_value, legacy_cell_label, setting_names
 from experiments.sweep.file import ConfigEntry, SweepError, SweepFile, parse
 
 
@@ -46,17 +45,19 @@ class Sweep(SweepFile):
 
     def runs(self) -> list[Run]:
         """Seed by seed, every cell of every config within a seed: a sweep stopped part-way has every cell on the
-        same seeds, so each cell's paired comparison with its reference already holds."""
+        same seeds, so each cell's paired comparison with its reference already holds. A run keeps the folder it was
+        begun in under `legacy_cell_label`."""
         cells = []
         for config, grid in self.configs:
-            short = _short_keys(list(grid))
             for cell in (dict(zip(grid, values)) for values in itertools.product(*grid.values())):
-                label = ",".join(f"{short[k]}={_folder_value(v)}" for k, v in cell.items()) or "base"
-                cells.append((config, cell, label))
+                cells.append((config, cell, cell_label(cell, grid), legacy_cell_label(cell)))
+        begun = SweepStatus.read(self.root).runs
         runs = []
         for seed in self.seeds:
-            for config, cell, label in cells:
-                name = f"{Path(config).stem}/{label}/seed={seed}"
+            for config, cell, label, legacy in cells:
+                name, old = (f"{Path(config).stem}/{x}/seed={seed}" for x in (label, legacy))
+                if old != name and (old in begun or (self.root / old).is_dir()):
+                    name = old
                 runs.append(Run(name, config, cell, seed, self.root / name))
         return runs
 
@@ -79,8 +80,8 @@ class Sweep(SweepFile):
         ]  # the cell's values win over overrides
         if self.wandb is not None:
             settings = {**run.cell, **self.overrides}
-            short = _short_keys(list(settings))
-            tags = [f"{short[k]}={_folder_value(v)}"[:64] for k, v in settings.items()] + [f"seed={run.seed}"]
+            names = setting_names(settings, {k: [v] for k, v in settings.items()}).values()
+            tags = [name[:64] for leaves in names for name in leaves] + [f"seed={run.seed}"]
             wandb_args = {**dataclasses.asdict(self.wandb), "name": run.name, "group": self.name, "tags": tags}
             loggers = [
                 {"class_path": "experiments.tracking.CSVLogger"},  # the run folder stays lightning_logs/version_0
@@ -93,19 +94,6 @@ class Sweep(SweepFile):
         """The W&B job type: experiments.tracking.WandbLogger takes none, so it goes by the environment every process
         of the run inherits."""
         return {"WANDB_JOB_TYPE": run.cell_name[:64]} if self.wandb is not None else {}
-
-
-def _short_keys(keys: list[str]) -> dict[str, str]:
-    """model.init_args.similarity -> similarity, unless two keys end alike (then both keep their full name)."""
-    last = [k.rpartition(".")[2] for k in keys]
-    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
-
-
-def _folder_value(value: Any) -> str:
-    """A value in a run's name: as on the command line, but a mapping (a block's fields) as {key=value,...}."""
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}={_folder_value(v)}" for k, v in value.items()) + "}"
-    return re.sub(r"[/\s]+", "_", cli_value(value))
 
 
 def load(path: str | Path, root: str | None = None, extra: list[str] | None = None) -> Sweep:
@@ -131,7 +119,12 @@ def load(path: str | Path, root: str | None = None, extra: list[str] | None = No
             "runs are named by the file's stem"
         )
     root = Path(root or spec.root or Path("runs/sweeps") / spec.name)
-    return Sweep(**{**vars(spec), "configs": configs, "root": root}, file=path, extra=list(extra or []))
+    sweep = Sweep(**{**vars(spec), "configs": configs, "root": root}, file=path, extra=list(extra or []))
+    names = [run.name for run in sweep.runs()]
+    if len(set(names)) < len(names):
+        shared = max(names, key=names.count).rpartition("/")[0]
+        raise SweepError(f"{path}: grid: two cells would share the run folder {shared!r}; give them values that differ")
+    return sweep
 
 
 def slurm_executor(sweep: Sweep, folder: Path):
