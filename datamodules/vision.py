@@ -5,7 +5,8 @@ is downloaded.
 the embedded default that needs no download.
 `TorchvisionDataModule`: MNIST, FashionMNIST, CIFAR10, CIFAR100 in the folder layouts that
 torchvision's datasets read with ``download=False``, read by `datamodules.vision_files`.
-`ImageFolderDataModule`: any ``<root>/train/<class>/<image>`` tree (``val/`` and ``test/`` optional).
+`ImageFolderDataModule`: any ``<root>/train/<class>/<image>`` tree (``val/`` and ``test/`` optional),
+its file lists cached between runs.
 
 Where a dataset has no validation split, one is split off the training data with a fixed seed.
 Training augmentation is timm's ``create_transform`` (RandAugment, random erasing, ...) and
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,10 +35,10 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, Mixup, create
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate, random_split
 from torchvision import transforms
-from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from datamodules.checks import check_train_batches, open_image
+from datamodules.checks import check_train_batches
+from datamodules.image_lists import ListedImages, list_images
 from datamodules.loading import loader_settings
 from datamodules.vision_files import LAYOUTS, ArraySource, read_cifar, read_idx
 
@@ -385,7 +385,10 @@ class ImageFolderDataModule(ImageDataModule):
 
     Images are converted to ``in_chans`` (1: grayscale, 3: RGB) and resized to ``img_size``
     (timm's evaluation transform: resize the short side, centre crop). Statistics default to
-    ImageNet's (what timm's pretrained weights expect). See `ImageDataModule` for the rest.
+    ImageNet's (what timm's pretrained weights expect). Each split's file list is kept in
+    ``cache_dir``/image_lists/ and read again while the tree is unchanged, so a second run does not
+    rescan it (`datamodules.image_lists`); ``cache_dir`` None scans every run. See `ImageDataModule`
+    for the rest.
     """
 
     def __init__(
@@ -394,11 +397,12 @@ class ImageFolderDataModule(ImageDataModule):
         img_size: int = 224,
         in_chans: Literal[1, 3] = 3,
         batch_size: int = 64,
+        cache_dir: str | None = "runs/data",
         **kwargs,
     ):
         if in_chans not in (1, 3):
             raise ValueError(f"data.in_chans={in_chans} must be 1 (grayscale) or 3 (RGB)")
-        self.root = Path(root)
+        self.root, self.cache_dir = Path(root), None if cache_dir is None else Path(cache_dir)
         self.class_names = self._classes(self.root / "train")
         for split in ("val", "test"):
             if (self.root / split).is_dir() and self._classes(self.root / split) != self.class_names:
@@ -419,35 +423,23 @@ class ImageFolderDataModule(ImageDataModule):
             )
         return classes
 
-    def _folder(self, split: str) -> ImageFolder | None:
-        """The ImageFolder of ``split`` (None if absent); files that are not images by name are skipped and counted."""
+    def prepare_data(self) -> None:
+        """List each split once per node (the cache), before every rank reads the lists in `setup`."""
+        for split in ("train", "val", "test"):
+            if (self.root / split).is_dir():
+                list_images(self.root / split, self.class_names, self.cache_dir)
+
+    def _folder(self, split: str) -> ListedImages | None:
+        """The images of ``split`` (None if absent); files that are not images by name are skipped and counted."""
         folder = self.root / split
         if not folder.is_dir():
             return None
-        skipped = []
-
-        def is_image(path: str) -> bool:
-            if path.lower().endswith(IMG_EXTENSIONS):
-                return True
-            if not Path(path).name.startswith("."):  # .DS_Store and the like are not worth a warning
-                skipped.append(path)
-            return False
-
-        try:
-            dataset = ImageFolder(
-                str(folder),
-                loader=partial(open_image, mode="RGB" if self.in_chans == 3 else "L"),
-                is_valid_file=is_image,
-            )
-        except FileNotFoundError as err:  # a class folder without images
-            raise FileNotFoundError(
-                f"data.root: {folder}/: {err}(image files end in {' '.join(IMG_EXTENSIONS)})"
-            ) from err
-        if skipped:
+        images = list_images(folder, self.class_names, self.cache_dir)
+        if images.skipped:
             rank_zero_warn(
-                f"{folder}/: skipped {len(skipped)} files that are not images ({' '.join(IMG_EXTENSIONS)}), e.g. {skipped[0]}"
+                f"{folder}/: skipped {images.skipped} files that are not images ({' '.join(IMG_EXTENSIONS)}), e.g. {images.skipped_example}"
             )
-        return dataset
+        return ListedImages(images, "RGB" if self.in_chans == 3 else "L")
 
     def _sources(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
         return self._folder("train"), self._folder("val"), self._folder("test")

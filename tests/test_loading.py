@@ -80,7 +80,7 @@ def test_keys_handed_to_the_base_keep_their_order_and_defaults():
     assert keys == dict(name="FashionMNIST", root="../shared/data", img_size=None, batch_size=128, **shared)
     assert list(keys) == ["name", "root", "img_size", "batch_size", *shared]
     keys = config_keys(ImageFolderDataModule)
-    assert keys == dict(root=None, img_size=224, in_chans=3, batch_size=64, **shared)
+    assert keys == dict(root=None, img_size=224, in_chans=3, batch_size=64, cache_dir="runs/data", **shared)
     detr = dict(
         batch_size=2,
         num_workers=2,
