@@ -3,7 +3,8 @@ write, metrics.csv cut back to a resumed step, the newest checkpoint below a fol
 `attnlab fit` command line.
 
 A run folder (``<default_root_dir>/lightning_logs/version_N``) holds ``config.yaml``, ``hparams.yaml``, ``metrics.csv``,
-``checkpoints/{best,last}*.ckpt``, ``attention.png`` and ``summary.json``; a sweep's root holds ``sweep.json``.
+``checkpoints/{best,last}*.ckpt``, ``attention.png``, ``summary.json`` and, when its attention block names classes
+of one's own, ``attention_sources/`` (`experiments.provenance`); a sweep's root holds ``sweep.json``.
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ class Summary(_Record):
     modality: str | None = None
     model: str | None = None
     hparams: dict[str, Any] | None = None
+    attention_sources: list[dict[str, str]] | None = None  # experiments.provenance: files of one's own; [] for none
     dataset: str | None = None
     data: dict[str, Any] | None = None
     params: dict[str, int] | None = None  # {"total", "trainable"}

@@ -20,6 +20,7 @@ from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
 from experiments.lightning_compat import set_wandb_mode
 from experiments.links import LINKED_ATTRIBUTES
+from experiments.provenance import record_sources, yaml_comment
 from experiments.runfolder import Summary, newest_checkpoint
 
 Mode = Literal["online", "offline", "disabled"]
@@ -143,7 +144,9 @@ class CSVLogger(_CSVLogger):
 
 class LoggedConfig(SaveConfigCallback):
     """Save ``config.yaml`` in the run folder (as LightningCLI does) and log it to W&B loggers: the
-    nested config, with the values linked from the DataModule filled in, plus the file itself."""
+    nested config, with the values linked from the DataModule filled in, plus the file itself. When the attention
+    block names files of one's own (`experiments.provenance`), their paths and sha256 head the file as a comment and
+    go to W&B as ``attention_sources``, and the files are copied into the run folder."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # a collective under DDP: asked on every rank, not in save_config (rank 0 only)
@@ -151,14 +154,20 @@ class LoggedConfig(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
+        path = Path(self.run_folder or trainer.default_root_dir) / self.config_filename
+        written = self.save_to_log_dir and path.is_file()
+        sources = record_sources(pl_module.hparams, path.parent if written else None)
+        if sources and written:  # a YAML comment: the file stays a config that `attnlab fit --config` takes
+            path.write_text(yaml_comment(sources) + path.read_text())
         loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
         if not loggers:
             return
         config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+        if sources:
+            config["attention_sources"] = sources
         init_args = (config.get("model") or {}).get("init_args")
         if isinstance(init_args, dict):
             init_args.update({k: pl_module.hparams[k] for k in LINKED_ATTRIBUTES if k in pl_module.hparams})
-        path = Path(self.run_folder or trainer.default_root_dir) / self.config_filename
         for logger in loggers:
             logger.experiment.config.update(config, allow_val_change=True)
             if path.exists() and logger.mode != "disabled":

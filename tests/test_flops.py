@@ -24,7 +24,8 @@ class PlainSoftmax(nn.Module):
 
 
 def mha_flops_by_hand(lq: int, lk: int) -> int:
-    """One sample through one layer: the q, k, v projections, QKᵀ, AV and the output projection (a multiply-add is 2)."""
+    """One sample through one layer: the q, k, v projections, QKᵀ, AV and the output projection (a multiply-add
+    is 2 FLOPs)."""
     projections = 2 * lq * D * D + 2 * 2 * lk * D * D
     return projections + 2 * H * lq * lk * d + 2 * H * lq * lk * d + 2 * lq * D * D
 

@@ -21,6 +21,7 @@ import experiments.flops  # noqa: F401  (registers the SDPA formulas that measur
 from experiments import stats as summary_stats
 from experiments.callbacks.base import batch_size, shadowed
 from experiments.callbacks.monitors import GradientNorm, Throughput
+from experiments.provenance import record_sources
 from experiments.runfolder import HEARTBEAT_S, now_utc, read_json, write_json
 from models.attention import capture_attention
 from models.distributed import full_weights
@@ -70,6 +71,7 @@ class RunSummary(Callback):
             "modality": summary_stats.modality(self._model) if self._model is not None else None,
             "model": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}",
             "hparams": _jsonable(dict(pl_module.hparams)),
+            "attention_sources": record_sources(pl_module.hparams, self.path.parent),
             "dataset": type(dm).__name__ if dm is not None else None,
             "data": _jsonable(dict(dm.hparams)) if dm is not None else {},
             "params": {"total": params, "trainable": trainable},

@@ -33,6 +33,7 @@ from experiments.compare.plots import (
     seeds_figure,
 )
 from experiments.compare.runs import find_runs, group_cells, load_runs
+from experiments.compare.sources import changed_sources
 from experiments.compare.stats import BaselineError, check_baseline
 from experiments.compare.tables import (
     axis_pairs,
@@ -132,6 +133,9 @@ def build_report(
             save(fig, plots[key])
     table = markdown_table(columns, rows)
     lines = _section(f"# {title}", RUNS, table)
+    for line in changed_sources(cells):  # a file of one's own edited between the runs of one cell
+        print(f"attnlab: warning: {line}", file=sys.stderr)
+        lines += _section(f"**Warning:** {line}")
     scale_columns, scale = scaling_rows(runs)
     if scale:
         plots["scaling"] = out / "sqrt_d.png"
