@@ -185,3 +185,27 @@ def test_the_seeds_figure_puts_at_most_4_panels_in_a_row_and_each_group_on_rows_
     assert all(len(set(titles)) == 1 for titles in rows.values())  # a row holds one group's panels
     width, height = fig.get_size_inches()
     assert 0.5 <= width / height <= 2  # not a strip
+
+
+def test_a_sweeps_cells_and_runs_outside_it_in_one_group_are_named_and_paired(tmp_path, monkeypatch):
+    """configs/compare/vision.yaml's sweep cells form the group "vision", as runs of the vision modality outside a
+    sweep do: every cell is named by each setting that varies in the group."""
+    from experiments import sweep as sweeps
+    from experiments.compare import build_report, find_runs
+
+    monkeypatch.chdir(ROOT)
+    spec = {"name": "v", "configs": ["configs/compare/vision.yaml"], "seeds": [0, 1], "root": str(tmp_path / "sweep")}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({**spec, "grid": {"model.init_args.lr": [0.1, 0.2]}}))
+    sweep = sweeps.load(tmp_path / "s.yaml")
+    sweeps.record(sweep)
+    for run in sweep.runs():
+        _run(run.folder, 0.5 + run.cell["model.init_args.lr"] + run.seed / 100, seed=run.seed)
+    for seed in (0, 1):
+        _run(tmp_path / "alone" / f"seed{seed}", 0.9 + seed / 50, {"lr": 0.3}, seed)
+    result = build_report(find_runs([str(tmp_path / "sweep"), str(tmp_path / "alone")]), tmp_path / "report")
+    assert [row[0] for row in result["cell_rows"]] == ["alone", "vision/lr=0.1", "vision/lr=0.2"]
+    # the first cell, outside the sweep, is the reference
+    assert [line.split(":")[0] for line in result["conclusions"]] == [
+        "vision, lr=0.1 vs lr=0.3",
+        "vision, lr=0.2 vs lr=0.3",
+    ]

@@ -294,5 +294,6 @@ def plot_against(series: list[dict[str, Any]], xlabel: str, ylabel: str, path: P
     ax.minorticks_off()
     ax.set_title("mean over the seeds; band: 95% t-interval", fontsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.lines:
+        ax.legend(fontsize=7)
     save(fig, path)

@@ -278,10 +278,11 @@ def varying_keys(members: list[dict[str, Any]]) -> list[str]:
 
 
 def _name_varying(cells: list[dict[str, Any]]) -> None:
-    """Cells outside a sweep get `experiments.runfolder.setting_names` of the settings that vary in their group."""
+    """Every cell gets `experiments.runfolder.setting_names` of each setting that varies in its group: a sweep's cells
+    have those of its grid; the others' come from the values their group holds."""
     for group in dict.fromkeys(c["group"] for c in cells):
-        members = [c for c in cells if c["group"] == group and c["names"] is None]
-        keys = varying_keys(members) if members else []
+        members = [c for c in cells if c["group"] == group]
+        keys = varying_keys(members)
         grid = {k: list(dict.fromkeys(c["settings"].get(k) for c in members)) for k in keys}
         for cell in members:
-            cell["names"] = setting_names({k: cell["settings"].get(k) for k in keys}, grid)
+            cell["names"] = {**setting_names({k: cell["settings"].get(k) for k in keys}, grid), **(cell["names"] or {})}
