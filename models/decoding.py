@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -276,86 +277,156 @@ def beam_search(
     src (B, S) -> (best hypothesis per sentence (B, L), its normalised score (B,)).
     With ``beam_size=1`` this is `greedy_decode`.
     """
-    cache = cache_kind(cache, src.device)
-    k = beam_size
     src_mask = src.eq(pad_id)
     memory = model.encode(src, src_mask)  # (B, S, D): one row per sentence, which its k beams attend to together
-    batch, device = src.size(0), src.device
-    static = cache == "static"
-    step = seq2seq_step(model, memory, src_mask, max_len) if static else None
-    layers = None if static else model.init_cache()
-    beam_offsets = torch.arange(k, device=device)
-    banned = torch.tensor([pad_id, bos_id], device=device)  # never generated
-    alive = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # live prefixes, BOS first
-    scores = torch.full((batch, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start equal: expand only the first at step 0
-    done_scores = torch.full((batch, k), float("-inf"), device=device)  # finished hypotheses per sentence
-    done_tokens = torch.full((batch, k, max_len), pad_id, dtype=torch.long, device=device)
-    active = torch.arange(batch, device=device)  # sentence index of each block of k rows
-    first_k = torch.arange(2 * k, device=device) < k
+    static = cache_kind(cache, src.device) == "static"
+    if static:
+        decoder = _StaticBeams(model, memory, src_mask, max_len, eos_id)
+    else:
+        decoder = _DynamicBeams(model, memory, src_mask)
+    search = _BeamSearch.start(src.size(0), beam_size, bos_id, eos_id, pad_id, max_len, src.device)
+    banned = torch.tensor([pad_id, bos_id], device=src.device)  # never generated
     for t in range(max_len):
-        n = active.numel()
-        if static:  # every sentence's rows go through the step; the open ones' rows are read
-            live = (active[:, None] * k + beam_offsets).view(-1)  # (n·k,) their rows in the full batch
-            last = (
-                alive[:, -1:]
-                if n == batch
-                else alive.new_full((batch * k, 1), eos_id).index_copy_(0, live, alive[:, -1:])
-            )
-            logits = step(last, t)  # (B·k, V)
-            logits = logits if n == batch else logits.index_select(0, live)  # (n·k, V)
-        else:
-            logits = model.decode(alive[:, -1:], memory, src_mask, cache=layers, start_pos=t)[:, -1]  # (n·k, V)
+        logits = decoder.logits(search, t)  # (n·k, V)
         # a sentence's 2k best candidates are among its beams' 2k best tokens each: rank those alone
-        logp, tokens = _top_log_probs(logits, 2 * k, eos_id, t == max_len - 1, banned)  # (n·k, 2k)
-        candidates = (scores.unsqueeze(-1) + logp.view(n, k, 2 * k)).view(n, 2 * k * k)
-        top_scores, top = candidates.topk(2 * k, dim=1)  # (n, 2k)
-        beam, token = top // (2 * k), tokens.view(n, 2 * k * k).gather(1, top)
-        rows = torch.arange(n, device=device)[:, None] * k + beam  # (n, 2k) row of each candidate's prefix
-        is_eos = token.eq(eos_id)
-
-        # finished: EOS among the k best candidates, merged with earlier finished hypotheses
-        finish = is_eos & first_k & top_scores.isfinite()
-        normalised = (top_scores / length_penalty(t + 1, alpha)).masked_fill(~finish, float("-inf"))
-        new_tokens = torch.cat([alive[rows][..., 1:], token[..., None]], dim=-1)  # (n, 2k, t + 1)
-        new_tokens = F.pad(new_tokens, (0, max_len - t - 1), value=pad_id)
-        pool_scores = torch.cat([done_scores[active], normalised], dim=1)  # (n, 3k)
-        pool_tokens = torch.cat([done_tokens[active], new_tokens], dim=1)  # (n, 3k, max_len)
-        best, pick = pool_scores.topk(k, dim=1)
-        done_scores[active] = best
-        done_tokens[active] = pool_tokens.gather(1, pick[..., None].expand(-1, -1, max_len))
-
-        # live on: the first k candidates that do not end in EOS (there are at least k: one EOS per beam)
-        order = torch.arange(2 * k, device=device) + is_eos * 2 * k
-        keep = order.topk(k, dim=1, largest=False).indices  # (n, k), best first
-        scores = top_scores.gather(1, keep)
-        next_rows = rows.gather(1, keep).view(-1)  # (n·k,)
-        alive = torch.cat([alive[next_rows], token.gather(1, keep).view(-1, 1)], dim=1)
-
-        open_ = ~done_scores[active].isfinite().all(1)  # (n,) fewer than k finished
+        logp, tokens = _top_log_probs(logits, 2 * beam_size, eos_id, t == max_len - 1, banned)  # (n·k, 2k)
+        scores, rows, token = search.candidates(logp, tokens)
+        search.finish(scores, rows, token, length_penalty(t + 1, alpha))
+        next_rows = search.live_on(scores, rows, token)  # (n·k,)
+        open_ = ~search.done_scores[search.active].isfinite().all(1)  # (n,) fewer than k finished
         n_open = int(open_.sum())  # the step's one wait for the device
         if n_open == 0:
             break
-        if static:  # follow the chosen prefixes in place; done sentences' rows stay where they are
-            index = (
-                next_rows
-                if n == batch
-                else torch.arange(batch * k, device=device).index_copy_(0, live, live[next_rows])
-            )
-            step.reorder(index)
-        elif n_open == n:  # follow the chosen prefixes; cross-attention keys are one per sentence
-            for layer in layers:
-                layer.reorder(next_rows, static_index=None)
-        if n_open == n:
-            continue
-        still = open_.nonzero().squeeze(1)
-        rows_kept = (still[:, None] * k + beam_offsets).view(-1)  # rows of open sentences
-        alive, scores, active = alive[rows_kept], scores[still], active[still]
-        if not static:  # and drop done sentences
-            memory, src_mask = memory[still], src_mask[still]
-            for layer in layers:
-                layer.reorder(next_rows[rows_kept], static_index=still)
-
-    tokens = done_tokens[:, 0]  # (B, max_len), best first
+        still = None if n_open == open_.numel() else open_.nonzero().squeeze(1)
+        decoder.follow(search, next_rows, still)
+        if still is not None:
+            search.keep(still)
+    tokens = search.done_tokens[:, 0]  # (B, max_len), best first
     length = int(tokens.ne(pad_id).sum(1).max())
-    return tokens[:, :length], done_scores[:, 0]
+    return tokens[:, :length], search.done_scores[:, 0]
+
+
+@dataclass
+class _BeamSearch:
+    """The search's state: ``n`` open sentences of ``k`` live prefixes each (rows i·k .. i·k + k - 1 belong to
+    sentence ``active[i]``), and every sentence's ``k`` best finished hypotheses."""
+
+    k: int
+    eos_id: int
+    pad_id: int
+    alive: Tensor  # (n·k, t + 1) live prefixes, BOS first
+    scores: Tensor  # (n, k) their log-probabilities
+    active: Tensor  # (n,) the sentence of each block of k rows
+    done_scores: Tensor  # (B, k) finished hypotheses' normalised scores, best first (-inf: none yet)
+    done_tokens: Tensor  # (B, k, max_len) their tokens, PAD after EOS
+    first_k: Tensor  # (2k,) True for the k best of a sentence's 2k candidates
+
+    @classmethod
+    def start(
+        cls, batch: int, k: int, bos_id: int, eos_id: int, pad_id: int, max_len: int, device: torch.device
+    ) -> _BeamSearch:
+        scores = torch.full((batch, k), float("-inf"), device=device)
+        scores[:, 0] = 0.0  # all beams start equal: expand only the first at step 0
+        return cls(
+            k,
+            eos_id,
+            pad_id,
+            alive=torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device),
+            scores=scores,
+            active=torch.arange(batch, device=device),
+            done_scores=torch.full((batch, k), float("-inf"), device=device),
+            done_tokens=torch.full((batch, k, max_len), pad_id, dtype=torch.long, device=device),
+            first_k=torch.arange(2 * k, device=device) < k,
+        )
+
+    def rows(self, blocks: Tensor) -> Tensor:
+        """The rows (n·k,) of the beams of ``blocks`` (n,): sentence i's beams are rows i·k .. i·k + k - 1."""
+        return (blocks[:, None] * self.k + torch.arange(self.k, device=blocks.device)).view(-1)
+
+    def candidates(self, logp: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Each beam's 2k best tokens and their log-probabilities (n·k, 2k) -> each sentence's 2k best extensions
+        (n, 2k), best first: their scores, the row of the prefix each extends, and the token it adds."""
+        n, k = self.scores.size(0), self.k
+        candidates = (self.scores.unsqueeze(-1) + logp.view(n, k, 2 * k)).view(n, 2 * k * k)
+        scores, top = candidates.topk(2 * k, dim=1)  # (n, 2k)
+        beam, token = top // (2 * k), tokens.view(n, 2 * k * k).gather(1, top)
+        rows = torch.arange(n, device=top.device)[:, None] * k + beam  # (n, 2k) row of each candidate's prefix
+        return scores, rows, token
+
+    def finish(self, scores: Tensor, rows: Tensor, token: Tensor, penalty: float) -> None:
+        """Candidates that end in EOS among the k best become finished hypotheses, scored by log-probability /
+        ``penalty`` (`length_penalty`), and merged with the earlier ones: each sentence keeps its k best."""
+        max_len = self.done_tokens.size(-1)
+        finish = token.eq(self.eos_id) & self.first_k & scores.isfinite()
+        normalised = (scores / penalty).masked_fill(~finish, float("-inf"))
+        new_tokens = torch.cat([self.alive[rows][..., 1:], token[..., None]], dim=-1)  # (n, 2k, t + 1)
+        new_tokens = F.pad(new_tokens, (0, max_len - new_tokens.size(-1)), value=self.pad_id)
+        pool_scores = torch.cat([self.done_scores[self.active], normalised], dim=1)  # (n, 3k)
+        pool_tokens = torch.cat([self.done_tokens[self.active], new_tokens], dim=1)  # (n, 3k, max_len)
+        best, pick = pool_scores.topk(self.k, dim=1)
+        self.done_scores[self.active] = best
+        self.done_tokens[self.active] = pool_tokens.gather(1, pick[..., None].expand(-1, -1, max_len))
+
+    def live_on(self, scores: Tensor, rows: Tensor, token: Tensor) -> Tensor:
+        """The first k candidates that do not end in EOS (there are at least k: one EOS per beam) live on;
+        -> the rows (n·k,) of the prefixes they extend, which the cache follows."""
+        order = torch.arange(2 * self.k, device=token.device) + token.eq(self.eos_id) * 2 * self.k
+        keep = order.topk(self.k, dim=1, largest=False).indices  # (n, k), best first
+        self.scores = scores.gather(1, keep)
+        next_rows = rows.gather(1, keep).view(-1)  # (n·k,)
+        self.alive = torch.cat([self.alive[next_rows], token.gather(1, keep).view(-1, 1)], dim=1)
+        return next_rows
+
+    def keep(self, still: Tensor) -> None:
+        """Keep the open sentences ``still`` (n',) (their indices among the n), drop the done ones."""
+        self.alive, self.scores, self.active = self.alive[self.rows(still)], self.scores[still], self.active[still]
+
+
+class _DynamicBeams:
+    """Beam search's decoder on a `KVCache` that grows a step each call: done sentences leave the batch, their
+    memory and cache rows too."""
+
+    def __init__(self, model: nn.Module, memory: Tensor, src_mask: Tensor):
+        self.model, self.memory, self.src_mask, self.layers = model, memory, src_mask, model.init_cache()
+
+    def logits(self, search: _BeamSearch, t: int) -> Tensor:
+        """The open sentences' next-token logits (n·k, V)."""
+        last = search.alive[:, -1:]
+        return self.model.decode(last, self.memory, self.src_mask, cache=self.layers, start_pos=t)[:, -1]
+
+    def follow(self, search: _BeamSearch, next_rows: Tensor, still: Tensor | None) -> None:
+        """The cache follows the chosen prefixes ``next_rows`` (n·k,) and keeps the open sentences ``still``
+        (None: all); cross-attention keys are one per sentence."""
+        if still is None:
+            for layer in self.layers:
+                layer.reorder(next_rows, static_index=None)
+            return
+        self.memory, self.src_mask = self.memory[still], self.src_mask[still]
+        for layer in self.layers:
+            layer.reorder(next_rows[search.rows(still)], static_index=still)
+
+
+class _StaticBeams:
+    """Beam search's decoder on a `StaticKVCache` (`seq2seq_step`): every sentence's k rows go through each step
+    (done ones fed EOS, their logits unread), so the shapes stay fixed; the cache is reordered in place."""
+
+    def __init__(self, model: nn.Module, memory: Tensor, src_mask: Tensor, max_len: int, eos_id: int):
+        self.step, self.batch, self.eos_id = seq2seq_step(model, memory, src_mask, max_len), memory.size(0), eos_id
+
+    def logits(self, search: _BeamSearch, t: int) -> Tensor:
+        """The open sentences' next-token logits (n·k, V), read from the whole batch's (B·k, V)."""
+        if search.active.numel() == self.batch:
+            return self.step(search.alive[:, -1:], t)
+        live = search.rows(search.active)  # (n·k,) the open sentences' rows in the full batch
+        last = search.alive.new_full((self.batch * search.k, 1), self.eos_id)
+        last.index_copy_(0, live, search.alive[:, -1:])  # (B·k, 1)
+        return self.step(last, t).index_select(0, live)
+
+    def follow(self, search: _BeamSearch, next_rows: Tensor, still: Tensor | None) -> None:
+        """The cache follows the chosen prefixes ``next_rows`` (n·k,) in place; done sentences' rows stay."""
+        if search.active.numel() == self.batch:
+            self.step.reorder(next_rows)
+            return
+        live = search.rows(search.active)
+        index = torch.arange(self.batch * search.k, device=live.device).index_copy_(0, live, live[next_rows])
+        self.step.reorder(index)
