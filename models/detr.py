@@ -124,6 +124,29 @@ QueryType = Literal["vanilla", "anchor", "encoder"]
 ClassLoss = Literal["ce", "focal"]
 
 
+def _check_settings(
+    num_classes: int, d_model: int, nhead: int, encoder_positions: str, query_type: str, class_loss: str
+) -> None:
+    """Settings of `DETR` that cannot work (together), refused with their keys."""
+    if num_classes < 1:
+        raise ValueError(f"num_classes={num_classes} must be >= 1")
+    if d_model % 2:
+        raise ValueError(f"model.d_model={d_model} must be even: half the channels encode y, half x")
+    if encoder_positions not in ("sine", "rope_axial", "rope_mixed"):
+        raise ValueError(
+            f"model.encoder_positions={encoder_positions!r} is not known; choose sine, rope_axial or rope_mixed"
+        )
+    if encoder_positions != "sine" and (d_model // nhead) % 4:
+        raise ValueError(
+            f"model.encoder_positions={encoder_positions} needs a head size divisible by 4, "
+            f"got model.d_model/model.nhead = {d_model // nhead}"
+        )
+    if query_type not in ("vanilla", "anchor", "encoder"):
+        raise ValueError(f"model.query_type={query_type!r} is not known; choose 'vanilla', 'anchor' or 'encoder'")
+    if class_loss not in ("ce", "focal"):
+        raise ValueError(f"model.class_loss={class_loss!r} is not known; choose 'ce' or 'focal'")
+
+
 class DETR(nn.Module):
     """The detector. Defaults are the paper's (its ResNet-50 trunk is `build_detr`'s default): D = 256,
     8 heads, 6 + 6 layers, FFN 2048, dropout 0.1, 100 queries, auxiliary decoding losses.
@@ -192,23 +215,7 @@ class DETR(nn.Module):
         init_values: float | None = None,
     ):
         super().__init__()
-        if num_classes < 1:
-            raise ValueError(f"num_classes={num_classes} must be >= 1")
-        if d_model % 2:
-            raise ValueError(f"model.d_model={d_model} must be even: half the channels encode y, half x")
-        if encoder_positions not in ("sine", "rope_axial", "rope_mixed"):
-            raise ValueError(
-                f"model.encoder_positions={encoder_positions!r} is not known; choose sine, rope_axial or rope_mixed"
-            )
-        if encoder_positions != "sine" and (d_model // nhead) % 4:
-            raise ValueError(
-                f"model.encoder_positions={encoder_positions} needs a head size divisible by 4, "
-                f"got model.d_model/model.nhead = {d_model // nhead}"
-            )
-        if query_type not in ("vanilla", "anchor", "encoder"):
-            raise ValueError(f"model.query_type={query_type!r} is not known; choose 'vanilla', 'anchor' or 'encoder'")
-        if class_loss not in ("ce", "focal"):
-            raise ValueError(f"model.class_loss={class_loss!r} is not known; choose 'ce' or 'focal'")
+        _check_settings(num_classes, d_model, nhead, encoder_positions, query_type, class_loss)
         check_denoising(dn_number, dn_label_noise, dn_box_noise)
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
         self.query_type, self.focal = query_type, class_loss == "focal"
@@ -237,20 +244,25 @@ class DETR(nn.Module):
             register_tokens=register_tokens,
             init_values=init_values,
         )
+        self._build_heads(d_model, num_classes, num_queries)
+
+    def _build_heads(self, d_model: int, num_classes: int, num_queries: int) -> None:
+        """The prediction heads (class, box) and what the query type and denoising add: proposals per encoder
+        cell, learned anchors, the MLP from boxes to positional queries, the label embedding of noised queries."""
         self.class_embed = nn.Linear(d_model, num_classes if self.focal else num_classes + 1)
         self.bbox_embed = MLP(d_model, d_model, 4, 3)
-        if query_type == "encoder":
+        if self.query_type == "encoder":
             self.proposals = EncoderProposals(MLP(d_model, d_model, 4, 3), d_model, num_classes, self.focal)
-        if query_type == "anchor":
+        if self.query_type == "anchor":
             self.refpoint_embed = nn.Embedding(num_queries, 4)  # anchors before the sigmoid
             with torch.no_grad():  # centres uniform over the image (DAB-DETR's random_refpoints_xy); sizes N(0, 1)
                 self.refpoint_embed.weight[:, :2] = inverse_sigmoid(torch.rand(num_queries, 2))
-        if query_type != "vanilla":  # the first prediction is the anchor itself
+        if self.query_type != "vanilla":  # the first prediction is the anchor itself
             nn.init.zeros_(self.bbox_embed.layers[-1].weight)
             nn.init.zeros_(self.bbox_embed.layers[-1].bias)
-        if query_type != "vanilla" or dn_number > 0:  # boxes (anchors, noised boxes) -> positional queries
+        if self.query_type != "vanilla" or self.dn_number > 0:  # boxes (anchors, noised boxes) -> positional queries
             self.ref_point_head = MLP(2 * d_model, d_model, d_model, 2)
-        if dn_number > 0:
+        if self.dn_number > 0:
             self.label_enc = nn.Embedding(num_classes + 1, d_model)  # the last row embeds padding slots
         if self.focal:
             nn.init.constant_(self.class_embed.bias, -math.log((1 - 0.01) / 0.01))

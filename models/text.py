@@ -176,19 +176,23 @@ class Seq2SeqTransformer(nn.Module, WithRegisters):
         self.encoder = TransformerEncoder(num_encoder_layers, d_model, nhead, final_norm=norm_first, **layer)
         self.decoder = TransformerDecoder(num_decoder_layers, d_model, nhead, final_norm=norm_first, **layer)
         self.generator = nn.Linear(d_model, tgt_vocab_size, bias=output_bias)  # the pre-softmax projection
-        if output_bias:
-            nn.init.zeros_(self.generator.bias)
-        for name, p in self.named_parameters():  # Xavier for the stacks, as in the Annotated Transformer
-            # the core's `general` map keeps its identity start (it begins equal to `dot`)
+        self._init_weights()
+        if tie_output:
+            self.generator.weight = self.tgt_embed.weight
+        self.reg_token = learned_registers(register_tokens, d_model)
+
+    def _init_weights(self) -> None:
+        """Xavier for the stacks' and the output projection's matrices, as in the Annotated Transformer (the core's
+        `general` map keeps its identity start: it begins equal to `dot`); a zero output bias."""
+        for name, p in self.named_parameters():
             if (
                 p.dim() > 1
                 and name.startswith(("encoder.", "decoder.", "generator."))
                 and not name.endswith("general_weight")
             ):
                 nn.init.xavier_uniform_(p)
-        if tie_output:
-            self.generator.weight = self.tgt_embed.weight
-        self.reg_token = learned_registers(register_tokens, d_model)
+        if self.generator.bias is not None:
+            nn.init.zeros_(self.generator.bias)
 
     def no_weight_decay(self) -> set[str]:
         return {
