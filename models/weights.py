@@ -1,7 +1,7 @@
 """One path for foreign weights: where they are, reading them safely, checking that they fit.
 
     resolve (a path, or a hub name through huggingface_hub's cache) -> read_state (tensors only, unwrapped)
-    -> the family's rename (``timm_to_attnlab`` in `models.vit`; ``hf_to_attnlab`` in `models.detr_init` and
+    -> the family's rename (``timm_to_attnlab`` in `models.vit_timm`; ``hf_to_attnlab`` in `models.detr_init` and
     ``convert_official_state_dict`` in `models.detr`;
     ``gpt2_to_attnlab``/``marian_to_attnlab``/``llama_to_attnlab`` in `models.hf_text`) -> load_checked (every tensor, or one error)
 
