@@ -12,17 +12,26 @@ A query row whose keys are all blocked gets all-zero weights and a zero attentio
 every normalisation.
 
 Normalisations (``attention.normalization``), for the scores s_j of one query over its n visible keys
-(the scaled similarities plus any position bias):
+(the scaled similarities plus any position bias); each built-in's constants are its constructor's arguments,
+set as ``{class_path: models.attend.ClippedSoftmax, init_args: {alpha: 4}}`` (`models.attention_config`):
     "softmax"   exp(s_j) / Σ_k exp(s_k)                                    fast path: SDPA
-    "softmax1"  exp(s_j) / (1 + Σ_k exp(s_k))  (Miller 2023, "off by one")  fast path: SDPA with one more key
-                whose logit is 0 and whose value is 0, so a head can put its weight nowhere
+    "softmax1"  exp(s_j) / (exp(b) + Σ_k exp(s_k))  (Miller 2023, "off by one"; `Softmax1`'s ``sink_logit`` b = 0
+                gives his 1 + Σ)   fast path: SDPA with one more key whose value is 0 and whose logit is b (q·0 plus
+                an additive mask value b), so a head can put its weight nowhere
     "clipped"   clip((ζ - γ)·softmax(s)_j + γ, 0, 1), ζ = 1, γ = -α/n, α = 12 (Bondarenko et al. 2023, the
-                α of their published BERT command; their T is n): exact zeros without infinite logits   reference path
-    "sigmoid"   σ(s_j - log n)  (Ramapuram et al. 2025): each key on its own, no sum to one   reference path
+                α of their published BERT command; their T is n): exact zeros without infinite logits; `ClippedSoftmax`
+                takes ``alpha``, ``zeta`` and a fixed ``gamma`` that replaces -α/n       reference path
+    "sigmoid"   σ(s_j + b), b = -log n  (Ramapuram et al. 2025): each key on its own, no sum to one; `SigmoidAttention`'s
+                ``bias`` replaces -log n by a fixed b                                 reference path
     a class path (``my_module.MyNorm``): an ``nn.Module`` of your own whose ``forward(scores, blocked)`` takes
                 the scores (B, H, Lq, Lk), -inf where blocked, and the boolean mask (B|1, H|1, Lq, Lk) or None,
                 and returns the weights (B, H, Lq, Lk)                       reference path
 Blocked keys and empty rows get zero weight after any normalisation.
+
+A kernel of one's own (``attention.kernel``, `attention_own_kernel`) replaces all of the above: an ``nn.Module``
+whose ``forward(q, k, v, blocked)`` takes q (B, H, Lq, d), k and v (B, H, Lk, d) and the boolean mask
+(B|1, H|1, Lq, Lk) or None, and returns out (B, H, Lq, d), or (out, weights (B, H, Lq, Lk)). It sees boolean masks
+only (an additive float mask or a position bias is refused) and must give a row whose keys are all blocked zeros.
 """
 
 from __future__ import annotations
@@ -110,12 +119,20 @@ class Softmax(nn.Module):
 
 
 class Softmax1(nn.Module):
-    """exp(s_j) / (1 + Σ_k exp(s_k)): softmax with a 1 added to the denominator (Miller 2023)."""
+    """exp(s_j) / (exp(b) + Σ_k exp(s_k)): softmax beside a sink of logit b (Miller 2023's 1 + Σ at b = 0).
+
+    Args:
+        sink_logit: b, the logit of the implicit key whose value is 0.
+    """
+
+    def __init__(self, sink_logit: float = 0.0):
+        super().__init__()
+        self.sink_logit = float(sink_logit)
 
     def forward(self, scores: Tensor, blocked: Tensor | None) -> Tensor:
-        m = scores.amax(-1, keepdim=True).clamp(min=0.0)  # the implicit zero logit takes part in the max
+        m = scores.amax(-1, keepdim=True).clamp(min=self.sink_logit)  # the sink's logit takes part in the max
         e = (scores - m).exp()
-        return e / (e.sum(-1, keepdim=True) + (-m).exp())
+        return e / (e.sum(-1, keepdim=True) + (self.sink_logit - m).exp())
 
 
 def visible_keys(scores: Tensor, blocked: Tensor | None) -> Tensor | float:
@@ -125,21 +142,37 @@ def visible_keys(scores: Tensor, blocked: Tensor | None) -> Tensor | float:
 
 
 class ClippedSoftmax(nn.Module):
-    """clip((ζ - γ)·softmax(s) + γ, 0, 1) with ζ = 1 and γ = -α/n over n keys (Bondarenko et al. 2023)."""
+    """clip((ζ - γ)·softmax(s) + γ, 0, 1) over n keys (Bondarenko et al. 2023).
 
-    def __init__(self, alpha: float = 12.0):
+    Args:
+        alpha: α of γ = -α/n (their T is n).
+        gamma: a fixed γ (< 0 reaches exact zeros) in place of -α/n.
+        zeta: ζ (> 1 reaches exact ones).
+    """
+
+    def __init__(self, alpha: float = 12.0, gamma: float | None = None, zeta: float = 1.0):
         super().__init__()
-        self.alpha = alpha
+        self.alpha, self.gamma, self.zeta = alpha, gamma, zeta
 
     def forward(self, scores: Tensor, blocked: Tensor | None) -> Tensor:
-        gamma = -self.alpha / visible_keys(scores, blocked)
-        return ((1.0 - gamma) * scores.softmax(dim=-1) + gamma).clamp(0.0, 1.0)
+        gamma = -self.alpha / visible_keys(scores, blocked) if self.gamma is None else self.gamma
+        return ((self.zeta - gamma) * scores.softmax(dim=-1) + gamma).clamp(0.0, 1.0)
 
 
 class SigmoidAttention(nn.Module):
-    """σ(s_j - log n) over n keys, each key on its own (Ramapuram et al. 2025)."""
+    """σ(s_j + b) over n keys, each key on its own (Ramapuram et al. 2025).
+
+    Args:
+        bias: b; None: -log n, the paper's.
+    """
+
+    def __init__(self, bias: float | None = None):
+        super().__init__()
+        self.bias = bias
 
     def forward(self, scores: Tensor, blocked: Tensor | None) -> Tensor:
+        if self.bias is not None:
+            return torch.sigmoid(scores + self.bias)
         n = visible_keys(scores, blocked)
         return torch.sigmoid(scores - (math.log(n) if isinstance(n, float) else n.log()))
 
@@ -204,13 +237,18 @@ def cpu_sdpa_zeroes_empty_rows() -> bool:
     return _CPU_SDPA_SAFE
 
 
-def _with_zero_key(k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """softmax1 as softmax: one key in front whose logit (q·0) and value are 0, visible to every query."""
+def _with_sink(k: Tensor, v: Tensor, mask: Tensor | None, sink_logit: float) -> tuple[Tensor, Tensor, Tensor | None]:
+    """softmax1 as softmax: one key in front whose value is 0 and whose logit is ``sink_logit`` (q·0 plus that value
+    in the additive mask), visible to every query."""
     zero = k.new_zeros(*k.shape[:2], 1, k.size(-1))  # (B, H, 1, d)
     k, v = torch.cat([zero, k], 2), torch.cat([zero.expand(*v.shape[:2], 1, v.size(-1)), v], 2)
-    if mask is not None:
-        mask = torch.cat([mask.new_zeros(*mask.shape[:-1], 1), mask], -1)  # False / 0.0: visible
-    return k, v, mask
+    if sink_logit == 0.0:  # q·0 is the logit: False / 0.0 in the mask (or none) leave it
+        return k, v, None if mask is None else torch.cat([mask.new_zeros(*mask.shape[:-1], 1), mask], -1)
+    if mask is None:
+        mask = k.new_zeros(1, 1, 1, k.size(2) - 1)
+    elif mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=k.dtype, device=k.device).masked_fill(mask, float("-inf"))
+    return k, v, torch.cat([torch.full_like(mask[..., :1], sink_logit), mask.to(k.dtype)], -1)
 
 
 def attention_fast(
@@ -221,14 +259,14 @@ def attention_fast(
     scale: float,
     dropout_p: float = 0.0,
     is_causal: bool = False,
-    softmax1: bool = False,
+    sink_logit: float | None = None,
 ) -> Tensor:
-    """SDPA with the project's mask convention: softmax, or ``softmax1`` through one zero key. ``is_causal``
-    only when Lq == Lk and no other mask."""
-    if softmax1:
-        if is_causal:  # SDPA aligns is_causal to the start: the zero key needs the explicit mask
+    """SDPA with the project's mask convention: softmax, or softmax1 (`Softmax1`) through one value-zero key of
+    logit ``sink_logit``. ``is_causal`` only when Lq == Lk and no other mask."""
+    if sink_logit is not None:
+        if is_causal:  # SDPA aligns is_causal to the start: the sink key needs the explicit mask
             mask, is_causal = causal_mask(q.size(2), k.size(2), q.device)[None, None], False
-        k, v, mask = _with_zero_key(k, v, mask)
+        k, v, mask = _with_sink(k, v, mask, sink_logit)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     if q.device.type == "cpu" and cpu_sdpa_zeroes_empty_rows():  # GPU kernels are not all known to: fix below
@@ -245,3 +283,30 @@ def attention_fast(
     # where, not masked_fill: it keeps SDPA's memory layout (B, L, H, d), so that merging the heads stays a
     # view; masked_fill returns a contiguous (B, H, L, d) copy, which the merge then copies once more
     return torch.where(empty, 0.0, out)
+
+
+def attention_own_kernel(
+    kernel: nn.Module, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, name: str
+) -> tuple[Tensor, Tensor | None]:
+    """A kernel of one's own (module docstring) on q (B, H, Lq, d), k/v (B, H, Lk, d) and a merged mask -> out
+    (B, H, Lq, d) and its weights (B, H, Lq, Lk) or None. ``name``: its class path, for the errors."""
+    if mask is not None and mask.dtype != torch.bool:
+        raise ValueError(
+            f"attention.kernel={name} takes boolean masks only; this model gives it a position bias (ALiBi, T5, "
+            "relative positions) or an additive float mask: use positions rope or learned with a kernel"
+        )
+    return kernel_output(kernel(q, k, v, mask), q, k.size(2), name)
+
+
+def kernel_output(out: Tensor | tuple, q: Tensor, lk: int, name: str) -> tuple[Tensor, Tensor | None]:
+    """What a kernel of one's own returned, as (out (B, H, Lq, d), weights (B, H, Lq, Lk) or None); one line when
+    the shapes are not those."""
+    out, weights = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
+    weights_shape = (*q.shape[:3], lk)
+    if not isinstance(out, Tensor) or out.shape != q.shape or (weights is not None and weights.shape != weights_shape):
+        got = [tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__ for x in (out, weights)]
+        raise ValueError(
+            f"attention.kernel={name} returned {got[0] if weights is None else tuple(got)}; expected out "
+            f"{tuple(q.shape)} (B, H, Lq, d), or (out, weights {weights_shape} (B, H, Lq, Lk))"
+        )
+    return out, weights

@@ -1,22 +1,33 @@
 """The shared attention core: the attention block, multi-head attention, capture.
 
 Every model in attnlab (text, ViT, DETR) attends through `MultiHeadAttention` below, with the options of ONE
-block, `AttentionConfig`, which each model takes as ``attention:`` and hands unchanged to every layer::
+block, `AttentionConfig` (`models.attention_config`), which each model takes as ``attention:`` and hands unchanged
+to every layer::
 
-    attention: {similarity: scaled_dot, qk_norm: null, normalization: softmax, gate: null}
+    attention: {similarity: scaled_dot, qk_norm: null, normalization: softmax, gate: null, kernel: null}
+
+A variant (similarity, normalization, kernel) is a built-in's name, a class path, or ``{class_path, init_args}``
+with the class's arguments (a built-in's constants too); `models.attention_config` shows the three forms.
 
 Similarities (``similarity``), for a query q and key k of one head (size d):
     "scaled_dot"  q·k / √d        (Vaswani et al. 2017, the default)
     "dot"         q·k             (Luong et al. 2015, "dot")
     "general"     qᵀ W k          (Luong et al. 2015, "general"; W is a learned d×d map per head,
                                    initialised to the identity, so it starts equal to "dot")
-    a class path  an ``nn.Module`` of your own whose ``forward(q, k)`` takes (B, H, Lq, d) and (B, H, Lk, d)
+    a class       an ``nn.Module`` of your own whose ``forward(q, k)`` takes (B, H, Lq, d) and (B, H, Lk, d)
                   and returns the logits (B, H, Lq, Lk); it runs on the reference path.
 QK-norm (``qk_norm="layernorm"|"rmsnorm"``, Dehghani et al. 2023, Wortsman et al. 2023): each head's queries
 and keys are normalised over d after the projections (learned scale shared by the heads, as in timm), before
 the rotation and the similarity; it bounds the logits, whose maximum `capture_attention(scores=True)` records.
-Normalisations over the keys (``normalization``: softmax, softmax1, clipped, sigmoid or a class path), the masks
+Normalisations over the keys (``normalization``: softmax, softmax1, clipped, sigmoid or a class), the masks
 and the kernels: see `models.attend`.
+A kernel of one's own (``kernel``, a class; `models.attend.attention_own_kernel`) replaces similarity,
+normalisation and the paths below: each layer builds one instance (``num_heads``, ``head_dim`` and ``dropout`` given
+to its ``__init__`` when it names them) and hands it q (B, H, Lq, d), k and v (B, H, Lk, d) after the projections,
+QK-norm, rotation, the cache, the grouped heads' repeat and the beams' folding, with the merged boolean mask
+(True = blocked) or None; it returns out (B, H, Lq, d), or (out, weights (B, H, Lq, Lk)), which `capture_attention`
+records. A kernel that returns no weights is refused in one line by ``need_weights`` and `capture_attention`
+(`kernel_without_weights` says why).
 Output gate (``gate="headwise"|"elementwise"``, Qiu et al. 2025's G1; Bondarenko et al. 2023's gated attention):
 each head's output is multiplied by σ(x W_g + b_g), computed from the layer's query input x, before ``out_proj``:
 one gate per head and query (headwise) or per channel (elementwise). b_g starts at logit(0.25), Bondarenko et
@@ -61,13 +72,10 @@ then v (D_kv = num_kv_heads·d), as Llama's ``q_proj``, ``k_proj``, ``v_proj`` c
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -75,94 +83,32 @@ from torch import Tensor, nn
 
 from models.attend import (
     FUSED,
-    NORMALIZATIONS,
     Softmax1,
     attention_fast,
+    attention_own_kernel,
     attention_reference,
     blocked_of,
     cpu_sdpa_zeroes_empty_rows,
     merge_masks,
 )
+from models.attention_config import DEFAULT_ATTENTION, QK_NORMS, SIMILARITIES, AttentionConfig, class_path
 from models.kv_cache import KVCache, StaticKVCache
 from models.padding_free import PaddingFree, attention_padding_free, packing, supported
 from models.position import Rotation
 
-SIMILARITIES = ("scaled_dot", "dot", "general")
-QKNorm = Literal["layernorm", "rmsnorm"]
-Gate = Literal["headwise", "elementwise"]
-_QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+__all__ = [  # the block lives in models.attention_config; every model imports it from here
+    "DEFAULT_ATTENTION",
+    "SIMILARITIES",
+    "AttentionConfig",
+    "AttentionScores",
+    "MultiHeadAttention",
+    "capture_attention",
+    "kernel_without_weights",
+]
 GATE_INIT = 0.25  # σ(b_g) at initialisation: Bondarenko et al.'s attn_gate_init
 # device type -> the padding-free kernels for a key-padding mask, first choice first (module docstring); none: the
 # masked SDPA
 PADDING_FREE: dict[str, tuple[PaddingFree, ...]] = {"cuda": (), "cpu": ()}
-
-
-def _own_class(key: str, path: str, builtins: tuple[str, ...], probe: tuple[Tensor | None, ...]) -> None:
-    """Check the class at ``path`` (module.Class): an nn.Module whose output on ``probe`` has the logits' shape
-    (1, 1, 2, 3)."""
-    module, _, name = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError) as error:
-        cls, why = None, f"{type(error).__name__}: {error}"
-    else:
-        why = "no such class" if module else "no module named"
-    if not (inspect.isclass(cls) and issubclass(cls, nn.Module)):
-        raise ValueError(
-            f"attention.{key}={path!r} is neither one of {', '.join(builtins)} nor the class path of an nn.Module "
-            f"(module.Class, importable from here: {why})"
-        )
-    try:
-        out = cls()(*probe)
-    except Exception as error:  # noqa: BLE001 - any failure of a user's class is reported as one line
-        raise ValueError(f"attention.{key}={path!r} failed on a probe call: {type(error).__name__}: {error}") from None
-    if not isinstance(out, Tensor) or out.shape != (1, 1, 2, 3):
-        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ValueError(
-            f"attention.{key}={path!r} returned {got} where the logits are (1, 1, 2, 3) (B, H, Lq, Lk); it must return that shape"
-        )
-
-
-@dataclass(frozen=True)
-class AttentionConfig:
-    """The attention block: every model takes it as ``attention:`` and passes it to every `MultiHeadAttention`.
-
-    Args:
-        similarity: "scaled_dot", "dot", "general", or a class of your own (its path; module docstring).
-        qk_norm: null, "layernorm" or "rmsnorm" on each head's queries and keys.
-        normalization: over the keys: "softmax", "softmax1", "clipped", "sigmoid", or a class of your own (its path;
-            `models.attend`). The CLI checks a path at parse time; the block keeps the path.
-        gate: null, "headwise" or "elementwise": a sigmoid gate on each head's output (module docstring).
-    """
-
-    similarity: Literal["scaled_dot", "dot", "general"] | type[nn.Module] = "scaled_dot"
-    qk_norm: QKNorm | None = None
-    normalization: Literal["softmax", "softmax1", "clipped", "sigmoid"] | type[nn.Module] = "softmax"
-    gate: Gate | None = None
-
-    def __post_init__(self):
-        for key, value in (("similarity", self.similarity), ("normalization", self.normalization)):
-            if isinstance(value, type):  # the CLI gives the class; the block holds its path (YAML, checkpoints)
-                object.__setattr__(self, key, f"{value.__module__}.{value.__qualname__}")
-        if self.similarity not in SIMILARITIES:
-            _own_class("similarity", self.similarity, SIMILARITIES, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4)))
-        if self.normalization not in NORMALIZATIONS:
-            _own_class("normalization", self.normalization, tuple(NORMALIZATIONS), (torch.zeros(1, 1, 2, 3), None))
-        if self.qk_norm is not None and self.qk_norm not in _QK_NORMS:
-            raise ValueError(f"attention.qk_norm={self.qk_norm!r} is not known; choose null, {' or '.join(_QK_NORMS)}")
-        if self.gate not in (None, "headwise", "elementwise"):
-            raise ValueError(f"attention.gate={self.gate!r} is not known; choose null, headwise or elementwise")
-
-    def build(self, key: str) -> nn.Module:
-        """A fresh instance of the normalisation (``key="normalization"``) or of one's own similarity."""
-        name = getattr(self, key)
-        if key == "normalization" and name in NORMALIZATIONS:
-            return NORMALIZATIONS[name]()
-        module, _, cls = name.rpartition(".")
-        return getattr(importlib.import_module(module), cls)()
-
-
-DEFAULT_ATTENTION = AttentionConfig()  # frozen: one instance serves as every model's default
 
 
 def _padding_free_kernel(
@@ -198,7 +144,7 @@ class MultiHeadAttention(nn.Module):
         embed_dim: model width D.
         num_heads: number of heads H; D must be divisible by H.
         dropout: dropout on the attention weights during training.
-        attention: the attention block (similarity, qk_norm, normalization, gate; see the module docstring), or
+        attention: the attention block (similarity, qk_norm, normalization, gate, kernel; module docstring), or
             its fields as a dict (as a checkpoint's hyper-parameters hold it).
         bias: biases on the input and output projections.
         num_kv_heads: key/value heads; fewer than ``num_heads`` (a divisor): grouped-query attention (module
@@ -236,10 +182,13 @@ class MultiHeadAttention(nn.Module):
         elif self.similarity not in SIMILARITIES:
             self.similarity_fn = self.config.build("similarity")
         if self.qk_norm is not None:  # timm's names
-            self.q_norm = _QK_NORMS[self.qk_norm](self.head_dim, eps=1e-6)
-            self.k_norm = _QK_NORMS[self.qk_norm](self.head_dim, eps=1e-6)
+            self.q_norm = QK_NORMS[self.qk_norm](self.head_dim, eps=1e-6)
+            self.k_norm = QK_NORMS[self.qk_norm](self.head_dim, eps=1e-6)
         self.normalization = self.config.build("normalization")
         self.fused = type(self.normalization) in FUSED and self.similarity in SIMILARITIES
+        self.kernel, self.kernel_gives_weights = (
+            (None, True) if self.config.kernel is None else self.config.build_kernel(num_heads, self.head_dim, dropout)
+        )
         if self.config.gate is not None:  # W_g: D -> H (headwise) or D (elementwise)
             self.gate_proj = nn.Linear(embed_dim, num_heads if self.config.gate == "headwise" else embed_dim)
         self._captured: list[Tensor] | list[AttentionScores] | None = None
@@ -399,6 +348,8 @@ class MultiHeadAttention(nn.Module):
             q = torch.einsum("bhld,hde->bhle", q, self.general_weight)  # qᵀW, then ·k below
         bsz, lq, (kv_bsz, _, lk, _) = q.shape[0], q.shape[2], k.shape
         q = self._fold(q, kv_bsz, masks, position_bias)
+        if self.kernel is not None:
+            return self._own_kernel(q, k, v, masks, position_bias, need_weights, bsz, lq)
         dropout_p = self.dropout if self.training else 0.0
         want_weights = need_weights or self._captured is not None or not self.fused
         plain_causal = masks["is_causal"] and lq == lk and position_bias is None and masks["attn_mask"] is None
@@ -420,21 +371,47 @@ class MultiHeadAttention(nn.Module):
             )
         )
         if not want_weights:
-            softmax1 = isinstance(self.normalization, Softmax1)
-            out = attention_fast(q, k, v, mask, self.scale, dropout_p, plain_causal, softmax1)
-            return self._unfold(out, bsz, lq), None
+            sink = self.normalization.sink_logit if isinstance(self.normalization, Softmax1) else None
+            return self._unfold(attention_fast(q, k, v, mask, self.scale, dropout_p, plain_causal, sink), bsz, lq), None
         logits = None if self.similarity in SIMILARITIES else self.similarity_fn(q, k)
         out, weights, logits = attention_reference(q, k, v, mask, self.scale, dropout_p, self.normalization, logits)
-        out, weights, logits = (self._unfold(x, bsz, lq) for x in (out, weights, logits))
-        if self._captured is not None:
-            blocked = blocked_of(mask)
-            blocked = None if blocked is None else blocked.repeat_interleave(bsz // kv_bsz, 0)
-            self._captured.append(
-                AttentionScores(weights.detach(), logits.detach(), blocked)
-                if self._capture_scores
-                else weights.detach()
-            )
-        return out, weights
+        self._record(weights, logits, mask, bsz, lq)
+        return self._unfold(out, bsz, lq), self._unfold(weights, bsz, lq)
+
+    def _own_kernel(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        masks: dict,
+        position_bias: Tensor | None,
+        need_weights: bool,
+        bsz: int,
+        lq: int,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``attention.kernel`` on q (B_kv, H, group·Lq, d), k and v (B_kv, H, Lk, d) and the merged boolean mask:
+        out (B, H, Lq, d) and its weights (B, H, Lq, Lk) or None. Inside `capture_attention` the logits recorded
+        beside its weights are q·k/√d of the q and k it was given."""
+        if need_weights and not self.kernel_gives_weights:
+            raise ValueError(_weightless(self.config.kernel))
+        kv_bsz, _, lk, _ = k.shape
+        mask = merge_masks(kv_bsz, q.shape[2], lk, **masks, position_bias=position_bias, device=q.device, dtype=q.dtype)
+        out, weights = attention_own_kernel(self.kernel, q, k, v, mask, class_path(self.config.kernel))
+        if weights is not None and self._captured is not None:
+            self._record(weights, (q @ k.transpose(-2, -1)) * self.scale, mask, bsz, lq)
+        return self._unfold(out, bsz, lq), None if weights is None else self._unfold(weights, bsz, lq)
+
+    def _record(self, weights: Tensor, logits: Tensor, mask: Tensor | None, bsz: int, lq: int) -> None:
+        """Capture (inside `capture_attention`): the call's weights, or its `AttentionScores`, as (B, H, Lq, Lk)."""
+        if self._captured is None:
+            return
+        weights, logits = (self._unfold(x.detach(), bsz, lq) for x in (weights, logits))
+        if not self._capture_scores:
+            self._captured.append(weights)
+            return
+        blocked = blocked_of(mask)
+        blocked = None if blocked is None else blocked.repeat_interleave(bsz // blocked.shape[0], 0)
+        self._captured.append(AttentionScores(weights, logits, blocked))
 
     def _fold(self, q: Tensor, kv_bsz: int, masks: dict, position_bias: Tensor | None) -> Tensor:
         """Beams sharing one memory: the ``group`` query rows of one key/value row attend as one longer query,
@@ -486,6 +463,8 @@ def capture_attention(
     With ``scores=True`` each call appends an `AttentionScores` instead: the weights together with
     the logits and the blocked mask, as the layer computed them (for the attention statistics).
     """
+    if why := kernel_without_weights(model):
+        raise ValueError(why)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
     maps: dict[str, list] = {name: [] for name in layers}
     for name, m in layers.items():
@@ -495,3 +474,18 @@ def capture_attention(
     finally:
         for m in layers.values():
             m._captured, m._capture_scores = None, False
+
+
+def _weightless(kernel: str | dict) -> str:
+    return (
+        f"attention.kernel={class_path(kernel)} returns no attention weights, which need_weights, the attention "
+        "maps and statistics (capture_attention) read; return (out, weights (B, H, Lq, Lk)) from its forward"
+    )
+
+
+def kernel_without_weights(model: nn.Module) -> str | None:
+    """Why `capture_attention` cannot record ``model``: one line naming a kernel of one's own (``attention.kernel``)
+    that returns no weights; None when every layer can."""
+    layers = (m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.kernel_gives_weights)
+    layer = next(layers, None)
+    return None if layer is None else _weightless(layer.config.kernel)

@@ -76,7 +76,13 @@ def test_print_config_shows_every_knob(attnlab):
     cfg = yaml.safe_load(out)
     assert {"patch_size", "embed_dim", "depth", "num_heads", "attention", "lr"} <= set(cfg["model"]["init_args"])
     attention = cfg["model"]["init_args"]["attention"]
-    assert attention == {"similarity": "scaled_dot", "qk_norm": None, "normalization": "softmax", "gate": None}
+    assert attention == {
+        "similarity": "scaled_dot",
+        "qk_norm": None,
+        "normalization": "softmax",
+        "gate": None,
+        "kernel": None,
+    }
     assert cfg["data"]["init_args"]["batch_size"] == 64 and cfg["trainer"]["max_epochs"] == 40
 
 
@@ -182,4 +188,5 @@ def test_a_block_field_set_to_null_keeps_the_blocks_other_fields(attnlab):
         "--print_config",
     )
     attention = yaml.safe_load(out)["model"]["init_args"]["attention"]
-    assert code == 0 and attention == {"similarity": "dot", "qk_norm": None, "normalization": "softmax", "gate": None}
+    assert code == 0
+    assert attention == {"similarity": "dot", "qk_norm": None, "normalization": "softmax", "gate": None, "kernel": None}
