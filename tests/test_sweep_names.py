@@ -176,3 +176,19 @@ def test_two_cells_that_would_share_a_folder_are_refused_before_any_run(tmp_path
         f"{tmp_path / 's.yaml'}: grid: two cells would share the run folder 'digits/normalization=my_attention_TopK'; "
         "give them values that differ"
     )
+
+
+@pytest.mark.slow
+def test_the_check_before_any_run_parses_a_grid_over_a_class_field(tmp_path):
+    """`check` hands each grid value to the real fit parser after the class the overrides name: a field of its
+    init_args passes, a misspelt one is the one line that names the grid key."""
+    from experiments.sweep.file import SweepError
+    from experiments.sweep.runs import check
+
+    clipped = {"class_path": "models.attend.ClippedSoftmax", "init_args": {"alpha": 4}}
+    overrides = {"model.init_args.attention.normalization": clipped}
+    key = "model.init_args.attention.normalization.init_args"
+    check(sweeps.load(_write(tmp_path, {f"{key}.alpha": [2, 8]}, overrides=overrides)))
+    with pytest.raises(SweepError) as refused:
+        check(sweeps.load(_write(tmp_path, {f"{key}.alpa": [2]}, overrides=overrides)))
+    assert str(refused.value).startswith(f"{tmp_path / 's.yaml'}: grid.{key}.alpa=2 (configs/vision/digits.yaml): ")
