@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from pytorch_lightning.loggers import WandbLogger
 from torch import Tensor
 
+from experiments.callbacks.base import needs_weights
 from models.attention import capture_attention
 from models.distributed import full_weights
 
@@ -115,6 +116,7 @@ class AttentionMapLogger(pl.Callback):
         self.num_images, self.every_n_epochs, self.layer, self.predict = num_images, every_n_epochs, layer, predict
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        needs_weights(pl_module, self)
         # trainer.log_dir broadcasts from rank 0: resolve it here, on every rank, never in rank-0-only hooks
         self._root = Path(trainer.log_dir or trainer.default_root_dir) / "attention_maps"
 

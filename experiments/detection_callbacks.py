@@ -6,6 +6,7 @@ class names and COCO ids from the running dataloader's dataset (``image_path(ima
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +14,12 @@ import pytorch_lightning as pl
 import torch
 from PIL import Image
 from pytorch_lightning.callbacks import BasePredictionWriter
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torchvision.utils import draw_bounding_boxes
 
 from experiments.runfolder import write_json
-from models.attention import capture_attention
+from models.attention import capture_attention, kernel_without_weights
 from models.coco_eval import Detections, to_coco_results
 from models.detr import post_process
 from models.distributed import full_weights, gather_objects
@@ -44,6 +46,7 @@ class DetectionImages(pl.Callback):
     predictions scoring at least ``score_threshold``, and the last decoder layer's cross-attention (head mean) of
     the 3 best queries over the image: one PNG per image, ``<log dir>/val_images/epoch<E>_image<id>.png``, also
     logged to W&B as ``val/detections``. The forward pass runs on every process, which FSDP needs; rank 0 draws.
+    A kernel of one's own that returns no attention weights (``attention.kernel``) gets the detections alone.
     """
 
     def __init__(self, num_images: int = 4, score_threshold: float = 0.5):
@@ -54,6 +57,9 @@ class DetectionImages(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # trainer.log_dir broadcasts from rank 0: resolve it on every rank, never in rank-0-only code
         self._folder = Path(trainer.log_dir or trainer.default_root_dir) / "val_images"
+        self._no_weights = kernel_without_weights(pl_module)
+        if self._no_weights:
+            rank_zero_warn(f"DetectionImages draws the detections without attention: {self._no_weights}")
 
     @torch.no_grad()
     def on_validation_batch_end(
@@ -66,37 +72,45 @@ class DetectionImages(pl.Callback):
         model = pl_module.model
         feature_hw: list[tuple[int, int]] = []
         handle = model.backbone.register_forward_hook(lambda m, args, out: feature_hw.append(tuple(out.shape[-2:])))
+        layer = model.transformer.decoder.layers[-1].multihead_attn
+        capture = nullcontext({"": []}) if self._no_weights else capture_attention(layer, scores=True)
         try:
-            with (
-                full_weights(trainer.model),
-                capture_attention(model.transformer.decoder.layers[-1].multihead_attn, scores=True) as maps,
-            ):
+            with full_weights(trainer.model), capture as maps:
                 outputs = model(images, mask)
         finally:
             handle.remove()
         if trainer.is_global_zero:
-            scores, hw = maps[""][0], feature_hw[0][0] * feature_hw[0][1]  # the memory's registers come after
-            padded = scores.blocked[:, 0, 0, :hw].view(-1, *feature_hw[0])  # (B, h, w) True at the padding's cells
+            hw, attention = feature_hw[0][0] * feature_hw[0][1], [(None, None)] * len(targets)
+            if maps[""]:  # the memory's registers come after the h·w cells
+                scores = maps[""][0]
+                padded = scores.blocked[:, 0, 0, :hw].view(-1, *feature_hw[0])  # (B, h, w) True at the padding
+                attention = list(zip(scores.weights.mean(1)[..., :hw], padded))  # weights (N, h·w)
             results = post_process(outputs, torch.stack([t["orig_size"] for t in targets]))
             paths = [
-                self._draw(dataset, t, r, weights, cells, trainer.current_epoch)
-                for t, r, weights, cells in zip(targets, results, scores.weights.mean(1)[..., :hw], padded)
-            ]  # weights (N, h·w)
+                self._draw(dataset, t, r, *cells, trainer.current_epoch)
+                for t, r, cells in zip(targets, results, attention)
+            ]
             for logger in trainer.loggers:
                 if hasattr(logger, "log_image"):  # W&B
                     logger.log_image(key="val/detections", images=paths, step=trainer.global_step)
 
     def _draw(
-        self, dataset, target: dict, result: dict[str, Tensor], weights: Tensor, padded: Tensor, epoch: int
+        self,
+        dataset,
+        target: dict,
+        result: dict[str, Tensor],
+        weights: Tensor | None,
+        padded: Tensor | None,
+        epoch: int,
     ) -> str:
-        """One image's PNG: the detections, then one panel per best query with its attention over the image."""
+        """One image's PNG: the detections, then one panel per best query with its attention over the image (none
+        when ``weights`` is None)."""
         from matplotlib.figure import Figure  # no pyplot: no global backend, nothing to close
 
         image_id = int(target["image_id"])
         with Image.open(dataset.image_path(image_id)) as raw:
             image = raw.convert("RGB")
-        top = result["scores"].topk(min(3, len(result["scores"]))).indices
-        h, w = int((~padded[:, 0]).sum()), int((~padded[0, :]).sum())  # the image's cells, padding cut off
+        top = result["scores"].topk(0 if weights is None else min(3, len(result["scores"]))).indices
         fig = Figure(figsize=(3 * (1 + len(top)), 3))
         axes = fig.subplots(1, 1 + len(top), squeeze=False)[0]
         axes[0].imshow(
@@ -105,6 +119,7 @@ class DetectionImages(pl.Callback):
         axes[0].set_title(f"image {image_id}")
         extent = (0, image.width, image.height, 0)
         for ax, q in zip(axes[1:], top.tolist()):
+            h, w = int((~padded[:, 0]).sum()), int((~padded[0, :]).sum())  # the image's cells, padding cut off
             attn = weights[q].view(padded.shape)[:h, :w].cpu()
             ax.imshow(image)
             ax.imshow(attn, cmap="viridis", alpha=0.6, extent=extent, interpolation="bilinear")

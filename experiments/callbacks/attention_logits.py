@@ -7,7 +7,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 
-from experiments.callbacks.base import close_scores, open_scores
+from experiments.callbacks.base import close_scores, needs_weights, open_scores
 
 
 class MaxAttentionLogit(Callback):
@@ -19,6 +19,9 @@ class MaxAttentionLogit(Callback):
 
     def __init__(self):
         self._maps: dict | None = None  # the step's capture, held from batch start to batch end
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        needs_weights(pl_module, self)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
         every = trainer.log_every_n_steps

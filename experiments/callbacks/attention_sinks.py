@@ -10,7 +10,7 @@ import torch
 from pytorch_lightning.callbacks import Callback
 
 from experiments import sinks
-from experiments.callbacks.base import close_scores, open_scores
+from experiments.callbacks.base import close_scores, needs_weights, open_scores
 from experiments.stats import layer_calls
 
 # `experiments.sinks.model_summary`'s keys -> the logged keys
@@ -37,6 +37,9 @@ class AttentionSinks(Callback):
         self._maps: dict | None = None
         self._hooks, self._outputs = contextlib.ExitStack(), {}
         self._registers: dict[str, slice] = {}
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        needs_weights(pl_module, self)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         net = getattr(pl_module, "model", pl_module)  # the nn.Module that names its registers

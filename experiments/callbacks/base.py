@@ -1,5 +1,5 @@
-"""What the callbacks share: a batch's size, which of two callbacks of one class acts, and the attention scores
-of a training step."""
+"""What the callbacks share: a batch's size, which of two callbacks of one class acts, the attention scores of a
+training step, and the refusal of a callback that reads attention weights on a model that gives none."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 
-from models.attention import AttentionScores, capture_attention
+from models.attention import AttentionScores, capture_attention, kernel_without_weights
 
 
 def batch_size(batch: Any) -> int:
@@ -27,6 +27,13 @@ def shadowed(trainer: pl.Trainer, callback: Callback) -> bool:
     """True when an earlier callback of the same class exists: a default-on callback yields to one a config lists."""
     earlier = itertools.takewhile(lambda other: other is not callback, trainer.callbacks)
     return any(type(other) is type(callback) for other in earlier)
+
+
+def needs_weights(pl_module: pl.LightningModule, callback: Callback) -> None:
+    """At setup: one line refusing ``callback``, which reads attention weights, on a model whose kernel of one's own
+    (``attention.kernel``) returns none."""
+    if why := kernel_without_weights(pl_module):
+        raise ValueError(f"trainer.callbacks: {type(callback).__name__} reads attention weights; {why}")
 
 
 # pl_module -> [the open capture, its maps, how many callbacks hold it]

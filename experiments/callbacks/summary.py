@@ -23,7 +23,7 @@ from experiments.callbacks.base import batch_size, shadowed
 from experiments.callbacks.monitors import GradientNorm, Throughput
 from experiments.provenance import record_sources
 from experiments.runfolder import HEARTBEAT_S, now_utc, read_json, write_json
-from models.attention import capture_attention
+from models.attention import capture_attention, kernel_without_weights
 from models.distributed import full_weights
 
 
@@ -37,7 +37,8 @@ class RunSummary(Callback):
     ``attention/sink_mass``, ``attention/out_max`` ...), and ``attention.png`` (each layer's head-mean attention on
     the first sample, logged to W&B as ``val/attention``) are measured on the fixed
     batch: the inputs of the model's first call in the fit (the sanity check's first validation batch, or the
-    first training batch without one). Every process runs these forward passes (FSDP); only rank 0 writes.
+    first training batch without one). Every process runs these forward passes (FSDP); only rank 0 writes. A model
+    whose kernel of one's own returns no weights gets neither (one warning; ``attention.left_out`` says why).
     """
 
     def __init__(self, filename: str = "summary.json", attention_figure: bool = True):
@@ -52,6 +53,9 @@ class RunSummary(Callback):
         self.path = Path(log_dir) / self.filename
         self._model = getattr(pl_module, "model", None)
         self._inputs = summary_stats.FirstCall(self._model) if isinstance(self._model, torch.nn.Module) else None
+        self._no_weights = kernel_without_weights(pl_module)  # then no statistics, no attention.png
+        if self._no_weights:
+            rank_zero_warn(f"attention statistics and attention.png left out: {self._no_weights}")
         self._start, self._init_stats = time.perf_counter(), None
         self._summary = {"status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self._summary.update(pid=os.getpid(), host=socket.gethostname(), heartbeat=now_utc())
@@ -95,7 +99,7 @@ class RunSummary(Callback):
 
     def _measure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any] | None:
         """The attention statistics on the fixed batch; a forward pass on every process (FSDP)."""
-        if self._inputs is None or self._inputs.args is None:
+        if self._inputs is None or self._inputs.args is None or self._no_weights:
             return None
         try:
             with full_weights(trainer.model):
@@ -179,6 +183,8 @@ class RunSummary(Callback):
         # a resumed run keeps its first start's
         init = self._init_stats or (previous.get("attention") or {}).get("init")
         self._summary["attention"] = {"init": init, "final": final}
+        if self._no_weights:
+            self._summary["attention"]["left_out"] = self._no_weights
         write_json(self.path, self._summary)
         if final is not None:  # the model's sinks and outliers, as scalars every logger takes (W&B, metrics.csv)
             values = {f"attention/{k}": v for k, v in final["summary"].items() if v is not None}
