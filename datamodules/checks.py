@@ -75,24 +75,6 @@ def check_train_batches(num_samples: int, batch_size: int, drop_last: bool, what
         )
 
 
-def read_parallel(src_path: Path, tgt_path: Path, key: str) -> tuple[list[str], list[str]]:
-    """Aligned source/target sentences; both files must have the same number of non-empty lines."""
-    src, tgt = read_lines(src_path, key), read_lines(tgt_path, key)
-    if len(src) != len(tgt):
-        raise ValueError(
-            f"{key}: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; line i of one must translate line i of the other"
-        )
-    if not src:
-        raise ValueError(f"{key}: {src_path} and {tgt_path} hold no sentences")
-    for path, lines in ((src_path, src), (tgt_path, tgt)):
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                raise ValueError(
-                    f"{path} line {number} is empty; remove the pair from both {src_path.name} and {tgt_path.name}"
-                )
-    return src, tgt
-
-
 def read_inputs(path: str, key: str, blank_lines: bool) -> list[str]:
     """What `attnlab predict` works on, one input per line ("-": standard input). ``blank_lines``:
     whether an empty line is an input (a translation keeps it, so output line i answers input line i)."""

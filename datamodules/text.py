@@ -1,14 +1,14 @@
-"""Text DataModules: parallel sentences for translation and a plain corpus for language modelling.
+"""Text DataModules: parallel sentences for translation and a corpus for language modelling.
 
-Words become indices through a tokenizer (`datamodules.text_tokenizers`), trained on the training
-split only: ``word`` (one index per word or punctuation mark, as in the seeds), ``bpe`` (subwords,
-Sennrich et al. 2016) or ``char`` (one index per character, for the LM). Batches are made by
-`datamodules.text_batching`.
+Both read their text once into a token store (`datamodules.token_store`: flat files of ids under
+``cache_dir``/tokens, keyed by the source's fingerprint and the tokenizer) and train from it: no process holds
+the text or a Python object per token, and every rank of a run reads the same files (`datamodules.text_base`).
+Sources (`datamodules.text_sources`): text files, folders and globs, JSON-lines and Parquet records, Hugging Face
+datasets (``hf:NAME[:CONFIG]``), the Multi30k layout; the embedded toy English-German corpus by default.
 
-`ParallelTextDataModule` reads aligned files ``{split}.{lang}`` (the Multi30k layout); without a
-``data_dir`` it uses the embedded toy English-German corpus (`datamodules.toy_text`), generated
-into ``cache_dir`` on first use. `TextCorpusDataModule` cuts one text file into contiguous blocks
-and splits it by position (train first, validation last).
+Words become indices through a tokenizer (`datamodules.text_tokenizers`), trained by streaming over the training
+text: ``word`` (one index per word or punctuation mark, as in the seeds), ``bpe`` (subwords, Sennrich et al. 2016)
+or ``char`` (one index per character, for the LM). Batches are made by `datamodules.text_batching`.
 
 The tokenizers are written beside the checkpoints (``trainer.default_root_dir``) when fitting and
 stored inside every checkpoint; loading a checkpoint whose tokenizer differs from the data's is an
@@ -27,143 +27,74 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import Literal
 
-import pytorch_lightning as pl
-import torch
-from pytorch_lightning.utilities import rank_zero_info
+import numpy as np
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from datamodules.checks import check_train_batches, read_inputs, read_lines, read_parallel
-from datamodules.loading import loader_settings
+from datamodules.checks import check_train_batches, read_inputs
+from datamodules.text_base import TokenizedDataModule
 from datamodules.text_batching import (
     BlockDataset,
     LengthBucketSampler,
-    ParallelDataset,
+    PairDataset,
     PromptDataset,
+    Sentences,
     collate_pairs,
     collate_prompts,
 )
+from datamodules.text_prepare import (
+    BATCH,
+    corpus_pieces,
+    tokenizer_digest,
+    train_corpus_tokenizer,
+    train_pair_tokenizers,
+    write_parts,
+)
+from datamodules.text_sources import corpus_source, pair_source
 from datamodules.text_tokenizers import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
     SPECIAL_TOKENS,
     PretrainedTokenizerSide,
-    build_tokenizer,
-    encode,
     load_pretrained_seq2seq_tokenizer,
     load_pretrained_tokenizer,
     load_tokenizer,
 )
+from datamodules.token_store import check_free_space, open_array, token_dtype
 from datamodules.toy_text import write_toy_corpus
 
-
-class _TokenizedDataModule(pl.LightningDataModule):
-    """What both DataModules share: the checks of their common arguments, the stages of ``setup``, tokenizer
-    bookkeeping (saving beside the run, checkpoint round trip) and the loaders.
-
-    Subclasses implement `_tokenizers`, `_predict_set` (the inputs of `attnlab predict`) and
-    `_setup_splits` (the datasets another stage needs).
-    """
-
-    pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
-
-    task: str  # for messages: "translation", "language modelling"
-    tokenizer_kinds: tuple[str, ...]  # the values of data.tokenizer
-    pretrained_hint: str = ""  # what the folder of data.tokenizer=pretrained holds, for messages
-
-    def __init__(self):
-        """Saves the subclass's arguments as ``hparams`` and refuses bad values of those both take."""
-        super().__init__()
-        self.save_hyperparameters()  # Lightning collects the arguments of the subclass's __init__ too
-        hp = self.hparams
-        # refuses a bad num_workers now, not at the first batch
-        loader_settings(hp.num_workers, hp.pin_memory, hp.persistent_workers)
-        if hp.tokenizer not in self.tokenizer_kinds:
-            raise ValueError(
-                f"data.tokenizer={hp.tokenizer!r} is not known for {self.task}; choose {', '.join(self.tokenizer_kinds[:-1])} or {self.tokenizer_kinds[-1]}"
-            )
-        if hp.tokenizer == "pretrained" and hp.tokenizer_dir is None:
-            raise ValueError(
-                f"data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name){self.pretrained_hint}"
-            )
-        if hp.batch_size < 1:
-            raise ValueError(f"data.batch_size={hp.batch_size} must be >= 1")
-        if hp.predict_file not in (None, "-") and not Path(hp.predict_file).is_file():
-            raise FileNotFoundError(f"data.predict_file: file {hp.predict_file} does not exist")
-
-    def setup(self, stage: str | None = None) -> None:
-        if stage == "fit":
-            self._save_tokenizers()
-        if stage == "predict":
-            self.predict_set = self._predict_set()
-        else:
-            self._setup_splits(stage)
-
-    def _predict_set(self) -> Dataset:
-        raise NotImplementedError
-
-    def _setup_splits(self, stage: str | None) -> None:
-        raise NotImplementedError
-
-    def _tokenizers(self) -> dict[str, Tokenizer]:
-        """File stem -> tokenizer, e.g. {"tokenizer": ...} or {"tokenizer.en": ..., "tokenizer.de": ...}."""
-        raise NotImplementedError
-
-    def _save_tokenizers(self) -> None:
-        if self.trainer is None or self.trainer.global_rank != 0:
-            return
-        root = Path(self.trainer.default_root_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        for stem, tokenizer in self._tokenizers().items():
-            tokenizer.save(str(root / f"{stem}.json"))
-
-    def state_dict(self) -> dict:
-        return {"tokenizers": {stem: t.to_str() for stem, t in self._tokenizers().items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        saved = state.get("tokenizers", {})
-        for stem, tokenizer in self._tokenizers().items():
-            if stem in saved and saved[stem] != tokenizer.to_str():
-                theirs = Tokenizer.from_str(saved[stem]).get_vocab_size()
-                raise ValueError(
-                    f"the checkpoint's {stem} ({theirs} tokens) is not the one this data built ({tokenizer.get_vocab_size()} tokens): "
-                    "use the same tokenizer settings and training data as the run that made the checkpoint, or set "
-                    f"data.tokenizer_dir to that run's folder (it holds {stem}.json)"
-                )
-
-    def _loader(self, dataset: Dataset, collate, sampler=None, shuffle: bool = False) -> DataLoader:
-        hp = self.hparams
-        return DataLoader(
-            dataset,
-            batch_size=hp.batch_size,
-            sampler=sampler,
-            shuffle=shuffle,
-            collate_fn=collate,
-            **loader_settings(hp.num_workers, hp.pin_memory, hp.persistent_workers),
-        )
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "ParallelTextDataModule", "TextCorpusDataModule"]
 
 
-class ParallelTextDataModule(_TokenizedDataModule):
-    """Aligned sentence pairs ``{split}.{src_lang}`` / ``{split}.{tgt_lang}`` for translation.
+class ParallelTextDataModule(TokenizedDataModule):
+    """Aligned sentence pairs for translation, the direction src -> tgt.
 
     Args:
-        data_dir: folder with the split files (e.g. ../shared/data/multi30k); None: the embedded toy
-            English-German corpus, written to ``cache_dir``/toy_en_de on first use.
-        src_lang, tgt_lang: file suffixes; the direction of translation is src -> tgt.
-        train_split, val_split, test_split: file prefixes; None leaves that split out (without a
-            training split, e.g. to translate with a trained model, ``tokenizer_dir`` is needed).
+        data_dir: where the splits are: a folder with ``{split}.{src_lang}`` and ``{split}.{tgt_lang}`` (the Multi30k
+            layout, e.g. ../shared/data/multi30k), or with ``{split}.jsonl`` / ``{split}.parquet`` records whose
+            ``src_field`` and ``tgt_field`` hold the sentences; or ``hf:NAME[:CONFIG]``, a Hugging Face dataset
+            (a hub name when online, or a local folder of data files) whose splits the split names name. None: the
+            embedded toy English-German corpus, written to ``cache_dir``/toy_en_de on first use.
+        cache_dir: where the token store (and the toy corpus) is written: ``cache_dir``/tokens/NAME-HASH.
+        src_lang, tgt_lang: the languages (file suffixes of the Multi30k layout).
+        src_field, tgt_field: a record's fields with the sentences, dotted for nested ones; None:
+            ``translation.{lang}``, the layout of Hugging Face's translation datasets (wmt14, opus).
+        train_split, val_split, test_split: the splits' names (file prefixes); None leaves that split out (without
+            a training split, e.g. to translate with a trained model, ``tokenizer_dir`` is needed).
         tokenizer: "word" or "bpe" (trained here; vocab_size, min_frequency: see `build_tokenizer`), or
             "pretrained": the tokenizer of the pretrained model in ``tokenizer_dir`` (a Marian folder or hub
             name), with its own special ids (Marian: PAD starts the target), linked to the model as usual.
         shared_vocab: one tokenizer for both languages (needed for shared embeddings).
         tokenizer_dir: load the tokenizer files saved by an earlier fit (its default_root_dir) instead of training;
             with ``tokenizer: pretrained``, the pretrained model's folder.
+        token_dtype: the store's id type, "uint16" or "uint32"; None: the smallest that holds the tokenizer's ids.
         max_len: longest sequence in tokens, BOS/EOS included; longer sentences are truncated.
         batch_size: sentences per batch. bucket: batch sentences of similar length together.
         predict_file: sentences to translate with `attnlab predict`, one per line ("-": standard input).
     Linked to the model: ``src_vocab_size``, ``tgt_vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``.
-    Batches: see `collate_pairs`.
+    Batches: see `collate_pairs`. The evaluation splits keep their text in memory (BLEU's references).
     """
 
     task, tokenizer_kinds = "translation", ("word", "bpe", "pretrained")
@@ -174,6 +105,8 @@ class ParallelTextDataModule(_TokenizedDataModule):
         cache_dir: str = "runs/data",
         src_lang: str = "en",
         tgt_lang: str = "de",
+        src_field: str | None = None,
+        tgt_field: str | None = None,
         train_split: str | None = "train",
         val_split: str | None = "val",
         test_split: str | None = "test",
@@ -182,6 +115,7 @@ class ParallelTextDataModule(_TokenizedDataModule):
         min_frequency: int = 2,
         shared_vocab: bool = True,
         tokenizer_dir: str | None = None,
+        token_dtype: Literal["uint16", "uint32"] | None = None,
         max_len: int = 128,
         batch_size: int = 64,
         bucket: bool = True,
@@ -200,51 +134,41 @@ class ParallelTextDataModule(_TokenizedDataModule):
             raise ValueError(
                 "data.train_split=null needs data.tokenizer_dir: the tokenizer is trained on the training split"
             )
-        if data_dir is not None and not Path(data_dir).is_dir():
+        if data_dir is not None and not data_dir.startswith("hf:") and not Path(data_dir).is_dir():
             raise FileNotFoundError(f"data.data_dir: folder {data_dir} does not exist")
-        self.data_dir = Path(data_dir) if data_dir is not None else write_toy_corpus(Path(cache_dir) / "toy_en_de")
+        self.data_dir = data_dir or str(write_toy_corpus(Path(cache_dir) / "toy_en_de"))
         self.max_len = max_len
         self.splits = {
             s: name for s, name in (("train", train_split), ("val", val_split), ("test", test_split)) if name
         }
-        for split, name in self.splits.items():
-            for lang in (src_lang, tgt_lang):
-                path = self.data_dir / f"{name}.{lang}"
-                if not path.is_file():
-                    raise FileNotFoundError(
-                        f"data.{split}_split: file {path} does not exist (expected {name}.{src_lang} and {name}.{tgt_lang} in {self.data_dir})"
-                    )
-
-    @cached_property
-    def corpus(self) -> dict[str, tuple[list[str], list[str]]]:
-        """split -> (source sentences, target sentences), read and checked once."""
-        hp = self.hparams
-        return {
-            split: read_parallel(
-                self.data_dir / f"{name}.{hp.src_lang}", self.data_dir / f"{name}.{hp.tgt_lang}", f"data.{split}_split"
-            )
+        fields = (src_field or f"translation.{src_lang}", tgt_field or f"translation.{tgt_lang}")
+        self.sources = {
+            split: pair_source(self.data_dir, split, name, (src_lang, tgt_lang), fields)
             for split, name in self.splits.items()
         }
 
     @cached_property
-    def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
-        """(source tokenizer, target tokenizer): the same object when ``shared_vocab``."""
+    def _given_tokenizers(self) -> tuple | None:
+        """The tokenizers not trained here (loaded or pretrained), or None."""
         hp = self.hparams
         if hp.tokenizer == "pretrained":
             return self._pretrained[:2]
-        stems = self._stems()
-        if hp.tokenizer_dir is not None:
-            loaded = [load_tokenizer(Path(hp.tokenizer_dir) / f"{s}.json", "data.tokenizer_dir") for s in stems]
-            return (loaded[0], loaded[0]) if hp.shared_vocab else (loaded[0], loaded[1])
-        self.corpus  # noqa: B018  # read and check every split before spending time on training
-        src, tgt = self.corpus["train"]
-        if hp.shared_vocab:
-            shared = build_tokenizer(hp.tokenizer, src + tgt, hp.vocab_size, hp.min_frequency)
-            return shared, shared
-        return (
-            build_tokenizer(hp.tokenizer, src, hp.vocab_size, hp.min_frequency),
-            build_tokenizer(hp.tokenizer, tgt, hp.vocab_size, hp.min_frequency),
+        if hp.tokenizer_dir is None:
+            return None
+        return self._pair(
+            [load_tokenizer(Path(hp.tokenizer_dir) / f"{s}.json", "data.tokenizer_dir") for s in self._stems()]
         )
+
+    @cached_property
+    def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
+        """(source tokenizer, target tokenizer): the same object when ``shared_vocab``."""
+        if self._given_tokenizers is not None:
+            return self._given_tokenizers
+        folder = self.store[0]
+        return self._pair([load_tokenizer(folder / f"{s}.json", "data.cache_dir") for s in self._stems()])
+
+    def _pair(self, tokenizers: list[Tokenizer]) -> tuple[Tokenizer, Tokenizer]:
+        return (tokenizers[0], tokenizers[0]) if self.hparams.shared_vocab else (tokenizers[0], tokenizers[1])
 
     @cached_property
     def _pretrained(self) -> tuple[PretrainedTokenizerSide, PretrainedTokenizerSide, tuple[int, int, int]]:
@@ -283,27 +207,80 @@ class ParallelTextDataModule(_TokenizedDataModule):
         """Detokenized target-language text; special tokens (PAD, BOS, EOS) are dropped."""
         return self.tokenizers[1].decode_batch(ids, skip_special_tokens=True)
 
-    def _dataset(self, split: str) -> ParallelDataset:
-        src, tgt = self.corpus[split]
-        src_tok, tgt_tok = self.tokenizers
-        what = f"{split} sentences ({self.hparams.src_lang}, {self.hparams.tgt_lang})"
-        ids = {"bos_id": self.bos_id, "eos_id": self.eos_id}
-        return ParallelDataset(
-            encode(src_tok, src, self.max_len, False, what, **ids),
-            src,
-            encode(tgt_tok, tgt, self.max_len, True, what, **ids),
-            tgt,
-        )
+    def _store_label(self) -> str:
+        hp = self.hparams
+        return f"{Path(self.data_dir.removeprefix('hf:')).name}-{hp.src_lang}-{hp.tgt_lang}-{hp.tokenizer}"
 
-    def _predict_set(self) -> ParallelDataset:
+    def _store_key(self) -> dict:
+        hp = self.hparams
+        given = self._given_tokenizers
+        tokenizer = (
+            [tokenizer_digest(t) for t in given]
+            if given is not None
+            else {k: hp[k] for k in ("tokenizer", "vocab_size", "min_frequency", "shared_vocab")}
+        )
+        splits = {split: source.fingerprint() for split, source in self.sources.items()}
+        return {"pairs": splits, "tokenizer": tokenizer, "token_dtype": hp.token_dtype}
+
+    def _build(self, folder: Path) -> dict:
+        hp, given = self.hparams, self._given_tokenizers
+        text = sum(source.text_bytes() or 0 for source in self.sources.values())
+        itemsize = token_dtype(
+            max(t.get_vocab_size() for t in given) if given else hp.vocab_size, hp.token_dtype
+        ).itemsize
+        # at most one id per byte of text, and an offset per sentence (a sentence per 16 bytes, about)
+        check_free_space(folder, text * itemsize + text // 2, str(self.data_dir))
+        tokenizers = given or train_pair_tokenizers(
+            self.sources["train"], hp.tokenizer, hp.vocab_size, hp.min_frequency, hp.shared_vocab
+        )
+        if given is None:
+            for stem, tokenizer in zip(self._stems(), tokenizers):
+                tokenizer.save(str(folder / f"{stem}.json"))
+        dtype = token_dtype(max(t.get_vocab_size() for t in tokenizers), hp.token_dtype)
+        arrays = {}
+        for split, source in self.sources.items():
+            names = [f"{split}.src", f"{split}.tgt"]
+            batches = source.batches(BATCH)
+            arrays |= write_parts(folder, names, dtype, list(tokenizers), batches, True, source.text_bytes(), split)
+        return {"dtype": dtype.name, "arrays": arrays}
+
+    def _texts(self, split: str) -> tuple[list[str], list[str]]:
+        src, tgt = [], []
+        for s, t in self.sources[split].batches(BATCH):
+            src += s
+            tgt += t
+        return src, tgt
+
+    def _dataset(self, split: str) -> PairDataset:
+        folder, meta = self.store
+        src, tgt = (
+            Sentences(
+                open_array(folder, meta, f"{split}.{side}.ids"), open_array(folder, meta, f"{split}.{side}.offsets")
+            )
+            for side in ("src", "tgt")
+        )
+        texts = self._texts(split) if split != "train" else (None, None)  # a training split's text stays on disk
+        dataset = PairDataset(src, tgt, self.max_len, self.bos_id, self.eos_id, *texts)
+        self._warn_truncated(dataset, f"{split} sentences ({self.hparams.src_lang}, {self.hparams.tgt_lang})")
+        return dataset
+
+    def _warn_truncated(self, dataset: PairDataset, what: str) -> None:
+        for count in dataset.truncated():
+            if count:
+                rank_zero_warn(
+                    f"{count} of {len(dataset)} {what} longer than data.max_len={self.max_len} tokens were truncated"
+                )
+
+    def _predict_set(self) -> PairDataset:
         if self.hparams.predict_file is None:
             raise ValueError(
                 "attnlab predict needs data.predict_file: a file with one sentence per line, or - for standard input"
             )
         lines = read_inputs(self.hparams.predict_file, "data.predict_file", blank_lines=True)
-        return ParallelDataset(
-            encode(self.tokenizers[0], lines, self.max_len, False, "input sentences", eos_id=self.eos_id), lines
-        )
+        ids = [e.ids for e in self.tokenizers[0].encode_batch(lines, add_special_tokens=False)]
+        dataset = PairDataset(Sentences.of(ids), None, self.max_len, self.bos_id, self.eos_id, lines)
+        self._warn_truncated(dataset, "input sentences")
+        return dataset
 
     def _setup_splits(self, stage: str | None) -> None:
         needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, tuple(self.splits))
@@ -313,23 +290,20 @@ class ParallelTextDataModule(_TokenizedDataModule):
             if not hasattr(self, f"{split}_set"):
                 setattr(self, f"{split}_set", self._dataset(split))
 
-    def _eval_loader(self, dataset: ParallelDataset) -> DataLoader:
+    def _eval_loader(self, dataset: PairDataset) -> DataLoader:
         # sorted by length: less padding, and decoding stops as soon as a batch of similar sentences ends
-        order = sorted(range(len(dataset)), key=lambda i: len(dataset.src_ids[i])) if self.hparams.bucket else None
+        order = np.argsort(dataset.src_lengths(), kind="stable").tolist() if self.hparams.bucket else None
         return self._loader(dataset, partial(collate_pairs, pad_id=self.pad_id), sampler=order)
 
     def train_dataloader(self) -> DataLoader:
-        check_train_batches(
-            len(self.train_set), self.hparams.batch_size, False, f"{self.data_dir}/{self.splits['train']}.*"
-        )
-        if self.hparams.bucket:
-            lengths = [max(len(s), len(t)) for s, t in zip(self.train_set.src_ids, self.train_set.tgt_ids)]
+        hp = self.hparams
+        check_train_batches(len(self.train_set), hp.batch_size, False, f"{self.data_dir}/{self.splits['train']}.*")
+        collate = partial(collate_pairs, pad_id=self.pad_id)
+        if hp.bucket:
             return self._loader(
-                self.train_set,
-                partial(collate_pairs, pad_id=self.pad_id),
-                sampler=LengthBucketSampler(lengths, self.hparams.batch_size),
+                self.train_set, collate, sampler=LengthBucketSampler(self.train_set.lengths(), hp.batch_size)
             )
-        return self._loader(self.train_set, partial(collate_pairs, pad_id=self.pad_id), shuffle=True)
+        return self._loader(self.train_set, collate, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.val_set)
@@ -341,18 +315,26 @@ class ParallelTextDataModule(_TokenizedDataModule):
         return self._loader(self.predict_set, partial(collate_pairs, pad_id=self.pad_id))  # input order is output order
 
 
-class TextCorpusDataModule(_TokenizedDataModule):
-    """One text file for language modelling, cut into contiguous blocks, split by position.
+class TextCorpusDataModule(TokenizedDataModule):
+    """A corpus for language modelling, cut into contiguous blocks, split by position (training first, validation
+    last).
 
     Args:
-        path: the text file (e.g. ../shared/data/tinyshakespeare/input.txt); None: the English side of
-            the embedded toy corpus (``cache_dir``/toy_en_de/train.en).
+        path: the corpus: a text file (e.g. ../shared/data/tinyshakespeare/input.txt); a folder (every .txt, .jsonl
+            or .parquet file below it, sorted, all of one kind) or a glob ("data/*.txt"); .jsonl or .parquet files,
+            whose records hold the text in ``text_field``; or ``hf:NAME[:CONFIG]``, the train split of a Hugging
+            Face dataset (a hub name when online, or a local folder of data files). Each line (or record) is
+            followed by a line end. None: the English side of the embedded toy corpus (``cache_dir``/toy_en_de/train.en).
+        text_field: the field of a record that holds its text, dotted for a nested one.
+        cache_dir: where the token store (and the toy corpus) is written: ``cache_dir``/tokens/NAME-HASH.
         tokenizer: "char" (one token per character) or "bpe" (trained here; bpe_vocab_size, min_frequency:
             BPE only), or "pretrained": the ``tokenizer.json`` of the pretrained model in ``tokenizer_dir``
-            (e.g. GPT-2's byte-level BPE), used as it is.
+            (e.g. GPT-2's byte-level BPE), used as it is. A tokenizer trained here learns from the text before the
+            validation part.
         tokenizer_dir: load ``tokenizer.json`` saved by an earlier fit instead of training; with
             ``tokenizer: pretrained``, the pretrained model's folder (or hub name).
-        block_size: tokens of context per sample. val_fraction: the last part of the text, held out.
+        token_dtype: the store's id type, "uint16" or "uint32"; None: the smallest that holds the tokenizer's ids.
+        block_size: tokens of context per sample. val_fraction: the last part of the tokens, held out.
         val_block_size: tokens per validation (and test) window; None: ``block_size``. Longer windows let
             ``model.eval_context`` score the model beyond its training context (`models.text_module`).
         prompt, predict_file: what `attnlab predict` completes (one prompt, or a file with one per line).
@@ -368,10 +350,12 @@ class TextCorpusDataModule(_TokenizedDataModule):
         self,
         path: str | None = None,
         cache_dir: str = "runs/data",
+        text_field: str = "text",
         tokenizer: Literal["char", "bpe", "pretrained"] = "char",
         bpe_vocab_size: int = 1000,
         min_frequency: int = 2,
         tokenizer_dir: str | None = None,
+        token_dtype: Literal["uint16", "uint32"] | None = None,
         block_size: int = 256,
         val_block_size: int | None = None,
         val_fraction: float = 0.1,
@@ -391,26 +375,24 @@ class TextCorpusDataModule(_TokenizedDataModule):
             raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 1)")
         if prompt is not None and not prompt:
             raise ValueError("data.prompt is empty; give at least one character to continue, or leave it unset")
-        if path is not None and not Path(path).is_file():
-            raise FileNotFoundError(f"data.path: file {path} does not exist")
-        self.path = Path(path) if path is not None else write_toy_corpus(Path(cache_dir) / "toy_en_de") / "train.en"
+        self.path = path or str(write_toy_corpus(Path(cache_dir) / "toy_en_de") / "train.en")
+        self.source = corpus_source(self.path, text_field)
 
     @cached_property
-    def text(self) -> str:
-        lines = read_lines(self.path, "data.path")
-        if not any(line.strip() for line in lines):
-            raise ValueError(f"data.path: {self.path} holds no text")
-        return "\n".join(lines) + "\n"
-
-    @cached_property
-    def tokenizer(self) -> Tokenizer:
+    def _given_tokenizer(self) -> Tokenizer | None:
+        """The tokenizer not trained here (pretrained, or saved by an earlier fit), or None."""
         hp = self.hparams
         if hp.tokenizer == "pretrained":
             return load_pretrained_tokenizer(hp.tokenizer_dir, "data.tokenizer_dir")
         if hp.tokenizer_dir is not None:
             return load_tokenizer(Path(hp.tokenizer_dir) / "tokenizer.json", "data.tokenizer_dir")
-        train_text = self.text[: int(len(self.text) * (1 - hp.val_fraction))]
-        return build_tokenizer(hp.tokenizer, train_text.splitlines(keepends=True), hp.bpe_vocab_size, hp.min_frequency)
+        return None
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        if self._given_tokenizer is not None:
+            return self._given_tokenizer
+        return load_tokenizer(self.store[0] / "tokenizer.json", "data.cache_dir")
 
     def _tokenizers(self) -> dict[str, Tokenizer]:
         return {"tokenizer": self.tokenizer}
@@ -421,6 +403,33 @@ class TextCorpusDataModule(_TokenizedDataModule):
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.tokenizer.decode_batch(ids, skip_special_tokens=True)
+
+    def _store_label(self) -> str:
+        return f"{Path(self.path.removeprefix('hf:')).stem}-{self.hparams.tokenizer}"
+
+    def _store_key(self) -> dict:
+        hp = self.hparams
+        if self._given_tokenizer is not None:
+            tokenizer = {"sha256": tokenizer_digest(self._given_tokenizer)}
+        else:  # trained on the text before the validation part
+            settings = ("bpe_vocab_size", "min_frequency") if hp.tokenizer == "bpe" else ()
+            tokenizer = {k: hp[k] for k in ("tokenizer", "val_fraction", *settings)}
+        return {"corpus": self.source.fingerprint(), "tokenizer": tokenizer, "token_dtype": hp.token_dtype}
+
+    def _build(self, folder: Path) -> dict:
+        hp, given, source = self.hparams, self._given_tokenizer, self.source
+        expected = given.get_vocab_size() if given else hp.bpe_vocab_size if hp.tokenizer == "bpe" else 0
+        if source.text_bytes() is not None:  # at most one id per byte of text
+            check_free_space(folder, source.text_bytes() * token_dtype(expected, hp.token_dtype).itemsize, self.path)
+        tokenizer = given or train_corpus_tokenizer(
+            source, hp.tokenizer, hp.bpe_vocab_size, hp.min_frequency, hp.val_fraction
+        )
+        if given is None:
+            tokenizer.save(str(folder / "tokenizer.json"))
+        dtype = token_dtype(tokenizer.get_vocab_size(), hp.token_dtype)
+        pieces = ((batch,) for batch in corpus_pieces(source))
+        arrays = write_parts(folder, ["corpus"], dtype, [tokenizer], pieces, False, source.text_bytes(), "tokenizing")
+        return {"dtype": dtype.name, "arrays": arrays}
 
     def _predict_set(self) -> PromptDataset:
         hp = self.hparams
@@ -439,19 +448,24 @@ class TextCorpusDataModule(_TokenizedDataModule):
         hp = self.hparams
         if hasattr(self, "val_set"):
             return
-        ids = torch.tensor(self.tokenizer.encode(self.text, add_special_tokens=False).ids, dtype=torch.long)  # (N,)
+        ids = open_array(*self.store, "corpus.ids")  # (N,) on disk
         n_train = int(len(ids) * (1 - hp.val_fraction))
         val_block = hp.val_block_size or hp.block_size
         for name, part, key, size in (
-            ("training", ids[:n_train], "block_size", hp.block_size),
-            ("validation", ids[n_train:], "val_block_size" if hp.val_block_size else "block_size", val_block),
+            ("training", ids.part(0, n_train), "block_size", hp.block_size),
+            (
+                "validation",
+                ids.part(n_train, len(ids)),
+                "val_block_size" if hp.val_block_size else "block_size",
+                val_block,
+            ),
         ):
             if len(part) < size + 1:
                 raise ValueError(
                     f"data.path: the {name} part of {self.path} has {len(part)} tokens, fewer than data.{key} + 1 = {size + 1}"
                 )
-        self.train_set = BlockDataset(ids[:n_train], hp.block_size, random_offset=True)
-        self.val_set = BlockDataset(ids[n_train:], val_block, random_offset=False)
+        self.train_set = BlockDataset(ids.part(0, n_train), hp.block_size, random_offset=True)
+        self.val_set = BlockDataset(ids.part(n_train, len(ids)), val_block, random_offset=False)
         rank_zero_info(
             f"{self.path}: {len(ids)} tokens, vocabulary {self.vocab_size}, {len(self.train_set)} training blocks of {hp.block_size}"
         )

@@ -5,18 +5,18 @@
 
 Trained tokenizers put the special tokens first, so their ids are fixed: PAD=0, BOS=1, EOS=2, UNK=3.
 Word and BPE tokenizers mark spaces with ``▁`` (SentencePiece style), so decoding gives back the
-original text (detokenized). `encode` turns lines into ids with EOS (and BOS), truncated to a length.
+original text (detokenized).
 """
 
 from __future__ import annotations
 
 import json
 from collections import namedtuple
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
 import huggingface_hub.constants
-from pytorch_lightning.utilities import rank_zero_warn
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -24,9 +24,12 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 TokenizerKind = Literal["word", "bpe", "char"]
 
 
-def build_tokenizer(kind: TokenizerKind, texts: list[str], vocab_size: int = 8000, min_frequency: int = 2) -> Tokenizer:
-    """Train a tokenizer on ``texts``. ``vocab_size`` caps word/BPE vocabularies (specials included);
-    words seen fewer than ``min_frequency`` times become UNK (word) or stay split (BPE)."""
+def build_tokenizer(
+    kind: TokenizerKind, texts: Iterable[str] | Iterable[list[str]], vocab_size: int = 8000, min_frequency: int = 2
+) -> Tokenizer:
+    """Train a tokenizer on ``texts`` (strings, or batches of them: a generator streams a corpus of any size).
+    ``vocab_size`` caps word/BPE vocabularies (specials included); words seen fewer than ``min_frequency``
+    times become UNK (word) or stay split (BPE)."""
     if kind == "char":
         tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
         tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), "isolated")  # every character, newlines too
@@ -114,6 +117,11 @@ class PretrainedTokenizerSide:
     def get_vocab_size(self) -> int:
         return len(self.tokenizer)
 
+    def describe(self) -> str:
+        """What decides the ids this side gives: the tokenizer's type, side and vocabulary."""
+        vocab = sorted(self.tokenizer.get_vocab().items())
+        return json.dumps([type(self.tokenizer).__name__, self.target, self.tokenizer.name_or_path, vocab])
+
 
 def load_pretrained_seq2seq_tokenizer(
     name: str, key: str
@@ -146,23 +154,3 @@ def load_pretrained_seq2seq_tokenizer(
             f"{key}={name}: the tokenizer or config.json lacks a PAD, EOS or decoder start token (got {ids})"
         )
     return PretrainedTokenizerSide(tokenizer, False), PretrainedTokenizerSide(tokenizer, True), ids
-
-
-def encode(
-    tokenizer: Tokenizer,
-    lines: list[str],
-    max_len: int,
-    bos: bool,
-    what: str,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
-) -> list[list[int]]:
-    """Token ids + EOS (and BOS first when ``bos``), truncated to ``max_len`` with a warning that counts them."""
-    room = max_len - 1 - int(bos)
-    ids, truncated = [], 0
-    for e in tokenizer.encode_batch(lines, add_special_tokens=False):
-        truncated += len(e.ids) > room
-        ids.append(([bos_id] if bos else []) + e.ids[:room] + [eos_id])
-    if truncated:
-        rank_zero_warn(f"{truncated} of {len(lines)} {what} longer than data.max_len={max_len} tokens were truncated")
-    return ids

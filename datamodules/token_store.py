@@ -138,8 +138,8 @@ def check_free_space(folder: Path, need: int, what: str, key: str = "data.cache_
     free = shutil.disk_usage(folder).free
     if need > free:
         raise ValueError(
-            f"{key}: {folder.parent} has {free / 1e6:.0f} MB free, and the token store of {what} may take up to "
-            f"{need / 1e6:.0f} MB; free space or set data.cache_dir to a larger disk"
+            f"{key}: {folder.parent} has {free / 1e6:.1f} MB free, and the token store of {what} may take up to "
+            f"{need / 1e6:.1f} MB; free space or set data.cache_dir to a larger disk"
         )
 
 

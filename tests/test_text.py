@@ -425,7 +425,7 @@ def test_long_sentences_are_truncated_with_a_counting_warning(tmp_path):
     )
     with pytest.warns(UserWarning, match="1 of 2 val sentences .* longer than data.max_len=8 tokens were truncated"):
         dm.setup("validate")
-    assert len(dm.val_set.src_ids[0]) == 8 and dm.val_set.src_ids[0][-1] == EOS_ID
+    assert len(dm.val_set[0]["src"]) == 8 and dm.val_set[0]["src"][-1] == EOS_ID
 
 
 def test_line_count_mismatch_names_both_files_and_counts(tmp_path):

@@ -162,7 +162,7 @@ def test_too_little_free_disk_is_refused_before_anything_is_written(tmp_path, mo
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(token_store.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(
-        ValueError, match=r"data.cache_dir: .* has 1 MB free, and the token store of corpus.txt may take up to 3 MB"
+        ValueError, match=r"data.cache_dir: .* has 1.0 MB free, and the token store of corpus.txt may take up to 3.0 MB"
     ):
         check_free_space(tmp_path, 3 * 10**6, "corpus.txt")
     check_free_space(tmp_path, 10**6, "corpus.txt")

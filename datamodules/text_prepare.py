@@ -1,0 +1,135 @@
+"""Preparing a token store (`datamodules.token_store`) from a source (`datamodules.text_sources`), in two passes
+at most: a tokenizer trained by streaming over the text (``train_from_iterator`` on batches), then every batch of
+`BATCH` lines encoded with the tokenizers library's batch API and appended to the store's files.
+
+While one batch is written, the next is encoded in a second thread (the tokenizers library lets go of Python's lock
+while it encodes, on every core). A progress bar (bytes of text, with an ETA) shows on a terminal; at the end one
+line gives the store's folder, size, token count and speed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from datamodules.text_tokenizers import build_tokenizer
+from datamodules.token_store import TokenWriter
+
+BATCH = 20_000  # lines (or records) encoded in one call
+
+
+def corpus_pieces(source) -> Iterator[list[str]]:
+    """A language-model corpus in batches of pieces: each line (or record's text) followed by a line end, so a
+    file's pieces joined are its text (with ``\\n`` line ends, and one at the end)."""
+    for (texts,) in source.batches(BATCH):
+        yield [text + "\n" for text in texts]
+
+
+def head(batches: Iterable[list[str]], chars: int) -> Iterator[list[str]]:
+    """The batches of pieces that hold the first ``chars`` characters (the last piece cut there)."""
+    for batch in batches:
+        size = sum(map(len, batch))
+        if size < chars:
+            chars -= size
+            yield batch
+            continue
+        cut = []
+        for piece in batch:
+            cut.append(piece[:chars])
+            chars -= len(cut[-1])
+            if chars == 0:
+                break
+        yield cut
+        return
+
+
+def train_corpus_tokenizer(source, kind: str, vocab_size: int, min_frequency: int, val_fraction: float) -> Tokenizer:
+    """A tokenizer trained on the first (1 - ``val_fraction``) of a corpus's characters: a first pass counts them
+    (and checks the whole text before any training), the second trains on that part only."""
+    chars = sum(sum(map(len, batch)) for batch in corpus_pieces(source))
+    training = head(corpus_pieces(source), int(chars * (1 - val_fraction)))
+    return build_tokenizer(kind, training, vocab_size, min_frequency)
+
+
+def train_pair_tokenizers(source, kind: str, vocab_size: int, min_frequency: int, shared: bool) -> list[Tokenizer]:
+    """(source, target) tokenizers trained on a split's sentences: one for both languages (all source sentences,
+    then all target sentences) when ``shared``, else one per side."""
+    side = lambda i: (batch[i] for batch in source.batches(BATCH))  # noqa: E731
+    if shared:
+        tokenizer = build_tokenizer(kind, chain(side(0), side(1)), vocab_size, min_frequency)
+        return [tokenizer, tokenizer]
+    return [build_tokenizer(kind, side(i), vocab_size, min_frequency) for i in (0, 1)]
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """A hash of everything that decides a tokenizer's ids (its serialised form, or a pretrained side's vocabulary)."""
+    text = tokenizer.to_str() if isinstance(tokenizer, Tokenizer) else tokenizer.describe()
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _encoded(encoders: list[Callable], batches: Iterable[tuple]) -> Iterator[list[list[list[int]]]]:
+    """Each batch's columns as lists of ids, the next batch encoding in a second thread meanwhile."""
+
+    def encode(columns: tuple) -> list[list[list[int]]]:
+        return [[e.ids for e in enc(texts, add_special_tokens=False)] for enc, texts in zip(encoders, columns)]
+
+    with ThreadPoolExecutor(1) as pool:
+        pending = None
+        for columns in batches:
+            future = pool.submit(encode, columns)
+            if pending is not None:
+                yield pending.result()
+            pending = future
+        if pending is not None:
+            yield pending.result()
+
+
+def _progress(batches: Iterable[tuple], total: int | None, label: str) -> Iterator[tuple]:
+    """The batches, counted on a progress bar (characters of text, about its bytes) when stderr is a terminal."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="B", unit_scale=True, desc=label, disable=not sys.stderr.isatty(), leave=False) as bar:
+        for columns in batches:
+            yield columns
+            bar.update(sum(sum(map(len, texts)) for texts in columns))
+
+
+def write_parts(
+    folder: Path,
+    names: list[str],
+    dtype: np.dtype,
+    tokenizers: list,
+    batches: Iterable[tuple],
+    sentences: bool,
+    total: int | None,
+    label: str,
+) -> dict[str, int]:
+    """Encode each column of ``batches`` with its tokenizer into the part of the same place in ``names``; returns
+    the arrays written (file name -> length)."""
+    encoders = [getattr(t, "encode_batch_fast", None) or t.encode_batch for t in tokenizers]
+    with ExitStack() as stack:
+        writers = [stack.enter_context(TokenWriter(folder, name, dtype, sentences)) for name in names]
+        for columns in _encoded(encoders, _progress(batches, total, label)):
+            for writer, ids in zip(writers, columns):
+                writer.add(ids)
+    return {name: length for writer in writers for name, length in writer.arrays.items()}
+
+
+def report(folder: Path, built: Path, arrays: dict[str, int], seconds: float) -> None:
+    """The line that ends a preparation: the store's folder (``folder``, once ``built`` is renamed), size, token
+    count and speed."""
+    size = sum(f.stat().st_size for f in built.iterdir())
+    tokens = sum(length for name, length in arrays.items() if name.endswith(".ids"))
+    print(
+        f"attnlab: token store {folder}: {size / 1e6:.1f} MB, {tokens:,} tokens, {tokens / max(seconds, 1e-9):,.0f} tokens/s",
+        file=sys.stderr,
+        flush=True,
+    )
