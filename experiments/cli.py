@@ -53,7 +53,11 @@ def print_help() -> None:
     parser = argparse.ArgumentParser(
         prog="attnlab", description=DESCRIPTION, epilog="`attnlab SUBCOMMAND --help` shows its options."
     )
-    parser.add_argument("-c", "--config", help="Path to a configuration file in json or yaml format.")
+    parser.add_argument(
+        "-c",
+        "--config",
+        help="A config file (yaml or json) for the subcommand: `attnlab -c FILE fit` is `attnlab fit -c FILE`.",
+    )
     subcommands = parser.add_subparsers(title="subcommands", metavar="{" + ",".join([*TRAINER, *TOOLS]) + "}")
     for name, line in [*TRAINER.items(), *((name, line) for name, (_, line) in TOOLS.items())]:
         subcommands.add_parser(name, help=line)

@@ -1,6 +1,7 @@
 """What `attnlab` checks and says beyond jsonargparse and Lightning: a YAML file that does not parse (its
-file:line:column), an option that is not one (the nearest that is), ``optimizer``/``lr_scheduler`` given to a model
-that builds its own, and a fit that ran no validation. A check's ValueError text is the one line the CLI prints.
+file:line:column), an option or a block's field that is not one (the nearest that is, and the config file that holds
+it), ``optimizer``/``lr_scheduler`` given to a model that builds its own, and a fit that ran no validation. A check's
+ValueError text is the one line the CLI prints.
 """
 
 from __future__ import annotations
@@ -42,16 +43,19 @@ def yaml_error(path: str | Path, err: yaml.YAMLError) -> str:
     return f"{line} ({context} at {start.line + 1}:{start.column + 1})" if context and start else line
 
 
+def config_files(argv: Iterable[str]) -> list[str]:
+    """The files named by ``--config``/``-c`` in ``argv``."""
+    argv = list(argv)
+    return [
+        arg.removeprefix("--config=") if arg.startswith("--config=") else argv[i + 1]
+        for i, arg in enumerate(argv)
+        if arg.startswith("--config=") or (arg in ("--config", "-c") and i + 1 < len(argv))
+    ]
+
+
 def check_config_files(argv: Iterable[str]) -> None:
     """Parse every file named by ``--config``/``-c`` in ``argv`` as YAML (jsonargparse's error names no file)."""
-    argv = list(argv)
-    for i, arg in enumerate(argv):
-        if arg.startswith("--config="):
-            path = arg.removeprefix("--config=")
-        elif arg in ("--config", "-c") and i + 1 < len(argv):
-            path = argv[i + 1]
-        else:
-            continue
+    for path in config_files(argv):
         if Path(path).is_file():
             try:
                 yaml.safe_load(Path(path).read_text())
@@ -59,14 +63,89 @@ def check_config_files(argv: Iterable[str]) -> None:
                 raise ValueError(yaml_error(path, err)) from None
 
 
-def nearest_option(message: str, parser: Any) -> str | None:
+def file_with_key(argv: Iterable[str], keys: list[str]) -> str | None:
+    """The first ``--config`` file in ``argv`` whose YAML holds the nested ``keys`` (``trainer``, ``max_epoch``);
+    a missing ``init_args`` level is skipped, as jsonargparse reads ``model: {class_path: ..., depth: 3}``."""
+    for path in config_files(argv):
+        try:
+            content = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if _holds(content, keys):
+            return path
+    return None
+
+
+def _holds(node: Any, keys: list[str]) -> bool:
+    if not keys:
+        return True
+    if isinstance(node, list):  # trainer.callbacks: any of its entries
+        return any(_holds(item, keys) for item in node)
+    if not isinstance(node, dict):
+        return False
+    if keys[0] == "init_args" and "init_args" not in node:
+        return _holds(node, keys[1:])
+    return keys[0] in node and _holds(node[keys[0]], keys[1:])
+
+
+# jsonargparse's words for a key of a config file that is not an option, with --print_config and without
+_NOT_ACCEPTED = re.compile(
+    r"Group '([\w.]+)' does not accept option '(\w+)'|Subcommand '\w+' does not accept option '([\w.]+)'"
+)
+
+
+def nearest_option(message: str, parser: Any, argv: Iterable[str] = ()) -> str | None:
     """argparse's "unrecognized arguments: --trainer.max_epoch=1" -> the line naming the option of the jsonargparse
-    ``parser`` nearest to it; None for another message or without a near option."""
+    ``parser`` nearest to it; jsonargparse's "Group 'trainer' does not accept option 'max_epoch'" (a key of a
+    ``--config`` file in ``argv``) -> the line naming the file and the nearest key; None for another message."""
+    if found := _NOT_ACCEPTED.match(message):
+        key = found.group(3) or f"{found.group(1)}.{found.group(2)}"
+        close = difflib.get_close_matches(key, option_keys(parser, argv), n=1)
+        line = f"{key} is not an option" + (f"; did you mean {close[0]}?" if close else "")
+        file = file_with_key(argv, key.split("."))
+        return f"{file}: {line}" if file else line
     found = re.match(r"unrecognized arguments: --([\w.-]+)", message)
     close = difflib.get_close_matches(found.group(1), list(parser.get_defaults().keys()), n=1) if found else []
     if not close:
         return None
     return f"--{found.group(1)}: no such option; did you mean --{close[0]}? (options are never abbreviated)"
+
+
+def option_keys(parser: Any, argv: Iterable[str]) -> list[str]:
+    """The keys of ``parser``, or of its subcommand named in ``argv``: ``trainer.max_epochs``, not
+    ``fit.trainer.max_epochs``."""
+    subcommands = getattr(parser, "subcommands_action", None)
+    chosen = next((arg for arg in argv if subcommands and arg in subcommands.choices), None)
+    return list((subcommands.choices[chosen] if chosen else parser).get_defaults().keys())
+
+
+def unknown_option(option: str, class_path: str) -> tuple[str, str]:
+    """An init option that ``class_path`` does not take -> (where it belongs below the class, the reason): a field of
+    a block (``attention.normalisation``) is named among that block's fields, any other among the class's options."""
+    options = accepted_options(class_path)
+    block, _, field = option.rpartition(".")
+    fields = list(
+        dict.fromkeys(o.removeprefix(f"{block}.").split(".")[0] for o in options if o.startswith(f"{block}."))
+    )
+    if block and fields:
+        close = difflib.get_close_matches(field, fields, n=1)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        return (
+            f"init_args.{block}",
+            f"{field!r} is not a field of the {block} block{guess} (fields: {', '.join(fields)})",
+        )
+    # a key that moved into a block (model.similarity -> model.attention.similarity) is named exactly
+    close = [o for o in options if o.endswith(f".{option}")] or difflib.get_close_matches(option, options, n=1)
+    return "", f"{option!r} is not an option of {class_path}" + (f"; did you mean {close[0]!r}?" if close else "")
+
+
+def accepted_options(class_path: str) -> list[str]:
+    """The init options of the class at ``class_path`` (`init_options`); none when it does not import."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        return init_options(getattr(importlib.import_module(module), name))
+    except (ImportError, AttributeError, ValueError):
+        return []
 
 
 def check_own_optimizer(config: Any) -> None:

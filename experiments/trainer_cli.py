@@ -5,10 +5,9 @@ facts a model needs are linked (`experiments.links`); a user's bad input is one 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import difflib
 import errno
-import importlib
 import os
 import re
 import sys
@@ -20,9 +19,11 @@ from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from experiments import checkpoints, cli_checks, guards, tracking
-from experiments.links import LINKED_ATTRIBUTES, init_options
+from experiments.links import LINKED_ATTRIBUTES
 from experiments.runfolder import newest_checkpoint
 from experiments.subcommands import DESCRIPTION, TOOLS, TRAINER
+from experiments.variant_errors import variant_error
+from models.class_paths import missing_module
 
 _NOISE = re.compile(
     r"Does not validate against any of the Union subtypes|^Subtypes:|^Errors:|NoneType|^Given value type:|^tip:|^Expected a path but"
@@ -32,17 +33,17 @@ _NOISE = re.compile(
 # Our own ValueErrors start with the key they concern ("trainer.logger: ...", "data.root=...: ...")
 _OWN_ERROR = re.compile(r"^(trainer|model|data)(\.\w+)*(=\S*)?: ")
 
-
-def _accepted_options(class_path: str) -> list[str]:
-    module, _, name = class_path.rpartition(".")
-    try:
-        return init_options(getattr(importlib.import_module(module), name))
-    except (ImportError, AttributeError, ValueError):
-        return []
+# jsonargparse's three ways of saying that a class takes no such option (a flag, a key in YAML or a dict)
+_UNKNOWN = re.compile(
+    r"Option '([^']+)' is not accepted|unrecognized arguments: --([\w.]+)|Group '([\w.]+)' does not accept option '(\w+)'"
+)
 
 
-def condense_error(message: str) -> str:
-    """jsonargparse's nested Union report -> one line naming the key, the value and what is allowed."""
+def condense_error(message: str, argv: list[str] | tuple[str, ...] = ()) -> str:
+    """jsonargparse's nested Union report -> one line naming the key, the value and what is allowed; a key that is
+    not an option names the ``--config`` file of ``argv`` that holds it."""
+    if line := variant_error(message):  # an attention variant's init_args: the block's own line
+        return line
     keys, reasons, value, class_path = [], [], None, None
     for raw in message.splitlines():
         line = raw.strip().lstrip("- ").strip()
@@ -62,31 +63,55 @@ def condense_error(message: str) -> str:
         if line:
             reasons.append(line)
     reason = "; ".join(dict.fromkeys(reasons)) or message.strip()
+    if class_path and len(keys) > 1:
+        keys.insert(1, "init_args")
+    if class_path and (m := _UNKNOWN.search(reason)):
+        return _not_an_option(keys, class_path, m.group(1) or m.group(2) or f"{m.group(3)}.{m.group(4)}", argv)
     reason = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", reason)
     reason = re.sub(r"Expected a typing\.Literal\[(.*?)\]", r"expected one of \1", reason)
     reason = re.sub(r"Expected a (\w+)", r"expected \1", reason)
-    if m := re.search(r"Option '([^']+)' is not accepted", reason):
-        options = _accepted_options(class_path) if class_path else []
-        # a key that moved into a block (model.similarity -> model.attention.similarity) is named exactly
-        close = [o for o in options if o.endswith("." + m.group(1))] or difflib.get_close_matches(
-            m.group(1), options, n=1
-        )
-        reason = f"{m.group(1)!r} is not an option of {class_path}" + (f"; did you mean {close[0]!r}?" if close else "")
-    elif value is not None and "Got value" not in reason and not value.startswith(("Namespace(", "NestedArg(")):
+    reason = re.sub(r"Type .*? expects a function or a callable class: ", "", reason)
+    reason = re.sub(r"No module named '([\w.]+)'", lambda m: missing_module(m.group(1)), reason)
+    shown = value is not None and not value.startswith(("Namespace(", "NestedArg("))
+    if shown and "Got value" not in reason and "not importable" not in reason:
         reason = f"{reason}, got {value!r}"
-    if class_path and len(keys) > 1:
-        keys.insert(1, "init_args")
     return f"{'.'.join(keys)}: {reason}" if keys else reason
 
 
+def _not_an_option(keys: list[str], class_path: str, option: str, argv: list[str] | tuple[str, ...]) -> str:
+    """``model: 'depthh' is not an option of ...``, ``FILE: model.init_args.attention: 'normalisation' is not a field
+    of the attention block ...`` for the ``option`` that the class at ``class_path`` (under ``keys``) does not take."""
+    below, reason = cli_checks.unknown_option(option, class_path)
+    line = f"{'.'.join([*keys, below] if below else keys)}: {reason}"
+    file = cli_checks.file_with_key(argv, [*".".join(keys).split("."), "init_args", *option.split(".")])
+    return f"{file}: {line}" if file else line
+
+
 class AttnlabParser(LightningArgumentParser):
+    # the command line being parsed (`AttnlabCLI.parse_arguments`): its --config files name where a bad key is
+    argv: ClassVar[list[str]] = []
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)  # --trainer.max_epoch is no --trainer.max_epochs
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
             return super().error(message, ex)
-        _fail(cli_checks.nearest_option(message, self) or condense_error(message))
+        _fail(cli_checks.nearest_option(message, self, self.argv) or condense_error(message, self.argv))
+
+    def format_help(self) -> str:
+        """The help without ``--optimizer``/``--lr_scheduler`` and torch's every optimizer and schedule: each attnlab
+        model builds its own and refuses them (`cli_checks.check_own_optimizer`); they stay parsed for a model of
+        one's own without ``configure_optimizers``, and in its saved config."""
+        hidden = [action for action in self._actions if action.dest.split(".")[0] in ("optimizer", "lr_scheduler")]
+        shown = [action.help for action in hidden]
+        for action in hidden:
+            action.help = argparse.SUPPRESS
+        try:
+            return super().format_help()
+        finally:
+            for action, text in zip(hidden, shown):
+                action.help = text
 
     def add_subcommands(self, *args, **kwargs):
         self.subcommands_action = super().add_subcommands(*args, **kwargs)  # AttnlabCLI lists TOOLS in it
@@ -117,8 +142,9 @@ class AttnlabCLI(LightningCLI):
             self.parser.subcommands_action.add_subcommand(name, AttnlabParser(description=summary), help=summary)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        AttnlabParser.argv = sys.argv[1:] if args is None else args if isinstance(args, list) else []
         with _one_line():
-            cli_checks.check_config_files(sys.argv[1:] if args is None else args if isinstance(args, list) else [])
+            cli_checks.check_config_files(AttnlabParser.argv)
         super().parse_arguments(parser, args)
         # LightningCLI applies the --ckpt_path file's hyper-parameters next, its class too: a file it would refuse,
         # or one of another model, is one line now
@@ -247,9 +273,18 @@ def _null_as_dict(argv: list[str]) -> list[str]:
     return out
 
 
+def _subcommand_first(argv: list[str]) -> list[str]:
+    """``attnlab -c FILE fit ...`` as ``attnlab fit -c FILE ...``, as the user means it. LightningCLI reads a config
+    given before the subcommand as sections for the subcommands (``fit: {trainer: ...}``): such a file stays there."""
+    at = next((i for i, arg in enumerate(argv) if arg in TRAINER), 0)
+    if not at or any(cli_checks.file_with_key(argv[:at], [name]) for name in TRAINER):
+        return argv
+    return [argv[at], *argv[:at], *argv[at + 1 :]]
+
+
 def main(args: list[str] | None = None, cli: type[AttnlabCLI] = AttnlabCLI) -> None:
     """Parse ``args`` (default: the command line) and run the Trainer's subcommand."""
-    argv = _null_as_dict(sys.argv[1:] if args is None else list(args))
+    argv = _null_as_dict(_subcommand_first(sys.argv[1:] if args is None else list(args)))
     if args is None:  # LightningCLI reads sys.argv itself (and warns when given args from the command line)
         sys.argv[1:] = argv
     else:
