@@ -89,7 +89,7 @@ def init_args(spec: Spec) -> dict[str, Any]:
     return dict(spec.get("init_args") or {}) if isinstance(spec, dict) else {}
 
 
-def _resolve(key: str, spec: Spec, builtins: tuple[str, ...]) -> type:
+def resolve_class(key: str, spec: Spec, builtins: tuple[str, ...]) -> type:
     """The class a variant names: a built-in's, or the one at its path (module.Class); one line when there is none."""
     path = class_path(spec)
     if key == "normalization" and path in NORMALIZATIONS:
@@ -110,7 +110,7 @@ def _resolve(key: str, spec: Spec, builtins: tuple[str, ...]) -> type:
     return cls
 
 
-def _check_init_args(key: str, cls: type, given: dict[str, Any], core: tuple[str, ...] = ()) -> None:
+def check_init_args(key: str, cls: type, given: dict[str, Any], core: tuple[str, ...] = ()) -> None:
     """One line for an argument that ``cls.__init__`` does not take (or that the core gives), with the nearest."""
     params = inspect.signature(cls).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -187,7 +187,7 @@ class AttentionConfig:
             raise ValueError(f"attention.gate={self.gate!r} is not known; choose null, headwise or elementwise")
 
     def _check_kernel(self) -> None:
-        _check_init_args("kernel", _resolve("kernel", self.kernel, ()), init_args(self.kernel), CORE_ARGUMENTS)
+        check_init_args("kernel", resolve_class("kernel", self.kernel, ()), init_args(self.kernel), CORE_ARGUMENTS)
         defaults = {"similarity": "scaled_dot", "normalization": "softmax"}
         replaced = [f"{key}={getattr(self, key)!r}" for key, name in defaults.items() if getattr(self, key) != name]
         if replaced:
@@ -199,14 +199,14 @@ class AttentionConfig:
     def build(self, key: str) -> nn.Module:
         """A fresh instance of the normalisation (``key="normalization"``) or of one's own similarity."""
         spec = getattr(self, key)
-        cls = _resolve(key, spec, SIMILARITIES if key == "similarity" else tuple(NORMALIZATIONS))
-        _check_init_args(key, cls, init_args(spec))
+        cls = resolve_class(key, spec, SIMILARITIES if key == "similarity" else tuple(NORMALIZATIONS))
+        check_init_args(key, cls, init_args(spec))
         return _instance(key, spec, cls)
 
     def build_kernel(self, num_heads: int, head_dim: int, dropout: float) -> tuple[nn.Module, bool]:
         """A fresh instance of ``kernel`` for a layer of these sizes, and whether it returns weights (a probe call
         on zeros: q (1, H, 2, d), k and v (1, H, 3, d), no mask)."""
-        cls, name = _resolve("kernel", self.kernel, ()), class_path(self.kernel)
+        cls, name = resolve_class("kernel", self.kernel, ()), class_path(self.kernel)
         sizes = dict(num_heads=num_heads, head_dim=head_dim, dropout=dropout)
         taken = inspect.signature(cls).parameters
         kernel = _instance("kernel", self.kernel, cls, **{k: v for k, v in sizes.items() if k in taken})

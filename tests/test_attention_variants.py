@@ -254,3 +254,37 @@ def test_a_sweep_grid_over_an_init_args_field_parses_and_reaches_each_run(own_mo
     sweep_file.write_text(sweep_file.read_text().replace("init_args.k:", "init_args.kk:"))
     with pytest.raises(SweepError, match="kk"):
         check(load(sweep_file, root=str(own_module / "runs")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        (
+            ["--model.init_args.attention.normalization={class_path: my_variants.TopK, init_args: {kk: 8}}"],
+            "model.init_args.attention.normalization.init_args.kk: not an argument of my_variants.TopK (it takes k, "
+            "temperature); did you mean 'k'?",
+        ),
+        (
+            [
+                "--model.init_args.attention.normalization=my_variants.TopK",
+                "--model.init_args.attention.normalization.init_args.temprature=2",
+            ],
+            "model.init_args.attention.normalization.init_args.temprature: not an argument of my_variants.TopK (it "
+            "takes k, temperature); did you mean 'temperature'?",
+        ),
+        (
+            "normalization: {class_path: models.attend.ClippedSoftmax, init_args: {alpha: four}}",
+            "model.init_args.attention.normalization.init_args.alpha: expected float, got 'four' "
+            "(models.attend.ClippedSoftmax takes alpha: float = 12.0, gamma: float | None = None, zeta: float = 1.0)",
+        ),
+    ],
+    ids=["dict", "nested", "yaml"],
+)
+def test_a_bad_argument_of_a_variant_is_one_line_from_the_cli(attnlab, own_module, given, expected):
+    if isinstance(given, str):  # a YAML file's block
+        (own_module / "block.yaml").write_text(f"model:\n  init_args:\n    attention:\n      {given}\n")
+        given = ["--config", str(own_module / "block.yaml")]
+    code, _, err = attnlab("fit", "--config", "configs/vision/digits.yaml", *given, "--print_config")
+    lines = [line for line in err.splitlines() if line.startswith("attnlab: error:")]
+    assert code == 2 and lines == [f"attnlab: error: {expected}"], err
