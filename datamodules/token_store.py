@@ -91,21 +91,23 @@ def build_once(folder: Path, build: Callable[[Path], dict], key: str = "data.cac
         return meta
     _check_writable(folder.parent, key)
     with _locked(folder):
-        meta = read_meta(folder)
-        if meta is not None:
-            return meta
-        for leftover in [folder, *folder.parent.glob(f".{folder.name}.tmp-*")]:  # an unfinished or killed build
-            shutil.rmtree(leftover, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-        try:
-            meta = {**build(tmp), "version": STORE_VERSION, "complete": True}
-            (tmp / META).write_text(json.dumps(meta, indent=1))
-            os.replace(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        # a process that waits on this lock finds the store complete; one that comes later never locks
+        meta = read_meta(folder) or _build(folder, build)
+        # the store is complete: a process that waits on the lock finds it so, one that comes later never locks
         Path(f"{folder}.lock").unlink(missing_ok=True)
+    return meta
+
+
+def _build(folder: Path, build: Callable[[Path], dict]) -> dict:
+    for leftover in [folder, *folder.parent.glob(f".{folder.name}.tmp-*")]:  # an unfinished or killed build
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        meta = {**build(tmp), "version": STORE_VERSION, "complete": True}
+        (tmp / META).write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return meta
 
 

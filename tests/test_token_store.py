@@ -217,3 +217,4 @@ def test_processes_that_start_together_build_once(tmp_path):
     assert len((tmp_path / "tokens" / "builds.log").read_text().splitlines()) == 1
     assert all("{'corpus.ids': 3000}" in out for out, _ in results)
     assert sum("waiting for another process to prepare" in err for _, err in results) >= 1
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["builds.log", "s-1"]  # no lock file left
