@@ -153,6 +153,9 @@ class VisionTransformer(nn.Module, WithRegisters):
         drop_path_rate: stochastic depth, rising linearly to this rate in the last layer.
         global_pool: "token" (class token after the final norm) or "avg" (mean of the patch
             tokens, then ``fc_norm``; the class token is kept, as in timm, but unread).
+        fc_norm: the norm after pooling (``fc_norm``) instead of the final norm over the tokens; None: with "avg"
+            pooling (timm's ``fc_norm=None``). false with "avg": the mean of the finally normed patch tokens
+            (timm's ``*_gap_*`` ViTs).
         attention: the attention block of the shared core (similarity, qk_norm, normalization, gate; see
             `models.attention`).
         stem_channels: widths of a convolutional stem before the patch projection (see `PatchEmbed`);
@@ -202,10 +205,12 @@ class VisionTransformer(nn.Module, WithRegisters):
         init_values: float | None = None,
         class_token: bool = True,
         rope_grid_indexing: Literal["xy", "ij"] = "xy",
+        fc_norm: bool | None = None,
     ):
         super().__init__()
         _check_settings(positions, global_pool, class_token, embed_dim, num_heads)
         self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
+        fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, stem_channels)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = learned_registers(register_tokens, embed_dim)
@@ -220,7 +225,7 @@ class VisionTransformer(nn.Module, WithRegisters):
             depth,
             embed_dim,
             num_heads,
-            final_norm=global_pool == "token",
+            final_norm=not fc_norm,
             drop_path=drop_path_rate,
             dim_feedforward=int(embed_dim * mlp_ratio),
             dropout=drop_rate,
@@ -231,7 +236,7 @@ class VisionTransformer(nn.Module, WithRegisters):
             layer_norm_eps=1e-6,
             init_values=init_values,
         )
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "avg" else nn.Identity()
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if fc_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
@@ -265,7 +270,7 @@ class VisionTransformer(nn.Module, WithRegisters):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C, H, W) -> encoded tokens (B, P + N, D): the P = ``num_prefix_tokens`` (class token, then
-        registers) first (after the final norm with "token" pooling)."""
+        registers) first (after the final norm, unless the model norms after pooling: ``fc_norm``)."""
         grid = self.patch_embed.patch_grid(*x.shape[-2:])
         x = self.patch_embed(x)  # (B, N, D)
         if self.sincos is not None:
@@ -376,10 +381,7 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
     """
     state = dict(state)
     own = model.state_dict()
-    if "fc_norm.weight" in state and "fc_norm.weight" not in own:
-        raise ValueError(f"{source} was trained with global_pool='avg' (it has fc_norm); set model.global_pool=avg")
-    if "encoder.norm.weight" in state and "encoder.norm.weight" not in own:
-        raise ValueError(f"{source} was trained with global_pool='token'; set model.global_pool=token")
+    _check_norms(model, state, source)
     _check_tokens_and_scale(model, state, source)
     _fit_positions(model, state, source)
     stems = {name: _stem_widths(d) for name, d in (("checkpoint", state), ("model", own))}
@@ -414,6 +416,23 @@ def load_pretrained(model: VisionTransformer, state: dict[str, Tensor], source: 
     )
     if new_head:
         model.reset_head()
+
+
+def _check_norms(model: VisionTransformer, state: dict[str, Tensor], source: str) -> None:
+    """A checkpoint with the norm after pooling (``fc_norm``) or the final norm that the model lacks: one line
+    naming the setting."""
+    own = model.state_dict()
+    if "fc_norm.weight" in state and "fc_norm.weight" not in own:
+        if model.global_pool == "avg":
+            raise ValueError(f"{source} has a norm after pooling (fc_norm); set model.fc_norm=null")
+        raise ValueError(f"{source} was trained with global_pool='avg' (it has fc_norm); set model.global_pool=avg")
+    if "encoder.norm.weight" in state and "encoder.norm.weight" not in own:
+        if model.global_pool == "token":
+            raise ValueError(f"{source} has a final norm over the tokens (encoder.norm); set model.fc_norm=null")
+        raise ValueError(
+            f"{source} was trained with global_pool='token'; set model.global_pool=token, or model.fc_norm=false "
+            "for the mean of the finally normed tokens"
+        )
 
 
 def _fit_positions(model: VisionTransformer, state: dict[str, Tensor], source: str) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from timm.layers import Mlp, RotaryEmbeddingCat, RotaryEmbeddingMixed
+from timm.layers import Mlp, PatchEmbed, RotaryEmbeddingCat, RotaryEmbeddingMixed
 from timm.models import create_model, get_pretrained_cfg, list_models, list_pretrained
 from timm.models.eva import Eva, EvaBlock
 from timm.models.vision_transformer import Block
@@ -81,11 +81,10 @@ def _unsupported(model: nn.Module) -> list[str]:
         classes = f"{type(model).__name__}" + (f" of {type(block).__name__} blocks" if block is not None else "")
         return [f"the class {classes} (attnlab reads timm's VisionTransformer and Eva, with their own blocks)"]
     attn, mlp, rope, embed = block.attn, block.mlp, getattr(model, "rope", None), model.patch_embed
-    avg = model.global_pool == "avg"
     found = {
         f"global_pool={model.global_pool!r}": model.global_pool not in ("token", "avg"),
-        "fc_norm only with global_pool='avg', the final norm only with 'token'": (
-            isinstance(model.fc_norm, nn.Identity) == avg or isinstance(model.norm, nn.Identity) != avg
+        "neither fc_norm nor a final norm, or both": (
+            isinstance(model.fc_norm, nn.Identity) == isinstance(model.norm, nn.Identity)
         ),
         "norm_pre (a norm before the blocks)": not isinstance(model.norm_pre, nn.Identity),
         "a norm other than LayerNorm(eps=1e-6)": not isinstance(block.norm1, nn.LayerNorm) or block.norm1.eps != 1e-6,
@@ -99,9 +98,10 @@ def _unsupported(model: nn.Module) -> list[str]:
         ),
         "num_kv_heads": getattr(attn, "num_kv_heads", attn.num_heads) != attn.num_heads,
         "attn_only_layer_scale": isinstance(block, EvaBlock) and (block.gamma_1 is None) != (block.gamma_2 is None),
-        "a patch embedding with a norm or without bias": not isinstance(embed.norm, nn.Identity)
-        or embed.proj.bias is None,
-        "non-square patches": embed.patch_size[0] != embed.patch_size[1],
+        f"the patch embedding {type(embed).__name__} (a CNN stem)": type(embed) is not PatchEmbed,
+        "a patch embedding with a norm or without bias": type(embed) is PatchEmbed
+        and (not isinstance(embed.norm, nn.Identity) or embed.proj.bias is None),
+        "non-square patches": type(embed) is PatchEmbed and embed.patch_size[0] != embed.patch_size[1],
         "dynamic_img_pad": getattr(embed, "dynamic_img_pad", False),
         "no positions": model.pos_embed is None and rope is None,
         "learned positions and RoPE together (EVA-02)": model.pos_embed is not None and rope is not None,
@@ -126,6 +126,7 @@ def timm_architecture(model: nn.Module, init_from: str) -> dict[str, Any]:
         num_heads=block.attn.num_heads,
         mlp_ratio=_mlp_ratio(hidden, width),
         global_pool=model.global_pool,
+        fc_norm=not isinstance(model.fc_norm, nn.Identity),
         class_token=model.cls_token is not None,
         register_tokens=0 if model.reg_token is None else model.reg_token.shape[1],
         init_values=_layer_scale(block),

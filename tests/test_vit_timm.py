@@ -18,9 +18,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 import models.vit_timm
-from models.vit import read_init_from
+from models.vit import VisionTransformer, load_pretrained, read_init_from
 from models.vit_module import NETWORK_DEFAULTS, ImageClassifier
-from models.vit_timm import fill_from_timm
+from models.vit_timm import _mlp_ratio, fill_from_timm
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPTH = 2
@@ -58,8 +58,9 @@ def random_timm(name: str) -> nn.Module:
 ARCHITECTURES = [
     ("vit_small_patch16_rope_mixed_224", 224),
     pytest.param("vit_base_patch16_rope_reg1_gap_256", 256, marks=pytest.mark.slow),  # 2-3 s each
-    pytest.param("vit_small_patch14_reg4_dinov2", 518, marks=pytest.mark.slow),
+    ("vit_small_patch14_reg4_dinov2", 518),
     pytest.param("vit_base_patch16_224", 224, marks=pytest.mark.slow),
+    ("vit_medium_patch16_gap_256", 256),  # the mean of the finally normed tokens
 ]
 
 
@@ -122,6 +123,14 @@ def test_settings_left_at_attnlabs_defaults_take_timms():
     )
     assert (network["register_tokens"], network["class_token"], network["global_pool"]) == (1, False, "avg")
     assert network["init_values"] == 1e-5 and network["img_size"] == NETWORK_DEFAULTS["img_size"]  # the data's
+
+
+@pytest.mark.parametrize("hidden,width", [(6144, 1408), (1414, 1408), (230, 224)])
+def test_the_mlp_ratio_read_from_timm_gives_back_its_hidden_width(hidden, width):
+    """timm's hidden width is int(width · ratio) of its own ratio; ours from hidden / width, which rounds below
+    the hidden width for some widths (1408: EVA-giant's)."""
+    mlp = VisionTransformer(embed_dim=width, num_heads=1, depth=1, mlp_ratio=_mlp_ratio(hidden, width))
+    assert mlp.encoder.layers[0].linear1.out_features == hidden
 
 
 @pytest.mark.parametrize(
@@ -192,3 +201,29 @@ def test_the_timm_finetune_config_agrees_with_timms_registry(two_blocks, tmp_pat
     module = ImageClassifier(**config | dict(init_from=f"timm:{name}={path}", img_size=224, in_chans=1, num_classes=10))
     assert (module.hparams.embed_dim, module.hparams.num_heads, module.hparams.patch_size) == (384, 6, 16)
     assert module.model(torch.randn(2, 1, 224, 224)).shape == (2, 10)
+
+
+SMALL = dict(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=1, num_heads=2)
+
+
+@pytest.mark.parametrize(
+    "source,target,message",
+    [
+        (
+            dict(global_pool="avg", fc_norm=False),
+            dict(global_pool="avg"),
+            "x.pth was trained with global_pool='token'; set model.global_pool=token, or model.fc_norm=false for "
+            "the mean of the finally normed tokens",
+        ),
+        (dict(global_pool="avg"), dict(global_pool="avg", fc_norm=False), "x.pth has a norm after pooling (fc_norm); "),
+        ({}, dict(fc_norm=True), "x.pth has a final norm over the tokens (encoder.norm); set model.fc_norm=null"),
+    ],
+    ids=["gap into avg", "avg into gap", "token into token with fc_norm"],
+)
+def test_a_checkpoint_normed_elsewhere_is_refused_naming_fc_norm(source, target, message):
+    """timm's ``*_gap_*`` ViTs average the finally normed tokens (fc_norm=false), its "avg" ViTs norm the mean."""
+    with pytest.raises(ValueError) as error:
+        load_pretrained(
+            VisionTransformer(**SMALL, **target), VisionTransformer(**SMALL, **source).state_dict(), "x.pth"
+        )
+    assert str(error.value).startswith(message)
