@@ -252,4 +252,5 @@ def test_a_normalization_of_ones_own_from_yaml_trains_in_every_modality(modality
     assert code == 0, err
     (summary,) = (tmp_path / "run").rglob("summary.json")
     attention = json.loads(summary.read_text())["hparams"]["attention"]
-    assert attention["normalization"] == "my_attention.ReluNorm" and attention["gate"] == "elementwise"
+    # a class path is held as jsonargparse holds any class: {class_path, init_args (when it takes some)}
+    assert attention["normalization"] == {"class_path": "my_attention.ReluNorm"} and attention["gate"] == "elementwise"
