@@ -13,10 +13,13 @@ class everywhere else, on the command line, in YAML and in a sweep grid::
     --model.init_args.attention.normalization.init_args.k=8    # after a class_path given as {class_path: ...}
     grid: {model.init_args.attention.normalization.init_args.k: [2, 4, 8]}   # a sweep over k
 
-The block holds plain data, as YAML, ``config.yaml`` and a checkpoint's hyper-parameters do: a name or a class path,
-or ``{class_path, init_args}`` (a class given in Python is held as its path). The built-ins' classes and their
-constants are in `models.attend` (`ClippedSoftmax`: alpha, gamma, zeta; `SigmoidAttention`: bias; `Softmax1`:
-sink_logit). Each layer builds its own instances, so a variant's parameters are per layer and in the checkpoint.
+The built-ins' classes and their constants are in `models.attend` (`ClippedSoftmax`: alpha, gamma, zeta;
+`SigmoidAttention`: bias; `Softmax1`: sink_logit); the command line and YAML also take such a class by its name alone
+(``{class_path: ClippedSoftmax, ...}``, jsonargparse's lookup among the nn.Module classes) and record its path. The
+block holds plain data, as YAML, ``config.yaml`` and a checkpoint's hyper-parameters do: a name or a class path, or
+``{class_path, init_args}`` (a class given in Python is held as its path; the CLI writes a class path as
+``{class_path: ...}``). Each layer builds its own instances, so a variant's parameters are per layer and in the
+checkpoint.
 
 ``kernel``, a class of one's own in the same forms, replaces the whole attention map of every layer
 (`models.attend.attention_own_kernel` says what it takes and returns); its ``__init__`` receives the layer's
@@ -77,7 +80,7 @@ def plain(key: str, value: Any) -> Any:
             )
         path = _path(path) if inspect.isclass(path) else path
         return {"class_path": path, "init_args": init_args} if init_args else path
-    return _path(value) if inspect.isclass(value) else value
+    return _path(value) if inspect.isclass(value) or inspect.isfunction(value) else value
 
 
 def class_path(spec: Spec) -> str:
