@@ -3,6 +3,7 @@ training, and the ViT's [CLS] maps with and without registers, checked against m
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -228,3 +229,18 @@ def test_cls_maps_without_a_checkpoint_are_left_out_with_the_reason(register_run
     line = f"The [CLS] attention maps are left out: {best}: no best checkpoint"
     assert line in (tmp_path / "report" / "report.md").read_text() and line in capsys.readouterr().err
     assert "cls_maps" not in result["plots"] and result["plots"]["sink_mass"].is_file()
+
+
+def test_the_cls_maps_read_against_plain_softmax_put_a_kernel_of_ones_own_among_the_others():
+    from experiments.compare.cls_maps import _plain_softmax
+
+    def cell(attention, registers=0):
+        hparams = {"attention": attention, "register_tokens": registers}
+        return {"runs": [{"summary": SimpleNamespace(hparams=hparams)}]}
+
+    assert _plain_softmax(cell({"normalization": "softmax"}))
+    assert not _plain_softmax(
+        cell({"normalization": "softmax", "kernel": {"class_path": "my_attention.DiffAttention"}})
+    )
+    assert not _plain_softmax(cell({"normalization": "softmax", "gate": "headwise"}))
+    assert not _plain_softmax(cell({"normalization": "softmax"}, registers=4))

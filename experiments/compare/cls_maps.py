@@ -34,9 +34,11 @@ def _hparams(cell: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain_softmax(cell: dict[str, Any]) -> bool:
-    """Softmax attention without a gate or registers: the row the others are read against."""
+    """Softmax attention without a gate, a kernel of one's own or registers: the row the others are read against."""
     attention = _hparams(cell).get("attention") or {}
-    plain = attention.get("normalization", "softmax") == "softmax" and not attention.get("gate")
+    plain = attention.get("normalization", "softmax") == "softmax" and not (
+        attention.get("gate") or attention.get("kernel")
+    )
     return plain and not _hparams(cell).get("register_tokens")
 
 
