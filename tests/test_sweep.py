@@ -701,3 +701,13 @@ def test_runs_go_seed_by_seed_so_a_stopped_sweep_pairs_every_cell(tmp_path):
     names = [run.name for run in sweep.runs()]
     by_seed = [f"digits/lr={lr}/seed={seed}" for seed in sweep.seeds for lr in (0.1, 0.2, 0.3)]
     assert len(sweep.seeds) > 1 and names == by_seed
+
+
+def test_a_bad_key_in_a_sweeps_config_names_that_file_once(attnlab, tmp_path):
+    config = tmp_path / "digits_typo.yaml"
+    config.write_text(Path(DIGITS).read_text().replace("max_epochs:", "max_epoch:", 1))
+    path = write(tmp_path, configs=[str(config)])
+    code, _, err = attnlab("sweep", str(path))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"attnlab: error: {path}: configs: {config}: trainer.max_epoch is not an option"), err
+    assert err.count(str(config)) == 1, err

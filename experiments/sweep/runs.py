@@ -170,7 +170,7 @@ def check(sweep: Sweep) -> None:
             )
     for config, grid in sweep.configs:
         if error := _parse_error(["fit", "--config", config]):
-            raise SweepError(f"{sweep.file}: configs: {config}: {error}")
+            raise SweepError(f"{sweep.file}: configs: {config}: {error.removeprefix(f'{config}: ')}")
         base = sweep.fit_args(Run("check", config, {}, sweep.seeds[0], sweep.root / "check"))
         if error := _parse_error(base):
             raise SweepError(f"{sweep.file}: overrides ({config}): {error}")
