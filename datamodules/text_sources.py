@@ -6,7 +6,7 @@ Each source yields batches as tuples of equal-length lists of strings, one list 
 record for a language-model corpus, the source and target sentences for pairs. Bad input stops the reading with one
 line that names the setting, the file and the line (or row): bytes that are not UTF-8, a NUL byte (binary data), a
 record that is not JSON or lacks the field, an empty sentence, files of pairs with different line counts, a source
-with no text. Memory holds one block of a file (16 MB, or the longest line) and one batch.
+with no text. Memory holds one block of a file (4 MB, or the longest line) and one batch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
-BLOCK = 1 << 24  # bytes read from a text file at a time
+BLOCK = 1 << 22  # bytes read from a text file at a time
 KINDS = {".jsonl": "jsonl", ".parquet": "parquet"}  # any other suffix is plain text
 
 
@@ -32,15 +32,34 @@ def _chunks(lines: list[str], size: int) -> Iterator[list[str]]:
         yield lines[start : start + size]
 
 
-def _not_utf8(data: bytes, err: UnicodeDecodeError, before: int, where: str) -> ValueError:
-    """The error for the byte at ``err.start`` of ``data``, whose first line is line ``before + 1``."""
-    lines = data[: err.start].splitlines(keepends=True) or [b""]
-    line, column = before + len(lines), len(lines[-1]) + 1
+def _position(data: bytes, at: int, before: int) -> tuple[int, bytes]:
+    """(line number, the line's bytes before it) of byte ``at`` of ``data``, whose first line is line ``before + 1``."""
+    lines = data[:at].splitlines(keepends=True) or [b""]
     if lines[-1].endswith((b"\n", b"\r")):
-        line, column = line + 1, 1
+        return before + len(lines) + 1, b""
+    return before + len(lines), lines[-1]
+
+
+def _not_utf8(data: bytes, err: UnicodeDecodeError, before: int, where: str) -> ValueError:
+    line, head = _position(data, err.start, before)
     return ValueError(
-        f"{where} line {line}: byte 0x{data[err.start]:02x} at column {column} is not UTF-8; convert the file to UTF-8"
+        f"{where} line {line}: byte 0x{data[err.start]:02x} at column {len(head) + 1} is not UTF-8; convert the file to UTF-8"
     )
+
+
+def _decoded(data: bytes, before: int, where: str) -> str:
+    """``data`` as text; the first of a byte that is not UTF-8 and a NUL byte (binary data) is an error."""
+    nul = data.find(b"\x00")
+    try:
+        text = data.decode("utf-8") if nul < 0 else data[:nul].decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _not_utf8(data, err, before, where) from None
+    if nul >= 0:
+        line, head = _position(data, nul, before)
+        raise ValueError(
+            f"{where} line {line}: a NUL byte at column {len(head.decode()) + 1}: this is binary data, not text"
+        )
+    return text
 
 
 def read_text_lines(path: Path, where: str) -> Iterator[list[str]]:
@@ -56,27 +75,13 @@ def read_text_lines(path: Path, where: str) -> Iterator[list[str]]:
             cut = data.rfind(b"\n") + 1 if chunk else len(data)
             data, rest = data[:cut], data[cut:]
             if data:
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    raise _not_utf8(data, err, before, where) from None
-                lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+                lines = _decoded(data, before, where).replace("\r\n", "\n").replace("\r", "\n").split("\n")
                 if lines[-1] == "":
                     lines.pop()  # the block ended with a line end
-                _check_no_nul(text, lines, before, where)
                 before += len(lines)
                 yield lines
             if not chunk:
                 return
-
-
-def _check_no_nul(text: str, lines: list[str], before: int, where: str) -> None:
-    if "\x00" in text:
-        line = next(i for i, s in enumerate(lines) if "\x00" in s)
-        raise ValueError(
-            f"{where} line {before + line + 1}: a NUL byte at column {lines[line].index(chr(0)) + 1}: "
-            "this is binary data, not text"
-        )
 
 
 @dataclass

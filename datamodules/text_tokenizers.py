@@ -11,8 +11,8 @@ original text (detokenized).
 from __future__ import annotations
 
 import json
-from collections import namedtuple
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -94,7 +94,14 @@ def load_pretrained_tokenizer(name: str, key: str) -> Tokenizer:
         ) from None
 
 
-Encoding = namedtuple("Encoding", "ids")
+@dataclass
+class Encoding:
+    """The ids of one encoded text: what this project reads of a `tokenizers.Encoding`."""
+
+    ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 class PretrainedTokenizerSide:

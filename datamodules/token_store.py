@@ -31,9 +31,8 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -156,13 +155,13 @@ class TokenWriter:
         self.tokens, self.sentences = 0, 0
         self._write(np.zeros(1, np.int64), self.offsets)
 
-    def add(self, ids: list[list[int]]) -> None:
-        """Append a batch: one list of ids per sentence (or piece of text)."""
-        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        flat = np.fromiter(chain.from_iterable(ids), self.dtype, int(lengths.sum()))
+    def add(self, lengths: Sequence[int], ids: Iterable[int]) -> None:
+        """Append a batch of sentences (or pieces of text): their lengths, and their ids one after the other."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        flat = np.fromiter(ids, self.dtype, int(lengths.sum()))
         self._write(flat, self.ids)
         self._write(self.tokens + np.cumsum(lengths), self.offsets)
-        self.tokens, self.sentences = self.tokens + len(flat), self.sentences + len(ids)
+        self.tokens, self.sentences = self.tokens + len(flat), self.sentences + len(lengths)
 
     def _write(self, array: np.ndarray, file) -> None:
         if file is not None:

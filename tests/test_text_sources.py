@@ -27,25 +27,35 @@ def texts(source, size=3) -> list[tuple]:
 @example(raw=b"\xef\xbb\xbfab\r\ncd", block=1)  # a byte-order mark longer than the block
 def test_lines_read_in_blocks_are_those_of_the_whole_file(tmp_path, monkeypatch, raw, block):
     """The reader of corpora of any size against `read_lines` (the whole file at once): the same lines, the same
-    line and column for a byte that is not UTF-8, wherever the blocks end; and a NUL byte (binary data) is named."""
+    line and column for a byte that is not UTF-8, wherever the blocks end; and a NUL byte (binary data), when it
+    comes first, is named by its line and column (in characters) in the text before it."""
     monkeypatch.setattr(text_sources, "BLOCK", block)
     path = tmp_path / "corpus.txt"
     path.write_bytes(raw)
+    read = lambda: [line for lines in read_text_lines(path, f"data.path: {path}") for line in lines]  # noqa: E731
+    body = raw.removeprefix(b"\xef\xbb\xbf")
+    nul = body.find(b"\x00")
     try:
         expected = read_lines(path, "data.path")
     except ValueError as err:
-        with pytest.raises(ValueError, match=re.escape(f"data.path: {err}")):
-            [line for lines in read_text_lines(path, "data.path: " + str(path)) for line in lines]
-        return
-    if any("\x00" in line for line in expected):
-        line = next(i for i, s in enumerate(expected) if "\x00" in s)
-        column = expected[line].index("\x00") + 1
+        if nul < 0 or nul > int(re.search(r"column (\d+)", str(err))[1]) - 1 + _line_start(body, str(err)):
+            with pytest.raises(ValueError, match=re.escape(f"data.path: {err}")):
+                read()
+            return
+    if nul >= 0:
+        before = re.split(r"\r\n|\r|\n", body[:nul].decode())
         with pytest.raises(
-            ValueError, match=rf"{path} line {line + 1}: a NUL byte at column {column}: this is binary data"
+            ValueError, match=rf"{path} line {len(before)}: a NUL byte at column {len(before[-1]) + 1}: "
         ):
-            list(read_text_lines(path, f"data.path: {path}"))
+            read()
         return
-    assert [line for lines in read_text_lines(path, f"data.path: {path}") for line in lines] == expected
+    assert read() == expected
+
+
+def _line_start(body: bytes, message: str) -> int:
+    """The offset in ``body`` of the first byte of the line that ``message`` ("... line N: ...") names."""
+    number = int(re.search(r"line (\d+)", message)[1])
+    return sum(map(len, body.splitlines(keepends=True)[: number - 1]))
 
 
 def write(path, text: str):
@@ -104,11 +114,11 @@ def test_a_corpus_without_text_or_with_binary_bytes_is_one_line(tmp_path):
         (tmp_path / name).write_bytes(raw)
         with pytest.raises(ValueError, match=rf"^data.path: {re.escape(str(tmp_path / name))} holds no text$"):
             texts(corpus_source(str(tmp_path / name), "text"))
-    (tmp_path / "image.txt").write_bytes(b"GIF89a\n\x01\x00\x00\xff")
-    with pytest.raises(ValueError, match=r"image.txt line 2: byte 0xff at column 4 is not UTF-8"):
+    (tmp_path / "image.txt").write_bytes(b"GIF89a\n\x01\x00\xff\x00")
+    with pytest.raises(ValueError, match=r"image.txt line 2: a NUL byte at column 2: this is binary data, not text"):
         texts(corpus_source(str(tmp_path / "image.txt"), "text"))
-    (tmp_path / "zeros.txt").write_bytes(b"text\nmore \x00\x00")
-    with pytest.raises(ValueError, match=r"zeros.txt line 2: a NUL byte at column 6: this is binary data, not text"):
+    (tmp_path / "zeros.txt").write_bytes(b"text\nm\xf6re \x00\x00")  # the first of the two errors counts
+    with pytest.raises(ValueError, match=r"zeros.txt line 2: byte 0xf6 at column 2 is not UTF-8"):
         texts(corpus_source(str(tmp_path / "zeros.txt"), "text"))
 
 

@@ -171,11 +171,11 @@ def test_an_interrupted_preparation_leaves_nothing_and_the_next_run_prepares(tmp
     monkeypatch.setattr(text_prepare, "BATCH", 500)
     calls, add = [], TokenWriter.add
 
-    def interrupted(self, ids):
-        calls.append(len(ids))
+    def interrupted(self, lengths, ids):
+        calls.append(len(lengths))
         if len(calls) == 3:
             raise KeyboardInterrupt  # Ctrl-C (a SIGKILL: tests/test_token_store.py) half-way through the corpus
-        add(self, ids)
+        add(self, lengths, ids)
 
     monkeypatch.setattr(TokenWriter, "add", interrupted)
     settings = dict(cache_dir=str(tmp_path / "cache"), block_size=8)

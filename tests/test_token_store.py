@@ -42,7 +42,7 @@ def write_store(folder: Path, batches: list[list[list[int]]], dtype=np.uint16) -
     folder.mkdir(parents=True, exist_ok=True)
     with TokenWriter(folder, "train.src", dtype, sentences=True) as writer:
         for batch in batches:
-            writer.add(batch)
+            writer.add([len(s) for s in batch], (i for s in batch for i in s))
     return {"dtype": np.dtype(dtype).name, "arrays": writer.arrays}
 
 
@@ -77,10 +77,10 @@ def test_a_full_disk_while_writing_is_one_line(tmp_path):
         ValueError, match=rf"data.cache_dir: the disk of {tmp_path.parent} filled up .* set data.cache_dir"
     ):
         with TokenWriter(tmp_path, "corpus", np.uint16, sentences=False) as writer:
-            writer.add([[1] * 100_000])
+            writer.add([100_000], [1] * 100_000)
     with pytest.raises(ValueError, match="filled up"):
         with TokenWriter(tmp_path, "corpus", np.uint16, sentences=False) as writer:
-            writer.add([[1] * 10])  # held in the file's buffer: the error comes at closing
+            writer.add([10], [1] * 10)  # held in the file's buffer: the error comes at closing
 
 
 def test_the_folder_is_named_by_the_key(tmp_path):
@@ -177,7 +177,7 @@ def build(tmp):
     with open(folder.parent / "builds.log", "a") as log:
         log.write(f"{os.getpid()}\\n")
     with TokenWriter(tmp, "corpus", "uint16", sentences=False) as writer:
-        writer.add([[1, 2, 3]] * 1000)
+        writer.add([3] * 1000, [1, 2, 3] * 1000)
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(float(mode))
