@@ -305,18 +305,19 @@ def test_differential_attention_from_a_file_of_ones_own_trains_a_step_in_every_m
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 40)
     data = [f"--data.init_args.path={corpus}"] if modality == "language model" else []
-    code, _, err = attnlab(
-        "fit",
-        *MODALITIES[modality],
-        *data,
-        "--model.init_args.attention.kernel={class_path: diff_attention.DiffAttention, init_args: {lambda_init: 0.5}}",
-        "--trainer.max_steps=1",
-        "--trainer.check_val_every_n_epoch=1",
-        "--trainer.val_check_interval=1",
-        "--trainer.limit_val_batches=1",
-        "--trainer.num_sanity_val_steps=0",
-        f"--trainer.default_root_dir={tmp_path / 'run'}",
-    )
+    with pytest.warns(UserWarning, match="attention statistics and attention.png left out") as warned:
+        code, _, err = attnlab(
+            "fit",
+            *MODALITIES[modality],
+            *data,
+            "--model.init_args.attention.kernel={class_path: diff_attention.DiffAttention, init_args: {lambda_init: 0.5}}",
+            "--trainer.max_steps=1",
+            "--trainer.check_val_every_n_epoch=1",
+            "--trainer.val_check_interval=1",
+            "--trainer.limit_val_batches=1",
+            "--trainer.num_sanity_val_steps=0",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        )
     assert code == 0, err
     (checkpoint,) = (tmp_path / "run").rglob("last.ckpt")
     assert list((tmp_path / "run").rglob("best.ckpt"))  # it validated
@@ -337,4 +338,4 @@ def test_differential_attention_from_a_file_of_ones_own_trains_a_step_in_every_m
     (summary,) = (tmp_path / "run").rglob("summary.json")
     attention = json.loads(summary.read_text())["attention"]
     assert attention["init"] is None and "DiffAttention returns no attention weights" in attention["left_out"]
-    assert "attention statistics and attention.png left out" in err
+    assert len([w for w in warned if "attention statistics" in str(w.message)]) == 1  # one line, once

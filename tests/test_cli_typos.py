@@ -3,6 +3,7 @@ attention block or in a --config file's `trainer:`, a class path beside the user
 fit`, and `fit --help` without the optimizers that every attnlab model refuses."""
 
 import dataclasses
+import importlib
 import sys
 from pathlib import Path
 
@@ -78,6 +79,9 @@ def beside_the_user(tmp_path, monkeypatch):
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
+    for name in ("my_attention", "my_callbacks"):  # another test's module of that name, imported in this process
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    importlib.invalidate_caches()
     return Path.cwd()
 
 
