@@ -4,6 +4,7 @@ their fast paths against the reference path; KV-cached decoding; the padding-fre
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -201,18 +202,10 @@ def test_bad_blocks_are_one_line_naming_the_key(fields, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-OWN_MODULE = '''
-import torch
-from torch import nn
-
-
-class ReluNorm(nn.Module):
-    """relu(s) normalised over the keys: a normalisation of one's own, in a file outside attnlab."""
-
-    def forward(self, scores, blocked):
-        w = torch.relu(scores)
-        return w / (w.sum(-1, keepdim=True) + 1e-6)
-'''
+README = Path(__file__).resolve().parents[1] / "README.md"
+OWN_MODULE = re.search(r"```python\n# my_attention.py\n(.*?)```", README.read_text(), re.S).group(
+    1
+)  # the README's file
 MODALITIES = {
     "vision": ["--config", "configs/vision/digits.yaml"],
     "translation": ["--config", "configs/text/toy_en_de.yaml"],
@@ -232,7 +225,9 @@ def test_a_normalization_of_ones_own_from_yaml_trains_in_every_modality(modality
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 40)
     block = tmp_path / "attention.yaml"
-    block.write_text("model:\n  init_args:\n    attention:\n      normalization: my_attention.ReluNorm\n")
+    block.write_text(
+        "model:\n  init_args:\n    attention:\n      normalization: {class_path: my_attention.TopK, init_args: {k: 4}}\n"
+    )
     args = (
         [*MODALITIES[modality], f"--data.init_args.path={corpus}"]
         if modality == "language model"
@@ -252,5 +247,6 @@ def test_a_normalization_of_ones_own_from_yaml_trains_in_every_modality(modality
     assert code == 0, err
     (summary,) = (tmp_path / "run").rglob("summary.json")
     attention = json.loads(summary.read_text())["hparams"]["attention"]
-    # a class path is held as jsonargparse holds any class: {class_path, init_args (when it takes some)}
-    assert attention["normalization"] == {"class_path": "my_attention.ReluNorm"} and attention["gate"] == "elementwise"
+    # held as jsonargparse holds any class: {class_path, init_args}, every argument of the constructor
+    topk = {"class_path": "my_attention.TopK", "init_args": {"k": 4, "temperature": 1.0}}
+    assert attention["normalization"] == topk and attention["gate"] == "elementwise"
