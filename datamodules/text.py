@@ -87,6 +87,9 @@ class ParallelTextDataModule(TokenizedDataModule):
             "pretrained": the tokenizer of the pretrained model in ``tokenizer_dir`` (a Marian folder or hub
             name), with its own special ids (Marian: PAD starts the target), linked to the model as usual.
         shared_vocab: one tokenizer for both languages (needed for shared embeddings).
+        tokenizer_train_chars: the characters a tokenizer trained here learns from, at most: a sample of the
+            training text spread over all of it (SentencePiece's ``input_sentence_size``), which bounds the
+            training's time on a large corpus; None: all of it. Every sentence is encoded either way.
         tokenizer_dir: load the tokenizer files saved by an earlier fit (its default_root_dir) instead of training;
             with ``tokenizer: pretrained``, the pretrained model's folder.
         token_dtype: the store's id type, "uint16" or "uint32"; None: the smallest that holds the tokenizer's ids.
@@ -114,6 +117,7 @@ class ParallelTextDataModule(TokenizedDataModule):
         vocab_size: int = 8000,
         min_frequency: int = 2,
         shared_vocab: bool = True,
+        tokenizer_train_chars: int | None = 100_000_000,
         tokenizer_dir: str | None = None,
         token_dtype: Literal["uint16", "uint32"] | None = None,
         max_len: int = 128,
@@ -217,7 +221,7 @@ class ParallelTextDataModule(TokenizedDataModule):
         tokenizer = (
             [tokenizer_digest(t) for t in given]
             if given is not None
-            else {k: hp[k] for k in ("tokenizer", "vocab_size", "min_frequency", "shared_vocab")}
+            else {k: hp[k] for k in ("tokenizer", "vocab_size", "min_frequency", "shared_vocab", "tokenizer_train_chars")}
         )
         splits = {split: source.fingerprint() for split, source in self.sources.items()}
         return {"pairs": splits, "tokenizer": tokenizer, "token_dtype": hp.token_dtype}
@@ -231,7 +235,7 @@ class ParallelTextDataModule(TokenizedDataModule):
         # at most one id per byte of text, and an offset per sentence (a sentence per 16 bytes, about)
         check_free_space(folder, text * itemsize + text // 2, str(self.data_dir))
         tokenizers = given or train_pair_tokenizers(
-            self.sources["train"], hp.tokenizer, hp.vocab_size, hp.min_frequency, hp.shared_vocab
+            self.sources["train"], hp.tokenizer, hp.vocab_size, hp.min_frequency, hp.shared_vocab, hp.tokenizer_train_chars
         )
         if given is None:
             for stem, tokenizer in zip(self._stems(), tokenizers):
@@ -331,6 +335,9 @@ class TextCorpusDataModule(TokenizedDataModule):
             BPE only), or "pretrained": the ``tokenizer.json`` of the pretrained model in ``tokenizer_dir``
             (e.g. GPT-2's byte-level BPE), used as it is. A tokenizer trained here learns from the text before the
             validation part.
+        tokenizer_train_chars: the characters a tokenizer trained here learns from, at most: a sample of the
+            training text spread over all of it (SentencePiece's ``input_sentence_size``), which bounds the
+            training's time on a large corpus; None: all of it. The whole corpus is encoded either way.
         tokenizer_dir: load ``tokenizer.json`` saved by an earlier fit instead of training; with
             ``tokenizer: pretrained``, the pretrained model's folder (or hub name).
         token_dtype: the store's id type, "uint16" or "uint32"; None: the smallest that holds the tokenizer's ids.
@@ -354,6 +361,7 @@ class TextCorpusDataModule(TokenizedDataModule):
         tokenizer: Literal["char", "bpe", "pretrained"] = "char",
         bpe_vocab_size: int = 1000,
         min_frequency: int = 2,
+        tokenizer_train_chars: int | None = 100_000_000,
         tokenizer_dir: str | None = None,
         token_dtype: Literal["uint16", "uint32"] | None = None,
         block_size: int = 256,
@@ -413,7 +421,7 @@ class TextCorpusDataModule(TokenizedDataModule):
             tokenizer = {"sha256": tokenizer_digest(self._given_tokenizer)}
         else:  # trained on the text before the validation part
             settings = ("bpe_vocab_size", "min_frequency") if hp.tokenizer == "bpe" else ()
-            tokenizer = {k: hp[k] for k in ("tokenizer", "val_fraction", *settings)}
+            tokenizer = {k: hp[k] for k in ("tokenizer", "val_fraction", "tokenizer_train_chars", *settings)}
         return {"corpus": self.source.fingerprint(), "tokenizer": tokenizer, "token_dtype": hp.token_dtype}
 
     def _build(self, folder: Path) -> dict:
@@ -422,7 +430,7 @@ class TextCorpusDataModule(TokenizedDataModule):
         if source.text_bytes() is not None:  # at most one id per byte of text
             check_free_space(folder, source.text_bytes() * token_dtype(expected, hp.token_dtype).itemsize, self.path)
         tokenizer = given or train_corpus_tokenizer(
-            source, hp.tokenizer, hp.bpe_vocab_size, hp.min_frequency, hp.val_fraction
+            source, hp.tokenizer, hp.bpe_vocab_size, hp.min_frequency, hp.val_fraction, hp.tokenizer_train_chars
         )
         if given is None:
             tokenizer.save(str(folder / "tokenizer.json"))

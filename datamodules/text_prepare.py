@@ -52,18 +52,42 @@ def head(batches: Iterable[list[str]], chars: int) -> Iterator[list[str]]:
         return
 
 
-def train_corpus_tokenizer(source, kind: str, vocab_size: int, min_frequency: int, val_fraction: float) -> Tokenizer:
-    """A tokenizer trained on the first (1 - ``val_fraction``) of a corpus's characters: a first pass counts them
-    (and checks the whole text before any training), the second trains on that part only."""
-    chars = sum(sum(map(len, batch)) for batch in corpus_pieces(source))
-    training = head(corpus_pieces(source), int(chars * (1 - val_fraction)))
-    return build_tokenizer(kind, training, vocab_size, min_frequency)
+def sample(batches: Iterable[tuple], total: int | None, chars: int | None) -> Iterator[tuple]:
+    """About ``chars`` characters of ``batches`` (tuples of columns) for training a tokenizer, as SentencePiece's
+    ``input_sentence_size`` does: every k-th batch, k = ceil(``total`` / ``chars``), so the sample spans the whole
+    text. ``total``: the text's characters (None: unknown, the first batches are taken); ``chars`` None: all."""
+    size = lambda batch: sum(len(text) for column in batch for text in column)  # noqa: E731
+    if chars is None:
+        yield from batches
+        return
+    stride = max(1, -(-total // chars)) if total else 1
+    given = 0
+    for i, batch in enumerate(batches):
+        if i % stride == 0:
+            yield batch
+            given += size(batch)
+            if given >= chars:
+                return
 
 
-def train_pair_tokenizers(source, kind: str, vocab_size: int, min_frequency: int, shared: bool) -> list[Tokenizer]:
-    """(source, target) tokenizers trained on a split's sentences: one for both languages (all source sentences,
-    then all target sentences) when ``shared``, else one per side."""
-    side = lambda i: (batch[i] for batch in source.batches(BATCH))  # noqa: E731
+def train_corpus_tokenizer(
+    source, kind: str, vocab_size: int, min_frequency: int, val_fraction: float, chars: int | None
+) -> Tokenizer:
+    """A tokenizer trained on the first (1 - ``val_fraction``) of a corpus's characters, or on a ``sample`` of
+    ``chars`` of them: a first pass counts them (and checks the whole text before any training), the second trains."""
+    total = sum(sum(map(len, batch)) for batch in corpus_pieces(source))
+    training = int(total * (1 - val_fraction))
+    texts = sample(((batch,) for batch in head(corpus_pieces(source), training)), training, chars)
+    return build_tokenizer(kind, (batch for (batch,) in texts), vocab_size, min_frequency)
+
+
+def train_pair_tokenizers(
+    source, kind: str, vocab_size: int, min_frequency: int, shared: bool, chars: int | None
+) -> list[Tokenizer]:
+    """(source, target) tokenizers trained on a split's sentences, or on a ``sample`` of ``chars`` of them: one for
+    both languages (the source sentences, then the target sentences) when ``shared``, else one per side."""
+    total = source.text_bytes()  # about its characters
+    side = lambda i: (batch[i] for batch in sample(source.batches(BATCH), total, chars))  # noqa: E731
     if shared:
         tokenizer = build_tokenizer(kind, chain(side(0), side(1)), vocab_size, min_frequency)
         return [tokenizer, tokenizer]

@@ -282,3 +282,57 @@ def test_length_buckets_are_those_of_the_plain_python_bucketing():
     assert list(LengthBucketSampler(lengths, batch_size=10)) == plain(3)
     torch.manual_seed(3)
     assert list(LengthBucketSampler(lengths.tolist(), batch_size=10)) == plain(3)
+
+
+def test_a_sample_is_every_kth_batch_across_the_text():
+    """By hand: ten batches of 10 characters, 100 in all, and a sample of 30: k = ceil(100 / 30) = 4, so batches 0,
+    4 and 8 (30 characters, enough); unknown size: the first batches; no bound: all."""
+    first = lambda taken: [b[0][0] for b in taken]  # noqa: E731
+    numbered = [([str(i) * 10],) for i in range(10)]
+    assert first(text_prepare.sample(iter(numbered), 100, 30)) == ["0" * 10, "4" * 10, "8" * 10]
+    assert first(text_prepare.sample(iter(numbered), None, 30)) == first(numbered[:3])
+    assert first(text_prepare.sample(iter(numbered), 100, None)) == first(numbered)
+
+
+def segments(words, lines=10):
+    """``lines`` lines of each word repeated, segment after segment."""
+    return [f"{w} {w} {w}" for w in words for _ in range(lines)]
+
+
+def test_a_tokenizer_learns_from_a_sample_spread_over_the_corpus_and_every_line_is_encoded(tmp_path, monkeypatch):
+    """Six segments of 10 lines (one batch each), the last 10% held out: 5.4 segments to train on, a sample of two
+    segments' characters takes every ceil(5.4 / 2) = 3rd batch, segments 0 and 3. The oracle is the tokenizers
+    library trained on those lines alone; the store still holds every line encoded."""
+    monkeypatch.setattr(text_prepare, "BATCH", 10)
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"]
+    lines = segments(words)
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lines) + "\n")
+    segment = sum(len(line) + 1 for line in lines[:10])
+    settings = dict(cache_dir=str(tmp_path / "cache"), tokenizer="bpe", bpe_vocab_size=60, block_size=8)
+    dm = TextCorpusDataModule(str(path), tokenizer_train_chars=2 * segment, **settings)
+    sampled = [line + "\n" for line in lines[:10] + lines[30:40]]
+    oracle = build_tokenizer("bpe", [sampled], 60, 2)
+    assert dm.tokenizer.to_str() == oracle.to_str()
+    assert dm.tokenizer.token_to_id("▁delta") is not None and dm.tokenizer.token_to_id("▁bravo") is None
+    pieces = oracle.encode_batch([line + "\n" for line in lines], add_special_tokens=False)  # a line is a piece
+    assert store_ids(dm) == [i for piece in pieces for i in piece.ids]
+    whole = TextCorpusDataModule(str(path), tokenizer_train_chars=None, **settings)
+    assert whole.store[0] != dm.store[0] and whole.tokenizer.token_to_id("▁bravo") is not None
+
+
+def test_pair_tokenizers_learn_from_a_sample_of_the_pairs(tmp_path, monkeypatch):
+    """Four segments of 10 pairs (one batch each) and a sample of one segment's characters, both sides: every 4th
+    batch, segment 0 only. The oracle: the library trained on its English then its German lines."""
+    monkeypatch.setattr(text_prepare, "BATCH", 10)
+    en, de = segments(["one", "two", "three", "four"]), segments(["eins", "zwei", "drei", "vier"])
+    for split, rows in (("train", slice(None)), ("val", slice(0, 4))):
+        (tmp_path / f"{split}.en").write_text("\n".join(en[rows]) + "\n")
+        (tmp_path / f"{split}.de").write_text("\n".join(de[rows]) + "\n")
+    first = sum(len(s) + 1 for s in en[:10] + de[:10])
+    settings = dict(cache_dir=str(tmp_path / "cache"), tokenizer="word", min_frequency=1, test_split=None)
+    dm = ParallelTextDataModule(str(tmp_path), tokenizer_train_chars=first, **settings)
+    oracle = build_tokenizer("word", [en[:10], de[:10]], 8000, 1)
+    assert dm.tokenizers[0].to_str() == oracle.to_str() and dm.tokenizers[0].token_to_id("▁vier") is None
+    dm.setup("fit")
+    assert len(dm.train_set) == 40  # every pair encoded
