@@ -148,7 +148,7 @@ class ObjectDetector(pl.LightningModule):
             )
         stats = self.trainer.strategy.broadcast(stats, src=0)
         for key in ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large", "AR100"):
-            self.log(f"{stage}/{key}", stats[key], sync_dist=False)
+            self.log(f"{stage}/{key}", stats[key], sync_dist=True)  # equal on every rank: the mean changes nothing
 
     def on_validation_epoch_end(self) -> None:
         dataset = self.trainer.val_dataloaders.dataset

@@ -201,6 +201,7 @@ class TranslationModule(pl.LightningModule):
                 f"{stage}/chrf": chrf.corpus_score(hyps, [refs]).score,
             },
             prog_bar=True,
+            sync_dist=True,  # equal on every rank already (a synced metric, gathered rows): a mean that changes nothing
         )
         self.sacrebleu_signatures = {"BLEU": str(bleu.get_signature()), "chrF": str(chrf.get_signature())}
 
@@ -327,10 +328,11 @@ class LanguageModelModule(pl.LightningModule):
         for suffix, metric in metrics.items():
             nll = metric.compute()
             metric.reset()
+            # compute() is already the mean over every rank: sync_dist averages equal values and changes nothing
             if suffix in ("", "@1x"):
-                self.log_dict({f"{stage}/loss": nll, f"{stage}/ppl": nll.exp()}, prog_bar=True)
+                self.log_dict({f"{stage}/loss": nll, f"{stage}/ppl": nll.exp()}, prog_bar=True, sync_dist=True)
             if suffix:
-                self.log_dict({f"{stage}/loss{suffix}": nll, f"{stage}/ppl{suffix}": nll.exp()})
+                self.log_dict({f"{stage}/loss{suffix}": nll, f"{stage}/ppl{suffix}": nll.exp()}, sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         self._epoch_end("val")

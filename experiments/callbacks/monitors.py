@@ -74,7 +74,7 @@ class Throughput(Callback):
         self._logged = self._fit.clone()
         if self._fit[2] > 0:  # an epoch of one batch measures nothing
             rates = dict(zip(("perf/samples_per_s", "perf/tokens_per_s"), rates.tolist()))
-            pl_module.log_dict(rates, on_step=False, on_epoch=True)
+            pl_module.log_dict(rates, on_step=False, on_epoch=True, sync_dist=True)  # equal on every rank already
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
