@@ -3,6 +3,7 @@ by `benchmarks.make_corpus`); run by hand, each phase in a Python process of its
 
     python -m benchmarks.token_store CORPUS [--tokenizer bpe] [--vocab-size 8000] [--out runs/bench/token_store]
     python -m benchmarks.token_store CORPUS --compare   # also the peers' formats (a corpus of about 30 MB)
+    python -m benchmarks.token_store PAIRS_DIR --pairs  # sentence pairs in the Multi30k layout (train.en, train.de)
 
 Phases (peak RSS: the process's ``getrusage`` high-water mark; "RSS before": the same once torch, Lightning and
 the DataModule are imported, about 1 GB here, which the phase's work adds to):
@@ -45,10 +46,36 @@ def _folder_mb(folder: Path) -> float:
 
 
 def _corpus(args: argparse.Namespace, cache: str, **settings):
-    from datamodules.text import TextCorpusDataModule  # imported before the phases start their clocks
+    """The DataModule of the corpus (or, with ``--pairs``, of the pairs), its store under ``out/cache``."""
+    from datamodules.text import ParallelTextDataModule, TextCorpusDataModule  # imported before the clocks start
 
+    cache_dir = str(Path(args.out) / cache)
+    if args.pairs:
+        options = dict(tokenizer="bpe", vocab_size=args.vocab_size, test_split=None, batch_size=64)
+        return ParallelTextDataModule(args.corpus, cache_dir=cache_dir, **{**options, **settings})
     options = dict(tokenizer=args.tokenizer, bpe_vocab_size=args.vocab_size, block_size=256, batch_size=64)
-    return TextCorpusDataModule(args.corpus, cache_dir=str(Path(args.out) / cache), **{**options, **settings})
+    return TextCorpusDataModule(args.corpus, cache_dir=cache_dir, **{**options, **settings})
+
+
+def _tokens(meta: dict) -> int:
+    return sum(length for name, length in meta["arrays"].items() if name.endswith(".ids"))
+
+
+def _given(args: argparse.Namespace) -> dict:
+    """The settings that hand the DataModule the tokenizer the prepare phase trained."""
+    folder = str(Path(args.out) / "tokenizer")
+    return dict(tokenizer_dir=folder) if args.pairs else dict(tokenizer="pretrained", tokenizer_dir=folder)
+
+
+def _pieces(args: argparse.Namespace):
+    """What the preparation encodes, batch by batch: the corpus's pieces, or the pairs' sentences side by side."""
+    from datamodules.text_prepare import BATCH, corpus_pieces
+    from datamodules.text_sources import corpus_source
+
+    if not args.pairs:
+        return corpus_pieces(corpus_source(args.corpus, "text"))
+    data = _corpus(args, "unused")
+    return (src + tgt for split in data.sources.values() for src, tgt in split.batches(BATCH))
 
 
 def prepare(args: argparse.Namespace) -> dict:
@@ -58,7 +85,7 @@ def prepare(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     (Path(args.out) / "tokenizer").mkdir(exist_ok=True)
     shutil.copy(folder / "tokenizer.json", Path(args.out) / "tokenizer" / "tokenizer.json")
-    tokens = meta["arrays"]["corpus.ids"]
+    tokens = _tokens(meta)
     return {
         "seconds": seconds,
         "tokens": tokens,
@@ -71,12 +98,9 @@ def prepare(args: argparse.Namespace) -> dict:
 def ceiling(args: argparse.Namespace) -> dict:
     from tokenizers import Tokenizer
 
-    from datamodules.text_prepare import corpus_pieces
-    from datamodules.text_sources import corpus_source
-
     tokenizer = Tokenizer.from_file(str(Path(args.out) / "tokenizer" / "tokenizer.json"))
     seconds, tokens = 0.0, 0
-    for pieces in corpus_pieces(corpus_source(args.corpus, "text")):
+    for pieces in _pieces(args):
         start = time.perf_counter()
         encodings = tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
         seconds += time.perf_counter() - start
@@ -85,11 +109,11 @@ def ceiling(args: argparse.Namespace) -> dict:
 
 
 def encode(args: argparse.Namespace) -> dict:
-    data = _corpus(args, "given", tokenizer="pretrained", tokenizer_dir=str(Path(args.out) / "tokenizer"))
+    data = _corpus(args, "given", **_given(args))
     before, start = _peak_mb(), time.perf_counter()
     folder, meta = data.store
     seconds = time.perf_counter() - start
-    tokens = meta["arrays"]["corpus.ids"]
+    tokens = _tokens(meta)
     return {
         "seconds": seconds,
         "tokens": tokens,
@@ -106,7 +130,8 @@ def first(args: argparse.Namespace) -> dict:
     data = _corpus(args, "cold")
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
-    return {"seconds": time.perf_counter() - start, "batch": list(batch["input"].shape), "RSS before MB": before}
+    shape = batch["src"].shape if args.pairs else batch["input"].shape
+    return {"seconds": time.perf_counter() - start, "batch": list(shape), "RSS before MB": before}
 
 
 def _random_reads(read, n_blocks: int, ids: np.ndarray) -> float:
@@ -206,6 +231,7 @@ def run_phase(args: argparse.Namespace, phase: str, *extra: str) -> dict:
     """``phase`` in a fresh process; its result with the process's peak RSS."""
     command = [sys.executable, "-m", "benchmarks.token_store", args.corpus, "--phase", phase, "--out", args.out]
     command += ["--tokenizer", args.tokenizer, "--vocab-size", str(args.vocab_size), *extra]
+    command += ["--pairs"] if args.pairs else []
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"phase {phase} failed:\n{done.stderr[-3000:]}")
@@ -219,6 +245,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--out", default="runs/bench/token_store")
     parser.add_argument("--compare", action="store_true")
+    parser.add_argument("--pairs", action="store_true", help="CORPUS is a folder of {split}.en/{split}.de pairs")
     parser.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args()
