@@ -221,7 +221,9 @@ class ParallelTextDataModule(TokenizedDataModule):
         tokenizer = (
             [tokenizer_digest(t) for t in given]
             if given is not None
-            else {k: hp[k] for k in ("tokenizer", "vocab_size", "min_frequency", "shared_vocab", "tokenizer_train_chars")}
+            else {
+                k: hp[k] for k in ("tokenizer", "vocab_size", "min_frequency", "shared_vocab", "tokenizer_train_chars")
+            }
         )
         splits = {split: source.fingerprint() for split, source in self.sources.items()}
         return {"pairs": splits, "tokenizer": tokenizer, "token_dtype": hp.token_dtype}
@@ -235,7 +237,12 @@ class ParallelTextDataModule(TokenizedDataModule):
         # at most one id per byte of text, and an offset per sentence (a sentence per 16 bytes, about)
         check_free_space(folder, text * itemsize + text // 2, str(self.data_dir))
         tokenizers = given or train_pair_tokenizers(
-            self.sources["train"], hp.tokenizer, hp.vocab_size, hp.min_frequency, hp.shared_vocab, hp.tokenizer_train_chars
+            self.sources["train"],
+            hp.tokenizer,
+            hp.vocab_size,
+            hp.min_frequency,
+            hp.shared_vocab,
+            hp.tokenizer_train_chars,
         )
         if given is None:
             for stem, tokenizer in zip(self._stems(), tokenizers):
