@@ -87,9 +87,8 @@ class ParallelTextDataModule(TokenizedDataModule):
             "pretrained": the tokenizer of the pretrained model in ``tokenizer_dir`` (a Marian folder or hub
             name), with its own special ids (Marian: PAD starts the target), linked to the model as usual.
         shared_vocab: one tokenizer for both languages (needed for shared embeddings).
-        tokenizer_train_chars: the characters a tokenizer trained here learns from, at most: a sample of the
-            training text spread over all of it (SentencePiece's ``input_sentence_size``), which bounds the
-            training's time on a large corpus; None: all of it. Every sentence is encoded either way.
+        tokenizer_train_chars: at most this many characters train a tokenizer here, every k-th batch of the training
+            text (SentencePiece's ``input_sentence_size``); None: all. Every sentence is encoded either way.
         tokenizer_dir: load the tokenizer files saved by an earlier fit (its default_root_dir) instead of training;
             with ``tokenizer: pretrained``, the pretrained model's folder.
         token_dtype: the store's id type, "uint16" or "uint32"; None: the smallest that holds the tokenizer's ids.
@@ -101,6 +100,8 @@ class ParallelTextDataModule(TokenizedDataModule):
     """
 
     task, tokenizer_kinds = "translation", ("word", "bpe", "pretrained")
+    # what a tokenizer trained here depends on: train_pair_tokenizers' arguments, in its order, and the store's key
+    trained_by = ("tokenizer", "vocab_size", "min_frequency", "shared_vocab", "tokenizer_train_chars")
 
     def __init__(
         self,
@@ -218,13 +219,7 @@ class ParallelTextDataModule(TokenizedDataModule):
     def _store_key(self) -> dict:
         hp = self.hparams
         given = self._given_tokenizers
-        tokenizer = (
-            [tokenizer_digest(t) for t in given]
-            if given is not None
-            else {
-                k: hp[k] for k in ("tokenizer", "vocab_size", "min_frequency", "shared_vocab", "tokenizer_train_chars")
-            }
-        )
+        tokenizer = [tokenizer_digest(t) for t in given] if given is not None else {k: hp[k] for k in self.trained_by}
         splits = {split: source.fingerprint() for split, source in self.sources.items()}
         return {"pairs": splits, "tokenizer": tokenizer, "token_dtype": hp.token_dtype}
 
@@ -236,14 +231,7 @@ class ParallelTextDataModule(TokenizedDataModule):
         ).itemsize
         # at most one id per byte of text, and an offset per sentence (a sentence per 16 bytes, about)
         check_free_space(folder, text * itemsize + text // 2, str(self.data_dir))
-        tokenizers = given or train_pair_tokenizers(
-            self.sources["train"],
-            hp.tokenizer,
-            hp.vocab_size,
-            hp.min_frequency,
-            hp.shared_vocab,
-            hp.tokenizer_train_chars,
-        )
+        tokenizers = given or train_pair_tokenizers(self.sources["train"], *(hp[k] for k in self.trained_by))
         if given is None:
             for stem, tokenizer in zip(self._stems(), tokenizers):
                 tokenizer.save(str(folder / f"{stem}.json"))
@@ -342,9 +330,8 @@ class TextCorpusDataModule(TokenizedDataModule):
             BPE only), or "pretrained": the ``tokenizer.json`` of the pretrained model in ``tokenizer_dir``
             (e.g. GPT-2's byte-level BPE), used as it is. A tokenizer trained here learns from the text before the
             validation part.
-        tokenizer_train_chars: the characters a tokenizer trained here learns from, at most: a sample of the
-            training text spread over all of it (SentencePiece's ``input_sentence_size``), which bounds the
-            training's time on a large corpus; None: all of it. The whole corpus is encoded either way.
+        tokenizer_train_chars: at most this many characters train a tokenizer here, every k-th batch of the training
+            text (SentencePiece's ``input_sentence_size``); None: all. The whole corpus is encoded either way.
         tokenizer_dir: load ``tokenizer.json`` saved by an earlier fit instead of training; with
             ``tokenizer: pretrained``, the pretrained model's folder (or hub name).
         token_dtype: the store's id type, "uint16" or "uint32"; None: the smallest that holds the tokenizer's ids.
