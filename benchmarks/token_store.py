@@ -78,21 +78,19 @@ def _pieces(args: argparse.Namespace):
     return (src + tgt for split in data.sources.values() for src, tgt in split.batches(BATCH))
 
 
-def prepare(args: argparse.Namespace) -> dict:
-    data, before = _corpus(args, "cold"), _peak_mb()
-    start = time.perf_counter()
+def _built(data) -> tuple[Path, dict]:
+    """The DataModule's store built (or found): its folder and the time, tokens, speed and RSS before it."""
+    before, start = _peak_mb(), time.perf_counter()
     folder, meta = data.store
-    seconds = time.perf_counter() - start
+    seconds, tokens = time.perf_counter() - start, _tokens(meta)
+    return folder, {"seconds": seconds, "tokens": tokens, "tokens/s": tokens / seconds, "RSS before MB": before}
+
+
+def prepare(args: argparse.Namespace) -> dict:
+    folder, result = _built(_corpus(args, "cold"))
     (Path(args.out) / "tokenizer").mkdir(exist_ok=True)
     shutil.copy(folder / "tokenizer.json", Path(args.out) / "tokenizer" / "tokenizer.json")
-    tokens = _tokens(meta)
-    return {
-        "seconds": seconds,
-        "tokens": tokens,
-        "tokens/s": tokens / seconds,
-        "store MB": _folder_mb(folder),
-        "RSS before MB": before,
-    }
+    return {**result, "store MB": _folder_mb(folder)}
 
 
 def ceiling(args: argparse.Namespace) -> dict:
@@ -109,18 +107,8 @@ def ceiling(args: argparse.Namespace) -> dict:
 
 
 def encode(args: argparse.Namespace) -> dict:
-    data = _corpus(args, "given", **_given(args))
-    before, start = _peak_mb(), time.perf_counter()
-    folder, meta = data.store
-    seconds = time.perf_counter() - start
-    tokens = _tokens(meta)
-    return {
-        "seconds": seconds,
-        "tokens": tokens,
-        "tokens/s": tokens / seconds,
-        "store": str(folder),
-        "RSS before MB": before,
-    }
+    folder, result = _built(_corpus(args, "given", **_given(args)))
+    return {**result, "store": str(folder)}
 
 
 def first(args: argparse.Namespace) -> dict:

@@ -8,6 +8,7 @@ from functools import partial
 
 import pytest
 from conftest import config_args
+from wandb_stub import WandbRun
 
 from experiments.provenance import class_paths
 from experiments.tracking import WandbLogger
@@ -24,23 +25,6 @@ class PlainSoftmax(nn.Module):
     def forward(self, scores, blocked):
         return scores.softmax(-1)
 '''
-
-
-class _Config(dict):
-    def update(self, values, allow_val_change=False):
-        super().update(values)
-
-
-class _Run:
-    """Stands in for a wandb run: records the config, ignores the rest."""
-
-    id, project, entity, dir, url, offline, disabled = "stub", "attnlab", None, None, None, True, False
-
-    def __init__(self):
-        self.config = _Config()
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
 
 
 @pytest.fixture
@@ -70,7 +54,7 @@ def _fit(attnlab, root, normalization: str, seed: int, *args: str):
 def test_a_run_records_its_own_attention_file_and_compare_names_an_edit(attnlab, own_file, tmp_path, monkeypatch):
     own_file.write_text(SOURCE)
     before = hashlib.sha256(own_file.read_bytes()).hexdigest()
-    wandb_run = _Run()
+    wandb_run = WandbRun()
     monkeypatch.setattr(WandbLogger, "experiment", property(lambda self: wandb_run))
     loggers = "[{class_path: experiments.tracking.CSVLogger}, {class_path: experiments.tracking.WandbLogger}]"
     path = f"{MODULE}.PlainSoftmax"

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from conftest import LM_SMALL, config_args
 from jsonargparse import Namespace
+from wandb_stub import WandbRun
 
 from experiments import tracking
 from experiments.tracking import WandbLogger, prepare, wandb_mode
@@ -47,32 +48,9 @@ def test_the_logger_never_sets_wandb_mode_for_the_process(monkeypatch):
     assert os.environ["WANDB_MODE"] == "disabled"
 
 
-class _Config(dict):
-    def update(self, values, allow_val_change=False):
-        super().update(values)
-
-
-class _Run:
-    """Stands in for a wandb run: records the config, the saved files and the logged values, ignores the rest."""
-
-    id, project, entity, dir, url, offline, disabled = "stub", "attnlab", None, None, None, True, False
-
-    def __init__(self):
-        self.config, self.saved, self.logged = _Config(), [], {}
-
-    def save(self, path, base_path=None, policy="live"):
-        self.saved.append(path)
-
-    def log(self, values, *args, **kwargs):
-        self.logged.update(values)
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-
 def test_the_resolved_config_reaches_wandb_nested_with_linked_values(attnlab, tmp_path, monkeypatch):
     """LoggedConfig hands W&B the CLI config as one nested dict (no flat copies) and the config file."""
-    run = _Run()
+    run = WandbRun()
     monkeypatch.setattr(WandbLogger, "experiment", property(lambda self: run))
     logger = "--trainer.logger=[{class_path: experiments.tracking.WandbLogger, init_args: {mode: offline}}]"  # the run is the stub above
     code, _, err = _fit_digits(attnlab, tmp_path, logger, batches=1)
