@@ -53,6 +53,10 @@ class TokenizedDataModule(pl.LightningDataModule):
             )
         if hp.batch_size < 1:
             raise ValueError(f"data.batch_size={hp.batch_size} must be >= 1")
+        if hp.tokenizer_train_chars is not None and hp.tokenizer_train_chars < 1:
+            raise ValueError(
+                f"data.tokenizer_train_chars={hp.tokenizer_train_chars} must be >= 1, or null to train on all the text"
+            )
         if hp.predict_file not in (None, "-") and not Path(hp.predict_file).is_file():
             raise FileNotFoundError(f"data.predict_file: file {hp.predict_file} does not exist")
         if hp.token_dtype is not None and hp.token_dtype not in ID_TYPES:

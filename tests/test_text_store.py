@@ -336,3 +336,10 @@ def test_pair_tokenizers_learn_from_a_sample_of_the_pairs(tmp_path, monkeypatch)
     assert dm.tokenizers[0].to_str() == oracle.to_str() and dm.tokenizers[0].token_to_id("▁vier") is None
     dm.setup("fit")
     assert len(dm.train_set) == 40  # every pair encoded
+
+
+@pytest.mark.parametrize("module", [TextCorpusDataModule, ParallelTextDataModule])
+def test_a_tokenizer_sample_of_no_characters_is_refused_before_any_work(tmp_path, module):
+    with pytest.raises(ValueError, match=r"^data.tokenizer_train_chars=0 must be >= 1, or null to train on all"):
+        module(cache_dir=str(tmp_path / "cache"), tokenizer_train_chars=0)
+    assert not (tmp_path / "cache" / "tokens").exists()
