@@ -139,13 +139,32 @@ def unknown_option(option: str, class_path: str) -> tuple[str, str]:
     return "", f"{option!r} is not an option of {class_path}" + (f"; did you mean {close[0]!r}?" if close else "")
 
 
+def model_class(class_path: str) -> type:
+    """The class at ``class_path`` (a config's ``model.class_path``, which the parser has already imported)."""
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 def accepted_options(class_path: str) -> list[str]:
     """The init options of the class at ``class_path`` (`init_options`); none when it does not import."""
-    module, _, name = class_path.rpartition(".")
     try:
-        return init_options(getattr(importlib.import_module(module), name))
+        return init_options(model_class(class_path))
     except (ImportError, AttributeError, ValueError):
         return []
+
+
+def internal_error(err: TypeError, class_paths: list[str]) -> str:
+    """The line for a TypeError raised while the config's classes (``class_paths``) were built: jsonargparse had
+    checked every setting against their signatures, so the fault is in code that calls a constructor: attnlab's, or
+    that of a class of one's own."""
+    own = [
+        c for c in class_paths if not c.startswith(("models.", "datamodules.", "experiments.", "pytorch_lightning."))
+    ]
+    where = f"the code of {', '.join(own)}" if own else "attnlab, not in your settings"
+    return (
+        f"building {' and '.join(class_paths)} failed inside a constructor ({err}): the fault is in {where}; "
+        "rerun with ATTNLAB_DEBUG=1 and report the traceback"
+    )
 
 
 def check_own_optimizer(config: Any) -> None:

@@ -17,6 +17,13 @@ LINKED_ATTRIBUTES = (
 )
 
 
+def links_not_taken(cls: type) -> set[str]:
+    """The linked facts that ``cls`` takes no init argument for. LightningCLI records every link's value in the
+    hyper-parameters it hands a LightningModule (a decoder-only LM is given ``pad_id``, ``bos_id`` and ``eos_id``),
+    and hands a ``--ckpt_path`` file's hyper-parameters back to the constructor: these must be left out of both."""
+    return set(LINKED_ATTRIBUTES) - set(init_options(cls))
+
+
 def init_options(cls: type) -> list[str]:
     """The init arguments of ``cls`` as `attnlab` parses them: a LightningModule's own, then those of the
     network its ``**network`` builds (jsonargparse resolves them)."""

@@ -19,7 +19,7 @@ from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from experiments import checkpoints, cli_checks, guards, tracking
-from experiments.links import LINKED_ATTRIBUTES
+from experiments.links import LINKED_ATTRIBUTES, links_not_taken
 from experiments.runfolder import newest_checkpoint
 from experiments.subcommands import DESCRIPTION, TOOLS, TRAINER
 from experiments.variant_errors import variant_error
@@ -157,12 +157,22 @@ class AttnlabCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         tracking.prepare(self.config, self.subcommand)  # logger folders; `fit --ckpt_path last` resumes the run
+        if self.subcommand:  # a --ckpt_path file's hyper-parameters, now in the config (those of older files too)
+            model = self.config[self.subcommand].model
+            for name in links_not_taken(cli_checks.model_class(model.class_path)) & set(model.get("dict_kwargs") or {}):
+                del model.dict_kwargs[name]
 
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
         except (ValueError, FileNotFoundError) as err:  # a user's bad value, raised where it entered
+            if isinstance(err.__cause__, TypeError):  # a constructor's call inside our code, not a setting
+                cfg = self.config[self.subcommand] if self.subcommand else self.config
+                built = [cfg[key].class_path for key in ("model", "data") if cfg.get(key)]
+                _fail(cli_checks.internal_error(err.__cause__, built), traceback_when_debugging=True)
             _fail(condense_error(str(err)))
+        for name in links_not_taken(type(self.model)):  # saved: exactly the model's own init arguments
+            self.model.hparams.pop(name, None)
         if type(self.trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default; a plugin stays
             self.trainer.strategy.checkpoint_io = guards.SafeCheckpointIO()  # whole files, read as tensors only
         if self.subcommand in ("validate", "test", "predict"):

@@ -103,7 +103,8 @@ class RunSummary(Callback):
             return None
         try:
             with full_weights(trainer.model):
-                special_ids = tuple(int(pl_module.hparams[k]) for k in ("bos_id", "eos_id") if k in pl_module.hparams)
+                data = trainer.datamodule  # the text DataModules name their special tokens
+                special_ids = tuple(int(getattr(data, k)) for k in ("bos_id", "eos_id") if hasattr(data, k))
                 return summary_stats.attention_statistics(
                     self._model, self._inputs.args, self._inputs.kwargs, special_ids
                 )
