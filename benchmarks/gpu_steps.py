@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # every package of ours, and the libraries a figure needs: each must import on the GPU machine
 IMPORTS = (
     "models",
-    "datamodules.coco",
-    "datamodules.random_images",
+    "datamodules.detection.coco",
+    "datamodules.vision.random_images",
     "experiments.trainer_cli",
     "experiments.callbacks",
     "experiments.tracking",

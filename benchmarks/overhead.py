@@ -159,7 +159,7 @@ def _vit(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Callab
 def _seq2seq(module: pl.LightningModule) -> tuple[torch.optim.Optimizer, Any, Callable[[Any], torch.Tensor]]:
     """The module's own AdamW and inverse-square-root schedule, and the label-smoothed loss under teacher forcing."""
     from models import optim
-    from models.text import label_smoothed_nll_loss, teacher_forcing
+    from models.text.seq2seq import label_smoothed_nll_loss, teacher_forcing
 
     hp = module.hparams
     optimizer = optim.adamw(module.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.eps)

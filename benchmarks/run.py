@@ -19,7 +19,7 @@ Sections (``--only``):
     scaling    our step time, memory and attention share as sequence length / image size / queries grow
     data       each experiment config's DataModule alone vs its training step vs the real fit
     padding    padded batches by each of our attention's padding paths (masked SDPA, varlen_attn, NJT SDPA:
-               `models.padding_free`) vs no mask, and in the Multi30k training step vs nn.Transformer: only with CUDA
+               `models.core.padding_free`) vs no mask, and in the Multi30k training step vs nn.Transformer: only with CUDA
     gpu        its parts (``--gpu-parts``): padding (the padding section's rows), decoding on the static cache
                with CUDA graphs vs the dynamic cache (beam 5 and greedy, 64 and 1014 sentences), detr (the DETR
                steps with the share of Hungarian matching), overhead (`attnlab fit` at ViT-S/16, bf16, batch 256)
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> str:
             print(
                 "benchmark: padding section skipped: no CUDA device (torch.cuda.is_available() is False); "
                 "varlen_attn and NJT SDPA's flash kernels are CUDA's, and on the CPU the padding-free path is off "
-                "(models.attention.PADDING_FREE)",
+                "(models.core.attention.PADDING_FREE)",
                 file=sys.stderr,
             )
             continue
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> str:
                 print(
                     "benchmark: gpu section skipped: no CUDA device (torch.cuda.is_available() is False) for ViT-B/16 "
                     "MFU, SDPA checks, CUDA-graph decoding and padded batches; varlen_attn and NJT SDPA's flash kernels are "
-                    "CUDA's, and on the CPU the padding-free path is off (models.attention.PADDING_FREE); with --quick it "
+                    "CUDA's, and on the CPU the padding-free path is off (models.core.attention.PADDING_FREE); with --quick it "
                     "runs on the CPU at toy sizes, a rehearsal",
                     file=sys.stderr,
                 )

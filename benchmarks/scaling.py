@@ -18,7 +18,7 @@ from benchmarks.harness import Step
 from benchmarks.peers.bench import Bench, Settings, train_step, training_flops
 from benchmarks.peers.detr import detr_bench
 from benchmarks.peers.vit import QUICK_VIT, VIT_SHAPES, vit_pair
-from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
+from models.text.seq2seq import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
 # ----------------------------------------------------------------------------- attention kernels
 
@@ -36,7 +36,7 @@ SDPA_KERNELS = {
 # Where attention runs, as the profiler names the ops: SDPA on dense tensors (forward; its backward is the
 # autograd nodes below), varlen_attn's custom ops (torch.nn.attention.varlen), and the kernels that SDPA on
 # nested jagged tensors calls without `aten::scaled_dot_product_attention` (torch.nested._internal.sdpa: flash,
-# memory-efficient, cuDNN on CUDA, the math kernel on the CPU): the padding-free path of `models.padding_free`.
+# memory-efficient, cuDNN on CUDA, the math kernel on the CPU): the padding-free path of `models.core.padding_free`.
 ATTENTION_OPS = frozenset(
     {
         "aten::scaled_dot_product_attention",
@@ -250,7 +250,7 @@ def vit_b16_mfu(
 def empty_row_rows(device: torch.device) -> list[list[str]]:
     """What each SDPA backend gives for a query row whose keys are all blocked (boolean key padding
     mask, one sequence all padding), forward and backward: the reason the core zeroes such rows itself
-    on a GPU instead of trusting the kernel (see `models.attention.attention_fast`)."""
+    on a GPU instead of trusting the kernel (see `models.core.attention.attention_fast`)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     rows = []

@@ -15,7 +15,7 @@ from benchmarks.harness import Ratio, interleaved
 from benchmarks.measure import attention_kernels, log, run_case
 from benchmarks.report import SECTION_TITLES, comparison_table, fmt_rate, notes_list, scaling_table
 from experiments.compare.tables import markdown_table
-from models import attention
+from models.core import attention
 
 PADDED_LENGTHS, QUICK_PADDED_LENGTHS = (64, 256, 1024), (16, 32)
 
@@ -56,7 +56,7 @@ def padding_report(s: peers.Settings, args: argparse.Namespace) -> str:
         "the same layer unmasked at the padded length ('no mask', the reference). Multi30k step: the model of "
         "configs/text/multi30k_en_de.yaml, 128 sentences of 8-32 tokens, against nn.Transformer (the reference); "
         "with dropout, varlen_attn (it has none) is not a side. The default path on CUDA: "
-        f"`models.attention.PADDING_FREE['cuda'] = {attention.PADDING_FREE.get('cuda')!r}`.\n\n"
+        f"`models.core.attention.PADDING_FREE['cuda'] = {attention.PADDING_FREE.get('cuda')!r}`.\n\n"
         + markdown_table(header, rows)
         + "\n\nChecks:\n"
         + "\n".join(checks)

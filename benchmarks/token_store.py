@@ -1,4 +1,4 @@
-"""The token store (`datamodules.token_store`) against its ceiling and its peers, on a corpus given by path (made
+"""The token store (`datamodules.text.token_store`) against its ceiling and its peers, on a corpus given by path (made
 by `benchmarks.make_corpus`); run by hand, each phase in a Python process of its own, one after the other:
 
     python -m benchmarks.token_store CORPUS [--tokenizer bpe] [--vocab-size 8000] [--out runs/bench/token_store]
@@ -47,7 +47,8 @@ def _folder_mb(folder: Path) -> float:
 
 def _corpus(args: argparse.Namespace, cache: str, **settings):
     """The DataModule of the corpus (or, with ``--pairs``, of the pairs), its store under ``out/cache``."""
-    from datamodules.text import ParallelTextDataModule, TextCorpusDataModule  # imported before the clocks start
+    from datamodules.text.corpus import TextCorpusDataModule
+    from datamodules.text.parallel import ParallelTextDataModule
 
     cache_dir = str(Path(args.out) / cache)
     if args.pairs:
@@ -69,8 +70,8 @@ def _given(args: argparse.Namespace) -> dict:
 
 def _pieces(args: argparse.Namespace):
     """What the preparation encodes, batch by batch: the corpus's pieces, or the pairs' sentences side by side."""
-    from datamodules.text_prepare import BATCH, corpus_pieces
-    from datamodules.text_sources import corpus_source
+    from datamodules.text.prepare import BATCH, corpus_pieces
+    from datamodules.text.sources import corpus_source
 
     if not args.pairs:
         return corpus_pieces(corpus_source(args.corpus, "text"))
@@ -135,7 +136,7 @@ def _random_reads(read, n_blocks: int, ids: np.ndarray) -> float:
 
 
 def _ours(ids: np.ndarray, folder: Path) -> dict:
-    from datamodules.token_store import TokenArray
+    from datamodules.text.token_store import TokenArray
 
     start = time.perf_counter()
     ids.tofile(folder / "corpus.ids")  # the store's format: the array as it is

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from experiments import renames
 from experiments.links import LINKED_ATTRIBUTES
 from experiments.runfolder import newest_checkpoint
 from models.weights import unreadable
@@ -44,8 +45,8 @@ def check_fits(
     if not path or not Path(path).is_file():
         return
     saved, facts = saved_hyperparameters(path, weights_only), facts or {}
-    held = saved.get("_class_path")
-    if held and held != class_path:
+    held = saved.get("_class_path") and renames.current(saved["_class_path"])  # a path from before the rooms too
+    if held and held != renames.current(class_path):
         raise ValueError(f"--ckpt_path {path} holds a {held}; this config trains {class_path}")
     differ = [n for n in LINKED_ATTRIBUTES if n in saved and n in facts and saved[n] != facts[n]]
     if differ:
@@ -68,3 +69,28 @@ def missing_alias(alias: str, root: Path) -> str:
     if last is not None:  # e.g. a fit that never validated: nothing chose a best checkpoint
         return f"{message}, but a last one is there: pass --ckpt_path last to use {last}"
     return f"{message}; run `attnlab fit` with this config first or pass a checkpoint file"
+
+
+def follow_moved_folder(state: dict[str, Any], dirpath: str, resumed: str | Path) -> None:
+    """A ModelCheckpoint's saved ``state``, as a fit that resumes from the checkpoint ``resumed`` and saves into
+    ``dirpath`` should reload it. The state names the folder it was saved in; where that differs from ``dirpath``,
+    Lightning reloads its best path only, and neither the best score nor the files it keeps: in a run folder moved
+    or copied whole (a sweep's, to another disk) the resumed fit would write best-v1.ckpt beside best.ckpt, whatever
+    its score, and report the best since the move. So: ``resumed`` lying in ``dirpath`` (the folder moved with its
+    checkpoints), the state's paths move there too; ``resumed`` lying elsewhere (a file of another run), the best
+    path, that run's file, is dropped."""
+    old = state.get("dirpath")
+    if not old or not dirpath or old == dirpath:
+        return
+    if Path(resumed).resolve().parent != Path(dirpath).resolve():
+        state["best_model_path"] = ""
+        return
+
+    def moved(path: str | None) -> str | None:
+        return str(Path(dirpath) / Path(path).relative_to(old)) if path and Path(path).is_relative_to(old) else path
+
+    state["dirpath"] = dirpath
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = moved(state[key])
+    state["best_k_models"] = {moved(path): score for path, score in (state.get("best_k_models") or {}).items()}

@@ -204,7 +204,7 @@ def no_validation(trainer) -> str | None:
         why = "the data has no validation batches"
     else:
         why = f"it stopped at step {trainer.global_step}, before its first validation"
-    from experiments.guards import last_checkpoint
+    from experiments.callbacks.guards import last_checkpoint
 
     found = last_checkpoint(trainer)
     kept = f"its weights are in {found}" if found else "no checkpoint was written"

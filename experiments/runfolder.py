@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from experiments.renames import renamed
+
 SUMMARY = "summary.json"
 SWEEP = "sweep.json"
 METRICS = "metrics.csv"
@@ -216,7 +218,9 @@ class Summary(_Record):
     grad_norm: dict[str, float | None] | None = None  # {"first", "mean"}
     best: dict[str, Any] | None = None  # {"monitor", "mode", "value", "checkpoint"}
     metrics: dict[str, float] | None = None
-    attention: dict[str, Any] | None = None  # {"init", "final"}: experiments.stats.attention_statistics
+    attention: dict[str, Any] | None = (
+        None  # {"init", "final"}: experiments.callbacks.attention_stats.attention_statistics
+    )
     quantization: dict[str, Any] | None = None  # experiments.callbacks.W8A8: {"scheme", "layers", "val", "test" ...}
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -225,7 +229,7 @@ class Summary(_Record):
     def read(cls, path: Path) -> Summary:
         """A run folder's summary (``path``: the file or its folder); an empty one when there is none."""
         path = Path(path)
-        return cls.from_dict(read_json(path / SUMMARY if path.is_dir() else path))
+        return cls.from_dict(renamed(read_json(path / SUMMARY if path.is_dir() else path)))
 
     def write(self, path: Path) -> None:
         write_json(Path(path), self.to_dict())
@@ -314,7 +318,7 @@ class SweepStatus(_Record):
     @classmethod
     def read(cls, root: Path) -> SweepStatus:
         """The status of the sweep whose folder is ``root``; an empty one when it has none."""
-        return cls.from_dict(read_json(Path(root) / SWEEP))
+        return cls.from_dict(renamed(read_json(Path(root) / SWEEP)))
 
     def write(self, root: Path) -> None:
         write_json(Path(root) / SWEEP, self.to_dict())

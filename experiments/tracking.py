@@ -228,9 +228,9 @@ def default_callbacks() -> list:
     """The callbacks every experiment gets without listing them: monitors, the run summary, the guards, interrupt
     safety and the learning rate's time budget and log."""
     from experiments.callbacks import GradientNorm, RunSummary, Throughput
-    from experiments.guards import NonFiniteLoss
-    from experiments.interrupts import ExactResume, LastCheckpoint
-    from experiments.schedule import LearningRateLog, TimeBudget
+    from experiments.callbacks.guards import NonFiniteLoss
+    from experiments.callbacks.interrupts import ExactResume, LastCheckpoint
+    from experiments.callbacks.time_budget import LearningRateLog, TimeBudget
 
     return [
         Throughput(),

@@ -18,7 +18,8 @@ import pytorch_lightning as pl
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from experiments import checkpoints, cli_checks, guards, tracking
+from experiments import checkpoints, cli_checks, renames, tracking
+from experiments.callbacks import guards
 from experiments.links import LINKED_ATTRIBUTES, links_not_taken
 from experiments.runfolder import newest_checkpoint
 from experiments.subcommands import DESCRIPTION, TOOLS, TRAINER
@@ -58,7 +59,8 @@ def condense_error(message: str, argv: list[str] | tuple[str, ...] = ()) -> str:
             class_path = m.group(1)
             continue
         elif m := re.match(r"Given value: (.*)", line):
-            value = m.group(1)
+            if value is None or not m.group(1).startswith(("Namespace(", "NestedArg(")):
+                value = m.group(1)  # the value itself, not the object of options around it
             continue
         if line:
             reasons.append(line)
@@ -73,6 +75,7 @@ def condense_error(message: str, argv: list[str] | tuple[str, ...] = ()) -> str:
     reason = re.sub(r"Type .*? expects a function or a callable class: ", "", reason)
     reason = re.sub(r"No module named '([\w.]+)'", lambda m: missing_module(m.group(1)), reason)
     shown = value is not None and not value.startswith(("Namespace(", "NestedArg("))
+    shown = shown and not re.search(rf"\b{re.escape(value)}\b", reason)
     if shown and "Got value" not in reason and "not importable" not in reason:
         reason = f"{reason}, got {value!r}"
     return f"{'.'.join(keys)}: {reason}" if keys else reason
@@ -158,6 +161,8 @@ class AttnlabCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         tracking.prepare(self.config, self.subcommand)  # logger folders; `fit --ckpt_path last` resumes the run
         if self.subcommand:  # a --ckpt_path file's hyper-parameters, now in the config (those of older files too)
+            for path in sorted(renames.rename_class_paths(self.config[self.subcommand])):
+                print(f"attnlab: note: {path} is {renames.current(path)} now", file=sys.stderr)
             model = self.config[self.subcommand].model
             for name in links_not_taken(cli_checks.model_class(model.class_path)) & set(model.get("dict_kwargs") or {}):
                 del model.dict_kwargs[name]
@@ -175,7 +180,7 @@ class AttnlabCLI(LightningCLI):
             self.model.hparams.pop(name, None)
         if type(self.trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default; a plugin stays
             self.trainer.strategy.checkpoint_io = guards.SafeCheckpointIO()  # whole files, read as tensors only
-        if self.subcommand in ("validate", "test", "predict"):
+        if self.subcommand:
             self.resolve_saved_checkpoint()
         if self.subcommand is None:  # built with run=False (benchmarks.overhead): no ckpt_path to check
             return
@@ -214,7 +219,9 @@ class AttnlabCLI(LightningCLI):
             )
 
     def resolve_saved_checkpoint(self) -> None:
-        """`--ckpt_path best|last` in a fresh process: the newest such checkpoint of this experiment."""
+        """`--ckpt_path best|last` in a fresh process: the newest such checkpoint of this experiment. Lightning's
+        own `best` is the best of the fit in this process only; `fit --ckpt_path best` continues from that file in a
+        run folder of its own (`last` was resolved before, by `tracking.prepare`, to continue its run folder)."""
         cfg = self.config_init[self.subcommand]
         alias = cfg.get("ckpt_path")
         if alias not in ("best", "last"):

@@ -1,4 +1,4 @@
-"""A bad argument of an attention variant, as jsonargparse reports it, -> the one line `models.attention_config` says
+"""A bad argument of an attention variant, as jsonargparse reports it, -> the one line `models.core.attention_config` says
 for it: ``model.init_args.attention.normalization.init_args.kk: not an argument of my_attention.TopK (it takes k,
 temperature); did you mean 'k'?``, or for a value of the wrong type the argument, what it takes and the class's
 signature. jsonargparse checks ``{class_path, init_args}`` against the class itself and names only the option."""
@@ -9,7 +9,7 @@ import importlib
 import inspect
 import re
 
-from models.attention_config import CORE_ARGUMENTS, check_init_args
+from models.core.attention_config import CORE_ARGUMENTS, check_init_args
 
 _FIELD = re.compile(r'Parser key "((?:[\w.]+\.)?attention\.(similarity|normalization|kernel))":')
 _OUTER = re.compile(r'^Parser key "(\w+)":')

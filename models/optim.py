@@ -7,7 +7,7 @@ model lists in ``no_weight_decay()`` (positions, class token, object queries) ar
 Schedules are multipliers of each group's learning rate for ``torch.optim.lr_scheduler.LambdaLR``, stepped
 once per optimizer step: linear warmup, then cosine decay, the inverse square root of Vaswani et al., or
 DETR's step drop. Their length is the training horizon: the step or epoch limit that ends first. With
-``trainer.max_time`` set, `experiments.schedule.TimeBudget` re-estimates the horizon from the measured step
+``trainer.max_time`` set, `experiments.callbacks.TimeBudget` re-estimates the horizon from the measured step
 time while training runs, so a time-budgeted run warms up, decays fully and ends on time.
 """
 
@@ -72,7 +72,7 @@ def adamw(
             if params
         ]
     # fused: one kernel for the whole update (CPU and GPU), and it skips a step on the device when the
-    # non-finite guard (experiments.guards) raises ``found_inf``, without a wait for the device
+    # non-finite guard (experiments.callbacks.guards) raises ``found_inf``, without a wait for the device
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True)
 
 

@@ -1,9 +1,9 @@
 """One path for foreign weights: where they are, reading them safely, checking that they fit.
 
     resolve (a path, or a hub name through huggingface_hub's cache) -> read_state (tensors only, unwrapped)
-    -> the family's rename (``timm_to_attnlab`` in `models.vit_timm`; ``hf_to_attnlab`` in `models.detr_init` and
-    ``convert_official_state_dict`` in `models.detr`;
-    ``gpt2_to_attnlab``/``marian_to_attnlab``/``llama_to_attnlab`` in `models.hf_text`) -> load_checked (every tensor, or one error)
+    -> the family's rename (``timm_to_attnlab`` in `models.vision.timm_names`; ``hf_to_attnlab`` in `models.detection.pretrained` and
+    ``convert_official_state_dict`` in `models.detection.detr`;
+    ``gpt2_to_attnlab``/``marian_to_attnlab``/``llama_to_attnlab`` in `models.text.hf`) -> load_checked (every tensor, or one error)
 
 A ``.ckpt``/``.pth``/``.bin`` file is a pickle, and unpickling can run any code the file names
 (``os.system`` through ``__reduce__``). ``torch.load(weights_only=True)`` refuses every object that

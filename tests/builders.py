@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterable
 import pytorch_lightning as pl
 import torch
 
-from datamodules.text_tokenizers import PAD_ID
-from models.text import DecoderOnlyLM, Seq2SeqTransformer
-from models.vit import VisionTransformer
+from datamodules.text.tokenizers import PAD_ID
+from models.text.lm import DecoderOnlyLM
+from models.text.seq2seq import Seq2SeqTransformer
+from models.vision.vit import VisionTransformer
 
 
 def encoder_decoder(d_model: int = 32, nhead: int = 4, layers: int = 2, decoder_layers: int | None = None) -> dict:

@@ -27,16 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(Path(sys.executable).with_name("attnlab"))
 PRELOAD = [
     "experiments.trainer_cli",
-    "experiments.attention_maps",
+    "experiments.callbacks.attention_maps",
     "experiments.callbacks",
-    "experiments.detection_callbacks",
-    "experiments.text_callbacks",
-    "models.detr_module",
-    "models.text_module",
-    "models.vit_module",
-    "datamodules.synthetic",
-    "datamodules.text",
-    "datamodules.vision",
+    "experiments.callbacks.detection",
+    "experiments.callbacks.text",
+    "models.detection.module",
+    "models.text.translation_module",
+    "models.vision.module",
+    "datamodules.detection.shapes",
+    "datamodules.text.parallel",
+    "datamodules.vision.classification",
 ]
 
 

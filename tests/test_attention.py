@@ -9,11 +9,12 @@ from builders import encoder_decoder
 from test_padding_free import cpu_varlen_attn
 from torch import nn
 
-from models import attend, attention, padding_free
-from models.attend import subsequent_mask
-from models.attention import SIMILARITIES, AttentionConfig, MultiHeadAttention, capture_attention
-from models.kv_cache import KVCache
-from models.position import ALiBi, RotaryEmbedding, T5RelativePositionBias
+from models.core import attend, attention, padding_free
+from models.core.attend import subsequent_mask
+from models.core.attention import SIMILARITIES, AttentionConfig, MultiHeadAttention
+from models.core.capture import capture_attention
+from models.core.kv_cache import KVCache
+from models.core.position import ALiBi, RotaryEmbedding, T5RelativePositionBias
 
 B, LQ, LK, D, H = 3, 5, 7, 16, 4
 
@@ -212,9 +213,10 @@ def test_bad_arguments_name_the_value():
 
 def test_every_model_starts_general_at_the_identity():
     """The docstring's promise: `general` begins equal to `dot` in every modality's model."""
-    from models.detr import DETRTransformer
-    from models.text import DecoderOnlyLM, Seq2SeqTransformer
-    from models.vit import VisionTransformer
+    from models.detection.detr import DETRTransformer
+    from models.text.lm import DecoderOnlyLM
+    from models.text.seq2seq import Seq2SeqTransformer
+    from models.vision.vit import VisionTransformer
 
     models = [
         Seq2SeqTransformer(20, 20, **encoder_decoder(16, 4, 1), attention=AttentionConfig(similarity="general")),

@@ -16,12 +16,13 @@ from builders import padded_batch, tiny_seq2seq, tiny_vit
 from test_detr import tiny_detr
 from torch import nn
 
-from datamodules.text import BOS_ID, EOS_ID, PAD_ID
-from experiments.attention_maps import AttentionMapLogger
+from datamodules.text.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from experiments.callbacks import AttentionSinks, MaxAttentionLogit
-from models.attention import AttentionConfig, MultiHeadAttention, capture_attention, kernel_without_weights
-from models.decoding import beam_search, greedy_decode
-from models.text import DecoderOnlyLM
+from experiments.callbacks.attention_maps import AttentionMapLogger
+from models.core.attention import AttentionConfig, MultiHeadAttention
+from models.core.capture import capture_attention, kernel_without_weights
+from models.text.decoding import beam_search, greedy_decode
+from models.text.lm import DecoderOnlyLM
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "diff_attention.py"

@@ -14,9 +14,9 @@ import torch
 from jsonargparse import ArgumentParser
 from torch import nn
 
-from models import attend
-from models.attention import AttentionConfig, MultiHeadAttention
-from models.kv_cache import KVCache
+from models.core import attend
+from models.core.attention import AttentionConfig, MultiHeadAttention
+from models.core.kv_cache import KVCache
 
 B, L, D, H = 2, 6, 16, 4
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ CLASSES = {"clipped": attend.ClippedSoftmax, "sigmoid": attend.SigmoidAttention,
 @pytest.mark.parametrize("case", HAND)
 def test_the_built_ins_constants_are_their_papers_constants(case):
     init_args, formula = HAND[case]
-    path = f"models.attend.{CLASSES[case.split()[0]].__name__}"
+    path = f"models.core.attend.{CLASSES[case.split()[0]].__name__}"
     norm = AttentionConfig(normalization={"class_path": path, "init_args": init_args}).build("normalization")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, L, 8, generator=g) * 2 for _ in range(3))
@@ -91,7 +91,7 @@ def test_softmax1_with_a_sink_logit_keeps_sdpa_equal_to_the_reference(masks, sin
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(attend.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
     torch.manual_seed(0)
-    spec = {"class_path": "models.attend.Softmax1", "init_args": {"sink_logit": sink_logit}}
+    spec = {"class_path": "models.core.attend.Softmax1", "init_args": {"sink_logit": sink_logit}}
     layer = MultiHeadAttention(D, H, attention=AttentionConfig(normalization=spec))
     assert layer.fused and layer.normalization.sink_logit == sink_logit
     x = torch.randn(B, L, D, requires_grad=True)
@@ -138,9 +138,11 @@ def test_a_checkpoint_with_init_args_reloads_its_variant(tmp_path):
     the normalisation with those values."""
     import pytorch_lightning as pl
 
-    from models.vit_module import ImageClassifier
+    from models.vision.module import ImageClassifier
 
-    block = {"normalization": {"class_path": "models.attend.ClippedSoftmax", "init_args": {"alpha": 4.0, "zeta": 1.1}}}
+    block = {
+        "normalization": {"class_path": "models.core.attend.ClippedSoftmax", "init_args": {"alpha": 4.0, "zeta": 1.1}}
+    }
     size = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depth=2, num_heads=2)
     model = ImageClassifier(**size, attention=block)
     path = tmp_path / "model.ckpt"
@@ -165,8 +167,8 @@ def test_a_checkpoint_with_init_args_reloads_its_variant(tmp_path):
             "did you mean 'k'?",
         ),
         (
-            {"class_path": "models.attend.ClippedSoftmax", "init_args": {"alpah": 4}},
-            "attention.normalization.init_args.alpah: not an argument of models.attend.ClippedSoftmax (it takes "
+            {"class_path": "models.core.attend.ClippedSoftmax", "init_args": {"alpah": 4}},
+            "attention.normalization.init_args.alpah: not an argument of models.core.attend.ClippedSoftmax (it takes "
             "alpha, gamma, zeta); did you mean 'alpha'?",
         ),
         (
@@ -225,11 +227,11 @@ def test_the_cli_takes_a_variant_with_arguments_in_each_form(attnlab, own_module
     yaml_file = own_module / "block.yaml"
     yaml_file.write_text(
         "model:\n  init_args:\n    attention:\n"
-        "      normalization: {class_path: models.attend.ClippedSoftmax, init_args: {alpha: 4}}\n"
+        "      normalization: {class_path: models.core.attend.ClippedSoftmax, init_args: {alpha: 4}}\n"
     )
     clipped = _printed_block(attnlab, "--config", str(yaml_file), f"{flag}.init_args.zeta=1.1")["normalization"]
     assert clipped == {
-        "class_path": "models.attend.ClippedSoftmax",
+        "class_path": "models.core.attend.ClippedSoftmax",
         "init_args": {"alpha": 4.0, "gamma": None, "zeta": 1.1},
     }
 
@@ -274,9 +276,9 @@ def test_a_sweep_grid_over_an_init_args_field_parses_and_reaches_each_run(own_mo
             "takes k, temperature); did you mean 'temperature'?",
         ),
         (
-            "normalization: {class_path: models.attend.ClippedSoftmax, init_args: {alpha: four}}",
+            "normalization: {class_path: models.core.attend.ClippedSoftmax, init_args: {alpha: four}}",
             "model.init_args.attention.normalization.init_args.alpha: expected float, got 'four' "
-            "(models.attend.ClippedSoftmax takes alpha: float = 12.0, gamma: float | None = None, zeta: float = 1.0)",
+            "(models.core.attend.ClippedSoftmax takes alpha: float = 12.0, gamma: float | None = None, zeta: float = 1.0)",
         ),
     ],
     ids=["dict", "nested", "yaml"],

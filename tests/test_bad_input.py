@@ -23,13 +23,20 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from datamodules.checks import check_train_batches, open_image, read_lines
-from datamodules.coco import CocoDataModule, CocoDetection, ImageFolderDetection, load_coco
-from datamodules.detection_transforms import eval_transforms
-from datamodules.synthetic import ShapesDataModule, generate_shapes
-from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
-from datamodules.vision import DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule, split_lengths
-from datamodules.vision_files import LAYOUTS
-from datamodules.voc import VocDataModule, read_voc_split
+from datamodules.detection.coco import CocoDataModule, CocoDetection, ImageFolderDetection
+from datamodules.detection.coco_format import load_coco
+from datamodules.detection.shapes import ShapesDataModule, generate_shapes
+from datamodules.detection.transforms import eval_transforms
+from datamodules.detection.voc import VocDataModule, read_voc_split
+from datamodules.text.corpus import TextCorpusDataModule
+from datamodules.text.parallel import ParallelTextDataModule
+from datamodules.vision.classification import (
+    DigitsDataModule,
+    ImageFolderDataModule,
+    TorchvisionDataModule,
+    split_lengths,
+)
+from datamodules.vision.files import LAYOUTS
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -18,9 +18,9 @@ from benchmarks.harness import Ratio, Timing, interleaved, quantile
 from benchmarks.report import verdict
 from benchmarks.run import main
 from benchmarks.scaling import attention_share, profile_step, sdpa_kernels
-from models.attention import MultiHeadAttention
-from models.decoding import beam_search
-from models.text import Seq2SeqTransformer
+from models.core.attention import MultiHeadAttention
+from models.text.decoding import beam_search
+from models.text.seq2seq import Seq2SeqTransformer
 
 QUICK = peers.Settings(quick=True)
 ROOT = Path(__file__).resolve().parents[1]

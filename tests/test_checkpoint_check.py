@@ -94,8 +94,8 @@ def test_a_vit_checkpoint_given_to_a_text_config_is_one_line(attnlab, vit_run, t
     root = tmp_path / "run"
     code, _, err = attnlab(subcommand, *config_args(TOY, root), *extra, "--ckpt_path", str(given))
     expected = (
-        f"attnlab: error: --ckpt_path {given} holds a models.vit_module.ImageClassifier; "
-        "this config trains models.text_module.TranslationModule"
+        f"attnlab: error: --ckpt_path {given} holds a models.vision.ImageClassifier; "
+        "this config trains models.text.TranslationModule"
     )
     assert code == 2 and errors(err) == [expected], err
     assert files_under(root) == []  # no run folder, config.yaml or predictions.jsonl
@@ -107,8 +107,8 @@ def test_a_detr_checkpoint_given_to_the_vit_config_is_one_line(attnlab, detr_run
     root = tmp_path / "run"
     code, _, err = attnlab(subcommand, *config_args(DIGITS, root), "--ckpt_path", str(given))
     expected = (
-        f"attnlab: error: --ckpt_path {given} holds a models.detr_module.ObjectDetector; "
-        "this config trains models.vit_module.ImageClassifier"
+        f"attnlab: error: --ckpt_path {given} holds a models.detection.ObjectDetector; "
+        "this config trains models.vision.ImageClassifier"
     )
     assert code == 2 and errors(err) == [expected], err
     assert files_under(root) == []
@@ -121,8 +121,8 @@ def test_a_checkpoint_of_another_model_found_by_best_or_last_is_one_line(attnlab
     code, _, err = attnlab(subcommand, *config_args(TOY, tmp_path), "--ckpt_path", alias)
     found = tmp_path / "v" / "checkpoints" / f"{alias}.ckpt"
     assert code == 2 and errors(err) == [
-        f"attnlab: error: --ckpt_path {found} holds a models.vit_module.ImageClassifier; "
-        "this config trains models.text_module.TranslationModule"
+        f"attnlab: error: --ckpt_path {found} holds a models.vision.ImageClassifier; "
+        "this config trains models.text.TranslationModule"
     ], err
     assert files_under(tmp_path) == before
 
@@ -135,7 +135,7 @@ def test_a_checkpoint_of_other_data_names_the_linked_facts(attnlab, vit_run, tmp
         "validate", *config_args(DIGITS, root), "--data.init_args.img_size=16", "--ckpt_path", str(given)
     )
     assert code == 2 and errors(err) == [
-        f"attnlab: error: --ckpt_path {given} holds a models.vit_module.ImageClassifier of img_size=8; this config's "
+        f"attnlab: error: --ckpt_path {given} holds a models.vision.ImageClassifier of img_size=8; this config's "
         f"data gives img_size=16: use the data settings of {given.parent.parent / 'config.yaml'}"
     ], err
     assert files_under(root) == []
@@ -231,7 +231,7 @@ def test_an_optimizer_for_a_model_that_builds_its_own_is_refused(attnlab, tmp_pa
         ("lr_scheduler", "torch.optim.lr_scheduler.StepLR") if "StepLR" in args[0] else ("optimizer", "torch.optim.SGD")
     )
     assert code == 2 and errors(err) == [
-        f"attnlab: error: {key}={value}: models.vit_module.ImageClassifier builds its own optimizer and learning-rate "
+        f"attnlab: error: {key}={value}: models.vision.ImageClassifier builds its own optimizer and learning-rate "
         "schedule (models/optim.py), which this setting would replace; change its model.init_args instead: "
         "lr, weight_decay, layer_decay, warmup_epochs, min_lr_ratio"
     ], err

@@ -12,10 +12,12 @@ import pytest
 import yaml
 from jsonargparse import ArgumentParser, Namespace
 
-from models.text import DecoderOnlyLM, Seq2SeqTransformer
-from models.text_module import LanguageModelModule, TranslationModule
-from models.vit import VisionTransformer
-from models.vit_module import ImageClassifier
+from models.text.lm import DecoderOnlyLM
+from models.text.lm_module import LanguageModelModule
+from models.text.seq2seq import Seq2SeqTransformer
+from models.text.translation_module import TranslationModule
+from models.vision.module import ImageClassifier
+from models.vision.vit import VisionTransformer
 
 DIGITS = "configs/vision/digits.yaml"
 
@@ -114,9 +116,9 @@ def test_a_module_takes_its_networks_options_with_the_networks_defaults(module, 
     [
         (
             "--model.init_args.depthh=3",
-            "model: 'depthh' is not an option of models.vit_module.ImageClassifier; did you mean 'depth'?",
+            "model: 'depthh' is not an option of models.vision.ImageClassifier; did you mean 'depth'?",
         ),
-        ("--model.init_args.depth=three", "model.init_args.depth: expected int. Got value: three"),
+        ("--model.init_args.depth=three", "model.init_args.depth: expected int, got 'three'"),
         (
             "--model.init_args.attention.similarity=cosine",
             "model.init_args.attention.similarity: expected one of 'scaled_dot', 'dot', 'general'; "
@@ -124,20 +126,20 @@ def test_a_module_takes_its_networks_options_with_the_networks_defaults(module, 
         ),
         (  # the keys that moved into the attention block
             "--model.init_args.similarity=dot",
-            "model: 'similarity' is not an option of models.vit_module.ImageClassifier; did you mean 'attention.similarity'?",
+            "model: 'similarity' is not an option of models.vision.ImageClassifier; did you mean 'attention.similarity'?",
         ),
         (
             "--model.init_args.qk_norm=layernorm",
-            "model: 'qk_norm' is not an option of models.vit_module.ImageClassifier; did you mean 'attention.qk_norm'?",
+            "model: 'qk_norm' is not an option of models.vision.ImageClassifier; did you mean 'attention.qk_norm'?",
         ),
         (
             "--model.init_args.attention.normalization=attnlab_nowhere.Norm",
             "model.init_args.attention.normalization: expected one of 'softmax', 'softmax1', 'clipped', 'sigmoid'; "
-            "No module named 'attnlab_nowhere'",
+            "No module named 'attnlab_nowhere', got 'attnlab_nowhere.Norm'",
         ),
         (
             "--model.init_args.attention.gate=perhead",
-            "model.init_args.attention.gate: expected one of 'headwise', 'elementwise'",
+            "model.init_args.attention.gate: expected one of 'headwise', 'elementwise', got 'perhead'",
         ),
         (
             "--model.init_args.patch_size=3",
@@ -160,7 +162,7 @@ def test_unknown_key_in_a_yaml_file_names_the_key(attnlab, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(cfg))
     code, _, err = attnlab("fit", "--config", str(bad))
-    assert code == 2 and "'num_layers' is not an option of models.vit_module.ImageClassifier" in err
+    assert code == 2 and "'num_layers' is not an option of models.vision.ImageClassifier" in err
 
 
 def test_test_without_a_fitted_run_says_what_to_do(attnlab, tmp_path):

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from conftest import config_args
 
-from models.attention import AttentionConfig
 from models.class_paths import missing_module
+from models.core.attention import AttentionConfig
 
 DIGITS = "configs/vision/digits.yaml"
 FIELDS = ", ".join(
@@ -62,7 +62,7 @@ def test_an_unknown_model_key_in_a_config_file_names_the_file(attnlab, tmp_path)
     typo.write_text(yaml.safe_dump({"model": {"init_args": {"depthh": 3}}}))
     code, _, err = attnlab("fit", "--config", DIGITS, "--config", str(typo), "--print_config")
     assert code == 2 and errors(err) == [
-        f"attnlab: error: {typo}: model: 'depthh' is not an option of models.vit_module.ImageClassifier; "
+        f"attnlab: error: {typo}: model: 'depthh' is not an option of models.vision.ImageClassifier; "
         "did you mean 'depth'?"
     ], err
 
@@ -113,7 +113,7 @@ def test_a_config_before_the_subcommand_is_the_subcommands(attnlab, tmp_path):
     assert code == 0, err
     code, after, err = attnlab("fit", "-c", DIGITS, "--print_config")
     assert code == 0 and before == after, err
-    assert yaml.safe_load(before)["model"]["class_path"] == "models.vit_module.ImageClassifier"
+    assert yaml.safe_load(before)["model"]["class_path"] == "models.vision.ImageClassifier"
     # LightningCLI's own form, a file of sections for the subcommands, is still read before the subcommand
     sections = tmp_path / "sections.yaml"
     sections.write_text("fit:\n  trainer: {min_epochs: 3}\n")
@@ -133,7 +133,7 @@ def test_fit_help_leaves_out_the_optimizers_that_are_refused(attnlab, tmp_path):
     assert code == 0 and yaml.safe_load(out)["optimizer"]["class_path"] == "torch.optim.SGD", err
     code, _, err = attnlab("fit", *config_args(DIGITS, tmp_path / "run"), "--optimizer=torch.optim.SGD")
     assert code == 2 and errors(err) == [
-        "attnlab: error: optimizer=torch.optim.SGD: models.vit_module.ImageClassifier builds its own optimizer and "
+        "attnlab: error: optimizer=torch.optim.SGD: models.vision.ImageClassifier builds its own optimizer and "
         "learning-rate schedule (models/optim.py), which this setting would replace; change its model.init_args "
         "instead: lr, weight_decay, layer_decay, warmup_epochs, min_lr_ratio"
     ], err

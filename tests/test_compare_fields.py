@@ -33,7 +33,7 @@ def _run(folder: Path, best: float, hparams: dict | None = None, seed: int = 0) 
 def test_runs_and_cells_get_a_column_for_each_attention_field_that_differs(tmp_path):
     from experiments.compare import build_report, find_runs
 
-    clipped = {"class_path": "models.attend.ClippedSoftmax", "init_args": {"alpha": 4}}
+    clipped = {"class_path": "models.core.attend.ClippedSoftmax", "init_args": {"alpha": 4}}
     settings = {
         "softmax": {"attention": BLOCK, "register_tokens": 0},
         "clipped": {"attention": {**BLOCK, "normalization": clipped}, "register_tokens": 0},

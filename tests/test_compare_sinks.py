@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 
-from datamodules.vision import DigitsDataModule
+from datamodules.vision.classification import DigitsDataModule
 from experiments.compare.plots import growth_figure, layer_figure
-from models.attention import capture_attention
-from models.vit_module import ImageClassifier
+from models.core.capture import capture_attention
+from models.vision.module import ImageClassifier
 
 # cell -> (modality, seeds, layers); each layer's heads' sink mass and its max |x| come from `_layer`
 CELLS = {

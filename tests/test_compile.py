@@ -9,11 +9,12 @@ import torch._dynamo as dynamo
 from builders import encoder_decoder
 from conftest import TINY_TRUNK
 
-from models.attention import MultiHeadAttention
-from models.backbone import Backbone
-from models.detr import DETR
-from models.text import DecoderOnlyLM, Seq2SeqTransformer
-from models.vit import VisionTransformer
+from models.core.attention import MultiHeadAttention
+from models.detection.backbone import Backbone
+from models.detection.detr import DETR
+from models.text.lm import DecoderOnlyLM
+from models.text.seq2seq import Seq2SeqTransformer
+from models.vision.vit import VisionTransformer
 
 pytestmark = pytest.mark.slow  # dynamo traces each model: 3-11 s apiece on a shared 2-core CPU
 

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY_TRUNK
 
-from models.backbone import Backbone
-from models.box_ops import box_cxcywh_to_xyxy, generalized_box_iou, inverse_sigmoid
-from models.criterion import SetCriterion
-from models.denoising import denoising_attn_mask, denoising_indices, denoising_queries
-from models.detr import DETR, box_sine_embedding, post_process
-from models.matcher import HungarianMatcher
-from models.query_selection import cell_boxes
+from models.detection.backbone import Backbone
+from models.detection.box_ops import box_cxcywh_to_xyxy, generalized_box_iou, inverse_sigmoid
+from models.detection.criterion import SetCriterion
+from models.detection.denoising import denoising_attn_mask, denoising_indices, denoising_queries
+from models.detection.detr import DETR, box_sine_embedding, post_process
+from models.detection.matcher import HungarianMatcher
+from models.detection.query_selection import cell_boxes
 
 
 def tiny_detr(num_queries: int = 5, **kwargs) -> DETR:

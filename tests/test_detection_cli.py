@@ -11,8 +11,8 @@ import yaml
 from conftest import TINY_TRUNK, config_args
 from jsonargparse import ArgumentParser, Namespace
 
-from models.detr import DETR, build_detr
-from models.detr_module import ObjectDetector
+from models.detection.detr import DETR, build_detr
+from models.detection.module import ObjectDetector
 
 SHAPES = "configs/detection/shapes.yaml"
 TINY = dict(
@@ -78,9 +78,9 @@ def test_a_file_that_is_not_coco_is_a_one_line_error(attnlab, tmp_path):
     config.write_text(
         yaml.safe_dump(
             {
-                "model": {"class_path": "models.detr_module.ObjectDetector"},
+                "model": {"class_path": "models.detection.ObjectDetector"},
                 "data": {
-                    "class_path": "datamodules.coco.CocoDataModule",
+                    "class_path": "datamodules.detection.CocoDataModule",
                     "init_args": {"images": str(tmp_path / "images"), "annotations": str(tmp_path / "labels.json")},
                 },
             }
@@ -106,7 +106,7 @@ def test_print_config_shows_the_networks_keys_flat(attnlab):
     [
         (
             "--model.init_args.d_modle=64",
-            "model: 'd_modle' is not an option of models.detr_module.ObjectDetector; did you mean 'd_model'?",
+            "model: 'd_modle' is not an option of models.detection.ObjectDetector; did you mean 'd_model'?",
         ),
         (
             "--model.init_args.backbone_norm=gn",

@@ -9,18 +9,12 @@ import torch
 from builders import SMALL_DETECTION
 from PIL import Image
 
-from datamodules.coco import (
-    CocoDataModule,
-    CocoDetection,
-    ImageFolderDetection,
-    coco_from_dict,
-    collate_detection,
-    load_coco,
-)
-from datamodules.detection_transforms import Normalize, crop, eval_transforms, hflip, resize, train_transforms
-from datamodules.synthetic import ShapesDataModule, generate_shapes
-from datamodules.voc import VocDataModule, read_voc_split
-from models.coco_eval import coco_evaluate, to_coco_results
+from datamodules.detection.coco import CocoDataModule, CocoDetection, ImageFolderDetection, collate_detection
+from datamodules.detection.coco_format import coco_from_dict, load_coco
+from datamodules.detection.shapes import ShapesDataModule, generate_shapes
+from datamodules.detection.transforms import Normalize, crop, eval_transforms, hflip, resize, train_transforms
+from datamodules.detection.voc import VocDataModule, read_voc_split
+from models.detection.coco_eval import coco_evaluate, to_coco_results
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "detection"
 

@@ -9,8 +9,8 @@ import torch
 import torchvision.ops as tvops
 from conftest import TINY_TRUNK
 
-from models.backbone import Backbone
-from models.box_ops import (
+from models.detection.backbone import Backbone
+from models.detection.box_ops import (
     box_cxcywh_to_xyxy,
     box_iou,
     box_xywh_to_xyxy,
@@ -18,9 +18,9 @@ from models.box_ops import (
     box_xyxy_to_xywh,
     generalized_box_iou,
 )
-from models.criterion import SetCriterion
-from models.detr import DETR, build_detr, convert_official_state_dict, post_process
-from models.matcher import HungarianMatcher
+from models.detection.criterion import SetCriterion
+from models.detection.detr import DETR, build_detr, convert_official_state_dict, post_process
+from models.detection.matcher import HungarianMatcher
 
 PAPER_WEIGHTS = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 

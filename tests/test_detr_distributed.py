@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from models.criterion import SetCriterion
-from models.matcher import HungarianMatcher
+from models.detection.criterion import SetCriterion
+from models.detection.matcher import HungarianMatcher
 
 pytestmark = pytest.mark.slow  # spawns two processes with a process group
 

@@ -1,4 +1,4 @@
-"""Fine-tuning DETR from pretrained detectors (`models.detr_init`) and pretrained trunks (`models.backbone`):
+"""Fine-tuning DETR from pretrained detectors (`models.detection.pretrained`) and pretrained trunks (`models.detection.backbone`):
 Hugging Face DETR against its own outputs, facebookresearch/detr and attnlab checkpoints, re-initialised heads,
 and every bad input named in one line. Nothing downloads: the hub is switched off and its cache is empty."""
 
@@ -15,9 +15,9 @@ from builders import SMALL
 from jsonargparse import ArgumentParser
 from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 
-from models.backbone import Backbone
-from models.detr import DETR
-from models.detr_module import ObjectDetector
+from models.detection.backbone import Backbone
+from models.detection.detr import DETR
+from models.detection.module import ObjectDetector
 
 HF_SMALL = dict(
     d_model=32,
@@ -162,7 +162,7 @@ def test_other_class_and_query_counts_re_initialise_the_head_and_queries(tmp_pat
     torch.manual_seed(0)
     source = detector().model  # 3 classes + no object, 5 queries
     torch.save(official_layout(source), tmp_path / "detr.pth")
-    with caplog.at_level(logging.WARNING, logger="models.detr_init"):
+    with caplog.at_level(logging.WARNING, logger="models.detection.pretrained"):
         model = detector(str(tmp_path / "detr.pth"), num_classes=6, num_queries=7).model
     (record,) = caplog.records
     assert (
@@ -188,7 +188,7 @@ def test_a_two_stage_focal_checkpoint_fine_tunes_to_other_classes(tmp_path, capl
     torch.manual_seed(0)
     source = detector(query_type="encoder", class_loss="focal")
     torch.save({"state_dict": source.state_dict(), "hyper_parameters": dict(source.hparams)}, tmp_path / "best.ckpt")
-    with caplog.at_level(logging.WARNING, logger="models.detr_init"):
+    with caplog.at_level(logging.WARNING, logger="models.detection.pretrained"):
         model = detector(str(tmp_path / "best.ckpt"), num_classes=2, query_type="encoder", class_loss="focal").model
     message = caplog.records[0].getMessage()
     assert "class_embed re-initialised for 2 classes (the file has 3)" in message

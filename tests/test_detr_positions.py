@@ -5,10 +5,10 @@ import torch
 from builders import encoder_decoder
 from conftest import TINY_TRUNK
 
-from models.attention import AttentionConfig, MultiHeadAttention
-from models.backbone import Backbone
-from models.detr import DETR, DETRTransformer
-from models.position import RotaryEmbedding2D
+from models.core.attention import AttentionConfig, MultiHeadAttention
+from models.core.position import RotaryEmbedding2D
+from models.detection.backbone import Backbone
+from models.detection.detr import DETR, DETRTransformer
 
 
 @pytest.mark.parametrize("mode", ["axial", "mixed"])

@@ -5,11 +5,11 @@ import pytorch_lightning as pl
 import torch
 
 from benchmarks.harness import quiet_trainer
-from datamodules.text import TextCorpusDataModule
-from datamodules.vision import DigitsDataModule
+from datamodules.text.corpus import TextCorpusDataModule
+from datamodules.vision.classification import DigitsDataModule
 from experiments.callbacks import MaxAttentionLogit
-from models.text_module import LanguageModelModule
-from models.vit_module import ImageClassifier
+from models.text.lm_module import LanguageModelModule
+from models.vision.module import ImageClassifier
 
 
 def _trainer(tmp_path, max_steps=2, **kw) -> pl.Trainer:
@@ -95,7 +95,7 @@ def test_max_attention_logit_is_logged_at_logging_steps_only(tmp_path):
 
 
 def test_max_attention_logit_is_the_largest_unblocked_logit():
-    from models.attention import capture_attention
+    from models.core.capture import capture_attention
 
     # a model whose largest logit is a blocked (future) one, on torch 2.11 and 2.14 alike (nn.init.trunc_normal_,
     # which the learned positions use, draws other numbers from the same seed since torch 2.13)

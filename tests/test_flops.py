@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from experiments import flops
-from models.attention import AttentionConfig, MultiHeadAttention
+from models.core.attention import AttentionConfig, MultiHeadAttention
 
 B, L, D, H = 3, 17, 64, 4
 d = D // H

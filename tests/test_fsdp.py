@@ -67,7 +67,7 @@ RUNS = {
     ),
     "vision": (
         "configs/vision/digits.yaml",
-        ("--trainer.callbacks+=experiments.attention_maps.AttentionMapLogger", "--trainer.callbacks.num_images=2"),
+        ("--trainer.callbacks+=experiments.callbacks.AttentionMapLogger", "--trainer.callbacks.num_images=2"),
         ("attention_maps/epoch_0/image_0.png",),
     ),
 }

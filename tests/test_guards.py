@@ -19,12 +19,13 @@ from pytorch_lightning.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.harness import quiet_trainer
-from experiments import guards, tracking
-from experiments.guards import NonFiniteLoss, RunError, SafeCheckpointIO
-from models.attention import MultiHeadAttention
-from models.backbone import load_backbone_weights
-from models.vit import read_checkpoint
-from models.vit_module import ImageClassifier
+from experiments import tracking
+from experiments.callbacks import guards
+from experiments.callbacks.guards import NonFiniteLoss, RunError, SafeCheckpointIO
+from models.core.attention import MultiHeadAttention
+from models.detection.backbone import load_backbone_weights
+from models.vision.module import ImageClassifier
+from models.vision.pretrained import read_checkpoint
 
 DIGITS = "configs/vision/digits.yaml"
 THREE_BATCHES = (

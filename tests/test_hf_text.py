@@ -24,11 +24,13 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
-from datamodules.toy_text import toy_translation_pairs
-from models.attention import AttentionConfig
-from models.text_module import LanguageModelModule, TranslationModule
-from models.vit_module import ImageClassifier
+from datamodules.text.corpus import TextCorpusDataModule
+from datamodules.text.parallel import ParallelTextDataModule
+from datamodules.text.toy import toy_translation_pairs
+from models.core.attention import AttentionConfig
+from models.text.lm_module import LanguageModelModule
+from models.text.translation_module import TranslationModule
+from models.vision.module import ImageClassifier
 
 PAIRS = toy_translation_pairs(400)
 ENGLISH = "\n".join(en for en, _ in PAIRS) + "\n"

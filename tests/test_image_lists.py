@@ -1,4 +1,4 @@
-"""The cached file list of an ImageFolder tree (`datamodules.image_lists`): torchvision's order and classes, no
+"""The cached file list of an ImageFolder tree (`datamodules.vision.image_lists`): torchvision's order and classes, no
 rescan while the tree is unchanged, every change noticed, a damaged or unwritable cache never breaks a run."""
 
 import os
@@ -13,8 +13,8 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
-from datamodules.image_lists import list_images
-from datamodules.vision import ImageFolderDataModule
+from datamodules.vision.classification import ImageFolderDataModule
+from datamodules.vision.image_lists import list_images
 
 HOUR_AGO_NS = time.time_ns() - 3600 * 10**9
 

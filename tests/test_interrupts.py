@@ -27,8 +27,8 @@ from builders import CallCounter
 from processes import CLIProcess, torchrun, wait_all
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
+from experiments.callbacks.interrupts import SIGTERM_STATUS, LastCheckpoint, ResumableSampler, resume_command
 from experiments.cli import main
-from experiments.interrupts import SIGTERM_STATUS, LastCheckpoint, ResumableSampler, resume_command
 from experiments.runfolder import Summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ TINY = [
     "--model.init_args.num_heads=2",
 ]
 EVERY_3_STEPS = (
-    "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_train_steps: 3}}"
+    "--trainer.callbacks+={class_path: experiments.callbacks.LastCheckpoint, init_args: {every_n_train_steps: 3}}"
 )
 
 
@@ -280,7 +280,7 @@ def ddp_reference(tmp_path_factory) -> Path:
     the time-to-save flag is agreed on at every step and no save adds a barrier to a step's count."""
     root = tmp_path_factory.mktemp("ddp_uninterrupted")
     by_time = (
-        "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 30}}"
+        "--trainer.callbacks+={class_path: experiments.callbacks.LastCheckpoint, init_args: {every_n_minutes: 30}}"
     )
     ranks = start_ddp_fit(
         root, "--trainer.max_epochs=2", probe(Collectives, path=str(root / "collectives.json")), last=by_time
@@ -476,7 +476,7 @@ def test_every_n_minutes_refreshes_last_checkpoint_between_validations(
             "--trainer.max_epochs=2",
             f"--trainer.accumulate_grad_batches={accumulate}",
             probe(LastSavedStep, path=str(seen)),
-            "--trainer.callbacks+={class_path: experiments.interrupts.LastCheckpoint, init_args: {every_n_minutes: 1.0e-9}}",
+            "--trainer.callbacks+={class_path: experiments.callbacks.LastCheckpoint, init_args: {every_n_minutes: 1.0e-9}}",
         ]
     )
     assert [json.loads(line) for line in seen.read_text().splitlines()] == seen_at_batch_starts

@@ -6,22 +6,22 @@ import pytest
 import torch
 from torch import nn
 
-from models.attention import AttentionConfig
-from models.kv_cache import KVCache
-from models.position import (
+from models.core.attention import AttentionConfig
+from models.core.kv_cache import KVCache
+from models.core.position import (
     LearnedPositionalEncoding,
     PositionEmbeddingSine2D,
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
-from models.text import DecoderOnlyLM
-from models.transformer import (
+from models.core.transformer import (
     DecoderLayerCache,
     TransformerDecoder,
     TransformerDecoderLayer,
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from models.text.lm import DecoderOnlyLM
 
 D, H, FF = 16, 4, 32
 
@@ -202,7 +202,7 @@ def test_decoder_returns_every_layer_and_decodes_incrementally():
 
 
 def test_stacks_hand_one_rope_or_bias_to_every_layer_or_one_per_layer():
-    from models.position import RotaryEmbedding
+    from models.core.position import RotaryEmbedding
 
     torch.manual_seed(0)
     enc = TransformerEncoder(

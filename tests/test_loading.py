@@ -4,11 +4,12 @@ import pytest
 import torch
 from jsonargparse import ArgumentParser
 
-from datamodules.coco import CocoDataModule
-from datamodules.synthetic import ShapesDataModule
-from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
-from datamodules.vision import DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule
-from datamodules.voc import VocDataModule
+from datamodules.detection.coco import CocoDataModule
+from datamodules.detection.shapes import ShapesDataModule
+from datamodules.detection.voc import VocDataModule
+from datamodules.text.corpus import TextCorpusDataModule
+from datamodules.text.parallel import ParallelTextDataModule
+from datamodules.vision.classification import DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule
 
 ALL = [
     DigitsDataModule,

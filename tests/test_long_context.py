@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from models.text import DecoderOnlyLM
-from models.vit import VisionTransformer
+from models.text.lm import DecoderOnlyLM
+from models.vision.vit import VisionTransformer
 
 V = 11
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from models import attend, attention
-from models.attention import AttentionConfig, MultiHeadAttention
-from models.kv_cache import KVCache
+from models.core import attend, attention
+from models.core.attention import AttentionConfig, MultiHeadAttention
+from models.core.kv_cache import KVCache
 
 B, L, D, H = 2, 6, 16, 4
 NORMALIZATIONS = ["softmax", "softmax1", "clipped", "sigmoid"]

@@ -10,7 +10,7 @@ from pytorch_lightning.callbacks import Timer
 from torch import nn
 
 from benchmarks.harness import quiet_trainer
-from experiments.schedule import LearningRateLog, TimeBudget
+from experiments.callbacks.time_budget import LearningRateLog, TimeBudget
 from models import optim
 
 

@@ -1,4 +1,4 @@
-"""The padding-free path (models/padding_free.py) against the reference path, on the CPU: forced on with
+"""The padding-free path (models/core/padding_free.py) against the reference path, on the CPU: forced on with
 ``PADDING_FREE["cpu"]``. "nested" is torch's NJT SDPA (its CPU math kernel); "varlen" is torch's varlen_attn,
 which has no CPU kernel, so `cpu_varlen_attn` below stands in for it with the same contract (packed rows,
 cumulative lengths, flash's per-sequence causal window) to check the packing around it. With CUDA, the real
@@ -10,15 +10,16 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY_TRUNK
 
-from models import attention, padding_free
-from models.attention import AttentionConfig, MultiHeadAttention
-from models.backbone import Backbone
-from models.criterion import SetCriterion
-from models.detr import DETR
-from models.kv_cache import KVCache
-from models.matcher import HungarianMatcher
-from models.position import RotaryEmbedding
-from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
+from models.core import attention, padding_free
+from models.core.attention import AttentionConfig, MultiHeadAttention
+from models.core.capture import capture_attention
+from models.core.kv_cache import KVCache
+from models.core.position import RotaryEmbedding
+from models.detection.backbone import Backbone
+from models.detection.criterion import SetCriterion
+from models.detection.detr import DETR
+from models.detection.matcher import HungarianMatcher
+from models.text.seq2seq import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 
@@ -194,7 +195,7 @@ def test_the_path_is_taken_for_a_key_padding_mask_alone(forced):
     layer(x, key_padding_mask=kpm, attn_mask=torch.zeros(4, 4, dtype=torch.bool))
     layer(x, key_padding_mask=kpm, position_bias=torch.zeros(2, 4, 4))
     layer(x, key_padding_mask=kpm, need_weights=True)
-    with attention.capture_attention(layer):
+    with capture_attention(layer):
         layer(x, key_padding_mask=kpm)
     layer(x)
     layer(x, is_causal=True)

@@ -12,11 +12,11 @@ from builders import tiny_lm, tiny_seq2seq, tiny_vit
 from conftest import TINY_TRUNK
 from matplotlib import colormaps
 
-from datamodules.text_tokenizers import build_tokenizer
+from datamodules.text.tokenizers import build_tokenizer
 from experiments.callbacks.attention_figure import attention_figure, token_sides
+from experiments.callbacks.attention_stats import feature_sizes
 from experiments.compare.plots import cell_colours, layer_figure, loss_figure
-from experiments.stats import feature_sizes
-from models.attention import capture_attention
+from models.core.capture import capture_attention
 
 # ---- the compare report: fake run folders with known statistics
 
@@ -200,8 +200,8 @@ def test_a_language_model_attention_figure_names_the_characters():
 
 
 def test_a_detr_attention_figure_names_the_cells_and_the_queries():
-    from models.backbone import Backbone
-    from models.detr import DETR
+    from models.detection.backbone import Backbone
+    from models.detection.detr import DETR
 
     torch.manual_seed(0)
     detr = DETR(Backbone(**TINY_TRUNK), 3, 5, d_model=32, nhead=4, num_encoder_layers=1, num_decoder_layers=1)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from timm.layers import RelPosBias, RotaryEmbeddingCat, RotaryEmbeddingMixed, apply_rot_embed_cat
 
-from models.attention import AttentionConfig
-from models.position import (
+from models.core.attention import AttentionConfig
+from models.core.position import (
     ALiBi,
     RelativePositionBias2D,
     RotaryEmbedding,
@@ -231,8 +231,9 @@ def test_positions_inside_attention_keep_forward_one_graph(model):
     """As tests/test_compile.py checks for the default models: no host read or graph break in the new paths."""
     import torch._dynamo as dynamo
 
-    from models.text import DecoderOnlyLM, Seq2SeqTransformer
-    from models.vit import VisionTransformer
+    from models.text.lm import DecoderOnlyLM
+    from models.text.seq2seq import Seq2SeqTransformer
+    from models.vision.vit import VisionTransformer
 
     kind, positions = model.split("-")
     if kind == "vit":

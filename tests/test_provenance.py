@@ -12,7 +12,7 @@ from wandb_stub import WandbRun
 
 from experiments.provenance import class_paths
 from experiments.tracking import WandbLogger
-from models.attention import AttentionConfig
+from models.core.attention import AttentionConfig
 
 DIGITS = "configs/vision/digits.yaml"
 MODULE = "own_softmax_for_provenance"  # a name no other test imports: each run below imports the file anew

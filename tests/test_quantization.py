@@ -1,4 +1,4 @@
-"""Simulated W8A8 (`experiments.quantization`, the `W8A8` callback) against torch's own per-tensor quantisation, the
+"""Simulated W8A8 (`experiments.callbacks.w8a8`, the `W8A8` callback) against torch's own per-tensor quantisation, the
 outlier mechanism of Bondarenko et al. 2023, a hand count of the linear layers, and the run's own metrics."""
 
 import csv
@@ -11,8 +11,8 @@ from builders import tiny_seq2seq
 from conftest import config_args
 from torch import nn
 
-from experiments.quantization import freeze, w8a8
-from models.attention import AttentionConfig, MultiHeadAttention
+from experiments.callbacks.w8a8 import freeze, w8a8
+from models.core.attention import AttentionConfig, MultiHeadAttention
 
 
 def _distinct(x: torch.Tensor) -> int:

@@ -10,16 +10,16 @@ import torch
 from builders import SMALL, padded_batch, tiny_seq2seq, tiny_vit
 from conftest import TINY_TRUNK
 
-from datamodules.text_tokenizers import BOS_ID, EOS_ID, PAD_ID
-from experiments.attention_maps import AttentionMapLogger
-from models.attention import capture_attention
-from models.backbone import Backbone
-from models.decoding import beam_search, greedy_decode
-from models.detr import DETR, DETRTransformer
-from models.position import RotaryEmbedding2D, Rotation
-from models.registers import unplaced
-from models.text import DecoderOnlyLM
-from models.vit_module import ImageClassifier
+from datamodules.text.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from experiments.callbacks.attention_maps import AttentionMapLogger
+from models.core.capture import capture_attention
+from models.core.position import RotaryEmbedding2D, Rotation
+from models.core.registers import unplaced
+from models.detection.backbone import Backbone
+from models.detection.detr import DETR, DETRTransformer
+from models.text.decoding import beam_search, greedy_decode
+from models.text.lm import DecoderOnlyLM
+from models.vision.module import ImageClassifier
 
 V = 24
 IDS = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)

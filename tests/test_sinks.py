@@ -1,4 +1,4 @@
-"""experiments.sinks and the AttentionSinks callback: sink mass, Sink^ε_1 and register mass on tensors built so that
+"""experiments.callbacks.sinks and the AttentionSinks callback: sink mass, Sink^ε_1 and register mass on tensors built so that
 their values are known, the outputs' max |x| and kurtosis against numpy and scipy, and the register protocol on a
 tiny model whose attention is uniform by construction."""
 
@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.harness import quiet_trainer
 from experiments.callbacks import AttentionSinks, MaxAttentionLogit
-from experiments.sinks import model_summary, output_outliers, register_keys, sink_stats
-from experiments.stats import attention_statistics
-from models.attention import MultiHeadAttention
+from experiments.callbacks.attention_stats import attention_statistics
+from experiments.callbacks.sinks import model_summary, output_outliers, register_keys, sink_stats
+from models.core.attention import MultiHeadAttention
 
 
 def test_sink_and_register_mass_of_a_hand_made_attention():

@@ -7,14 +7,16 @@ from builders import padded_batch, tiny_lm, tiny_seq2seq
 
 from benchmarks import peers
 from benchmarks.cases import GPU_DECODING, static_cache_case
-from datamodules.text import BOS_ID, EOS_ID, PAD_ID
-from models import decoding, text
-from models.attention import AttentionConfig, MultiHeadAttention
-from models.decoding import DecodingStep, beam_search, greedy_decode, seq2seq_step
-from models.kv_cache import KVCache, StaticKVCache
-from models.position import ALiBi, RotaryEmbedding, Rotation
-from models.text import Seq2SeqTransformer
-from models.text_module import LanguageModelModule, TranslationModule
+from datamodules.text.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from models.core.attention import AttentionConfig, MultiHeadAttention
+from models.core.kv_cache import KVCache, StaticKVCache
+from models.core.position import ALiBi, RotaryEmbedding, Rotation
+from models.text import decoding
+from models.text import lm as lm_network
+from models.text.decoding import DecodingStep, beam_search, greedy_decode, seq2seq_step
+from models.text.lm_module import LanguageModelModule
+from models.text.seq2seq import Seq2SeqTransformer
+from models.text.translation_module import TranslationModule
 
 V = 30
 IDS = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
@@ -186,7 +188,7 @@ class ReplayOnCPU(DecodingStep):
 @pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi"])
 def test_the_replay_path_reads_every_input_from_its_buffers(positions, monkeypatch):
     monkeypatch.setattr(decoding, "DecodingStep", ReplayOnCPU)
-    monkeypatch.setattr(text, "DecodingStep", ReplayOnCPU)
+    monkeypatch.setattr(lm_network, "DecodingStep", ReplayOnCPU)
     model = seq2seq(positions, eos_bias=1.0, seed=3)
     src = padded_batch(V, [7, 3, 5, 9, 2, 6, 4, 8], seed=4).flip(0)  # sentences finish early (see above)
     for search, kw in ((greedy_decode, {}), (beam_search, {"beam_size": 5})):

@@ -1,5 +1,5 @@
-"""experiments.stats: the statistics against a hand computation, and against an oracle that re-derives each layer's
-logits and blocked mask from its inputs (as experiments/stats.py did before the core reported them) and computes the
+"""experiments.callbacks.attention_stats: the statistics against a hand computation, and against an oracle that re-derives each layer's
+logits and blocked mask from its inputs (as experiments/callbacks/attention_stats.py did before the core reported them) and computes the
 statistics query by query in plain Python (`hand_layer_stats`), sharing no code with the module's own."""
 
 import math
@@ -12,19 +12,21 @@ from builders import encoder_decoder, tiny_vit
 from conftest import TINY_TRUNK
 from torch import nn
 
-from experiments.stats import SATURATION, Sequence, _layer_stats, _sequences, attention_statistics
-from models.attend import merge_masks
-from models.attention import AttentionConfig, MultiHeadAttention, capture_attention
-from models.backbone import Backbone
-from models.detr import DETR
-from models.text import DecoderOnlyLM, Seq2SeqTransformer
-from models.vit import VisionTransformer
+from experiments.callbacks.attention_stats import SATURATION, Sequence, _layer_stats, _sequences, attention_statistics
+from models.core.attend import merge_masks
+from models.core.attention import AttentionConfig, MultiHeadAttention
+from models.core.capture import capture_attention
+from models.detection.backbone import Backbone
+from models.detection.detr import DETR
+from models.text.lm import DecoderOnlyLM
+from models.text.seq2seq import Seq2SeqTransformer
+from models.vision.vit import VisionTransformer
 
 
 def rescored_statistics(model: nn.Module, args: tuple, special_ids: tuple[int, ...] = ()) -> list[dict]:
-    """The statistics as experiments/stats.py computed them until the core reported its scores: the logits re-derived
+    """The statistics as experiments/callbacks/attention_stats.py computed them until the core reported its scores: the logits re-derived
     from each layer's recorded inputs (projection, `general` map, scale) and the masks rebuilt with `merge_masks`."""
-    from experiments import stats
+    from experiments.callbacks import attention_stats as stats
 
     kind = stats.modality(model)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}

@@ -306,7 +306,7 @@ BAD = {
         {"grid": {"model.init_args.similarty": ["dot"]}},
         (
             "grid.model.init_args.similarty=dot (configs/vision/digits.yaml): model: 'similarty' is not an option of "
-            "models.vit_module.ImageClassifier; did you mean 'attention.similarity'?"
+            "models.vision.ImageClassifier; did you mean 'attention.similarity'?"
         ),
     ),
     "grid value type": (

@@ -185,7 +185,7 @@ def test_the_check_before_any_run_parses_a_grid_over_a_class_field(tmp_path):
     from experiments.sweep.file import SweepError
     from experiments.sweep.runs import check
 
-    clipped = {"class_path": "models.attend.ClippedSoftmax", "init_args": {"alpha": 4}}
+    clipped = {"class_path": "models.core.attend.ClippedSoftmax", "init_args": {"alpha": 4}}
     overrides = {"model.init_args.attention.normalization": clipped}
     key = "model.init_args.attention.normalization.init_args"
     check(sweeps.load(_write(tmp_path, {f"{key}.alpha": [2, 8]}, overrides=overrides)))

@@ -11,15 +11,18 @@ import torch.nn.functional as F
 from builders import padded_batch, tiny_lm, tiny_seq2seq
 
 from datamodules.checks import read_lines
-from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
-from datamodules.text_batching import LengthBucketSampler, collate_pairs
-from datamodules.text_tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_tokenizer
-from datamodules.toy_text import TOY_SPLITS, toy_translation_pairs, write_toy_corpus
-from models.attention import AttentionConfig, capture_attention
-from models.decoding import beam_search, greedy_decode, length_penalty
+from datamodules.text.batching import LengthBucketSampler, collate_pairs
+from datamodules.text.corpus import TextCorpusDataModule
+from datamodules.text.parallel import ParallelTextDataModule
+from datamodules.text.tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_tokenizer
+from datamodules.text.toy import TOY_SPLITS, toy_translation_pairs, write_toy_corpus
+from models.core.attention import AttentionConfig
+from models.core.capture import capture_attention
 from models.optim import param_groups
-from models.text import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
-from models.text_module import check_vocabulary
+from models.text.decoding import beam_search, greedy_decode, length_penalty
+from models.text.lm import DecoderOnlyLM
+from models.text.seq2seq import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
+from models.text.training import check_vocabulary
 
 V = 24
 IDS = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)

@@ -60,7 +60,7 @@ def test_translation_fit_test_predict(attnlab, tmp_path, monkeypatch):
     code, _, err = attnlab("test", *toy, "--ckpt_path", "best", *other_vocab)
     assert code == 2
     assert re.search(
-        r"attnlab: error: --ckpt_path \S+/best.ckpt holds a models.text_module.TranslationModule of src_vocab_size=\d+, "
+        r"attnlab: error: --ckpt_path \S+/best.ckpt holds a models.text.TranslationModule of src_vocab_size=\d+, "
         r"tgt_vocab_size=\d+; this config's data gives src_vocab_size=90, tgt_vocab_size=90",
         err,
     )

@@ -1,4 +1,4 @@
-"""Text sources (`datamodules.text_sources`): every kind a user has reads the same text in bounded batches, and bad
+"""Text sources (`datamodules.text.sources`): every kind a user has reads the same text in bounded batches, and bad
 input stops with one line that names the setting, the file and the line (or row)."""
 
 import json
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from datamodules import text_sources
 from datamodules.checks import read_lines
-from datamodules.text_sources import ParallelFiles, corpus_source, pair_source, read_text_lines
+from datamodules.text import sources as text_sources
+from datamodules.text.sources import ParallelFiles, corpus_source, pair_source, read_text_lines
 
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 PIECES = st.sampled_from(

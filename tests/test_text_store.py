@@ -10,11 +10,13 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models
 
-from datamodules import text_prepare, token_store
-from datamodules.text import ParallelTextDataModule, TextCorpusDataModule
-from datamodules.text_batching import LengthBucketSampler
-from datamodules.text_tokenizers import EOS_ID, build_tokenizer
-from datamodules.token_store import TokenWriter, open_array
+from datamodules.text import prepare as text_prepare
+from datamodules.text import token_store
+from datamodules.text.batching import LengthBucketSampler
+from datamodules.text.corpus import TextCorpusDataModule
+from datamodules.text.parallel import ParallelTextDataModule
+from datamodules.text.token_store import TokenWriter, open_array
+from datamodules.text.tokenizers import EOS_ID, build_tokenizer
 
 LINES = ["First Citizen:", "Before we proceed, hear me speak.", "", "  Ünïcode: ä ß — ok", "All:", "Speak, speak."]
 

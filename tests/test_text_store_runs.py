@@ -1,6 +1,6 @@
 """The token store in real runs of the CLI (a language model on a JSON-lines corpus, BPE): two DDP processes
 prepare it once and each reads its share; a fit killed mid-epoch (SIGKILL) and resumed with ``--ckpt_path last``
-trains the batches, and reaches the weights, of a fit that never stopped (`experiments.interrupts.ExactResume`
+trains the batches, and reaches the weights, of a fit that never stopped (`experiments.callbacks.ExactResume`
 over the store's map-style datasets)."""
 
 import json
@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 from processes import CLIProcess, torchrun, wait_all
 from test_interrupts import ENV, EVERY_3_STEPS, KillAt, load, probe
 
-from datamodules.toy_text import toy_translation_pairs
+from datamodules.text.toy import toy_translation_pairs
 from experiments.cli import main
 
 pytestmark = pytest.mark.slow  # CLI runs, in processes of their own

@@ -1,4 +1,4 @@
-"""The token store (`datamodules.token_store`): ids and offsets written batch by batch read back as numpy reads
+"""The token store (`datamodules.text.token_store`): ids and offsets written batch by batch read back as numpy reads
 the files, the id type follows the vocabulary, and a store is built once, under a lock, into a temporary folder
 renamed when complete: a failed or killed build leaves nothing that a later run trusts."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datamodules import token_store
-from datamodules.token_store import (
+from datamodules.text import token_store
+from datamodules.text.token_store import (
     TokenWriter,
     build_once,
     check_free_space,
@@ -171,7 +171,7 @@ def test_too_little_free_disk_is_refused_before_anything_is_written(tmp_path, mo
 BUILDER = """
 import os, signal, sys, time
 from pathlib import Path
-from datamodules.token_store import TokenWriter, build_once
+from datamodules.text.token_store import TokenWriter, build_once
 folder, mode = Path(sys.argv[1]), sys.argv[2]
 def build(tmp):
     with open(folder.parent / "builds.log", "a") as log:

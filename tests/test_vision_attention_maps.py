@@ -8,10 +8,10 @@ from PIL import Image
 from pytorch_lightning.loggers import WandbLogger
 
 from benchmarks.harness import quiet_trainer
-from datamodules.vision import DigitsDataModule
-from experiments.attention_maps import AttentionMapLogger, attention_rollout, cls_attention, render_attention
-from models.attention import capture_attention
-from models.vit_module import ImageClassifier
+from datamodules.vision.classification import DigitsDataModule
+from experiments.callbacks.attention_maps import AttentionMapLogger, attention_rollout, cls_attention, render_attention
+from models.core.capture import capture_attention
+from models.vision.module import ImageClassifier
 
 CLS, P1, P3 = 0, 2, 4  # token indices: the class token, then patches 0..3 of a 2x2 grid
 
@@ -112,7 +112,7 @@ def test_predict_writes_maps_on_request_through_the_cli(attnlab, tmp_path):
         *cfg,
         "--ckpt_path",
         "last",
-        "--trainer.callbacks+=experiments.attention_maps.AttentionMapLogger",
+        "--trainer.callbacks+=experiments.callbacks.AttentionMapLogger",
         "--trainer.callbacks.num_images=5",
     )
     assert code == 0, err

@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.vision import DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule
-from datamodules.vision_files import LAYOUTS
+from datamodules.vision.classification import DigitsDataModule, ImageFolderDataModule, TorchvisionDataModule
+from datamodules.vision.files import LAYOUTS
 
 
 def _pixels(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:

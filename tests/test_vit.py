@@ -4,11 +4,12 @@ import pytest
 import torch
 from builders import tiny_vit
 
-from datamodules.vision import DigitsDataModule, split_lengths
-from models.attention import AttentionConfig, capture_attention
+from datamodules.vision.classification import DigitsDataModule, split_lengths
+from models.core.attention import AttentionConfig
+from models.core.capture import capture_attention
 from models.optim import param_groups
-from models.vit import PatchEmbed, VisionTransformer
-from models.vit_module import ImageClassifier
+from models.vision.module import ImageClassifier
+from models.vision.vit import PatchEmbed, VisionTransformer
 
 
 def test_patch_embed_cuts_non_overlapping_patches():

@@ -1,4 +1,4 @@
-"""timm's ViTs by name (`models.vit_timm`): ``model.init_from: timm:NAME[=FILE]`` reads the architecture from timm's
+"""timm's ViTs by name (`models.vision.timm_names`): ``model.init_from: timm:NAME[=FILE]`` reads the architecture from timm's
 registry and gives timm's logits; a setting that contradicts timm's is refused in one line naming the key.
 
 The oracle is timm: its model of each name, built with random weights, whose state dict attnlab loads by name.
@@ -17,10 +17,11 @@ import yaml
 from safetensors.torch import save_file
 from torch import nn
 
-import models.vit_timm
-from models.vit import VisionTransformer, load_pretrained, read_init_from
-from models.vit_module import NETWORK_DEFAULTS, ImageClassifier
-from models.vit_timm import _mlp_ratio, fill_from_timm
+import models.vision.timm_names
+from models.vision.module import NETWORK_DEFAULTS, ImageClassifier
+from models.vision.pretrained import load_pretrained, read_init_from
+from models.vision.timm_names import _mlp_ratio, fill_from_timm
+from models.vision.vit import VisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPTH = 2
@@ -29,7 +30,7 @@ DEPTH = 2
 @pytest.fixture
 def two_blocks(monkeypatch):
     """attnlab reads timm's registry for two-block models (the oracle's depth)."""
-    monkeypatch.setattr(models.vit_timm, "create_model", functools.partial(timm.create_model, depth=DEPTH))
+    monkeypatch.setattr(models.vision.timm_names, "create_model", functools.partial(timm.create_model, depth=DEPTH))
 
 
 def random_timm(name: str) -> nn.Module:
@@ -152,7 +153,7 @@ def test_names_and_models_attnlab_cannot_read_are_refused_in_one_line(init_from,
 
 
 def test_a_rope_grid_other_than_timms_reference_is_warned(caplog):
-    with caplog.at_level(logging.WARNING, logger="models.vit_timm"):
+    with caplog.at_level(logging.WARNING, logger="models.vision.timm_names"):
         fill_from_timm("timm:vit_base_patch16_rope_reg1_gap_256", dict(img_size=224), NETWORK_DEFAULTS)
     assert "timm scales its RoPE positions to a 16x16 patch grid (ref_feat_shape)" in caplog.text
     assert "at this 14x14 grid (224 px) the rotations differ from timm's; they agree at 256 px" in caplog.text

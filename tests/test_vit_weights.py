@@ -8,8 +8,9 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from models.vit import VisionTransformer, load_pretrained, load_timm_state_dict, read_checkpoint
-from models.vit_module import ImageClassifier
+from models.vision.module import ImageClassifier
+from models.vision.pretrained import load_pretrained, load_timm_state_dict, read_checkpoint
+from models.vision.vit import VisionTransformer
 
 
 def _randomised(model: torch.nn.Module) -> torch.nn.Module:
@@ -97,7 +98,7 @@ def test_position_resampling_keeps_a_one_patch_grid_and_an_unchanged_grid_sane()
 def test_head_is_reinitialised_and_logged_when_the_class_count_differs(caplog):
     source = _vit(img_size=8, num_classes=10)
     target = _vit(img_size=8, num_classes=3)
-    with caplog.at_level(logging.WARNING, logger="models.vit"):
+    with caplog.at_level(logging.WARNING, logger="models.vision.vit"):
         load_pretrained(target, source.state_dict(), "pretrained.pth")
     assert "pretrained.pth: its head has 10 classes, the model 3; the head is re-initialised" in caplog.text
     assert target.head.weight.shape == (3, 16)

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from models.vit_module import ImageClassifier
+from models.vision.module import ImageClassifier
 from models.weights import load_checked, read_state, resolve
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -11,8 +11,8 @@ from torch import Tensor, nn
 
 from benchmarks.harness import Step
 from benchmarks.peers.bench import Bench, Settings, max_diff
-from models.attend import attention_fast, merge_masks
-from models.attention import AttentionConfig, MultiHeadAttention
+from models.core.attend import attention_fast, merge_masks
+from models.core.attention import AttentionConfig, MultiHeadAttention
 
 
 class SDPAAttention(nn.Module):

@@ -12,8 +12,8 @@ from torch import Tensor, nn
 from benchmarks.harness import Step
 from benchmarks.peers.bench import Bench, Settings
 from benchmarks.peers.text import random_sentences
-from models.decoding import beam_search, greedy_decode
-from models.text import Seq2SeqTransformer
+from models.text.decoding import beam_search, greedy_decode
+from models.text.seq2seq import Seq2SeqTransformer
 
 
 @dataclass

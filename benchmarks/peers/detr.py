@@ -10,10 +10,10 @@ from torch import Tensor, nn
 
 from benchmarks.harness import Step, synchronize
 from benchmarks.peers.bench import Bench, Settings, train_step
-from models.backbone import Backbone
-from models.criterion import SetCriterion
-from models.detr import DETR
-from models.matcher import HungarianMatcher
+from models.detection.backbone import Backbone
+from models.detection.criterion import SetCriterion
+from models.detection.detr import DETR
+from models.detection.matcher import HungarianMatcher
 
 DETR_SHAPES = {  # backbone, d_model, heads, layers each side, FFN, queries, classes, batch, image (H, W)
     "r50": dict(

@@ -1,5 +1,5 @@
 """Padded batches (the padding and gpu sections): our attention's key padding by each of its paths, masked
-SDPA and the padding-free kernels of `models.padding_free`, in self-attention and in the Multi30k step."""
+SDPA and the padding-free kernels of `models.core.padding_free`, in self-attention and in the Multi30k step."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from benchmarks.harness import Step
 from benchmarks.peers.attention import padding_mask
 from benchmarks.peers.bench import Bench, Settings, max_diff, train_step
 from benchmarks.peers.text import random_sentences, seq2seq_models
-from models import attention
-from models.attention import MultiHeadAttention
-from models.text import label_smoothed_nll_loss, teacher_forcing
+from models.core import attention
+from models.core.attention import MultiHeadAttention
+from models.text.seq2seq import label_smoothed_nll_loss, teacher_forcing
 
 # side -> our attention's padding-free kernels for a key-padding mask (none: the masked SDPA)
 PADDING_PATHS: dict[str, tuple[str, ...]] = {"masked SDPA": (), "varlen": ("varlen",), "nested": ("nested",)}

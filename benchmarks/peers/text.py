@@ -8,8 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks.peers.bench import Bench, Settings, max_diff, train_step
-from models.position import sinusoidal_encoding
-from models.text import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
+from models.core.position import sinusoidal_encoding
+from models.text.seq2seq import Seq2SeqTransformer, label_smoothed_nll_loss, teacher_forcing
 
 SEQ2SEQ_SHAPES = {  # (d_model, nhead, layers each side, FFN, vocabulary, sentences per batch)
     "small": (256, 4, 3, 1024, 8000, 32),

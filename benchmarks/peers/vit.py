@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.peers.bench import Bench, Settings, max_diff, train_step
-from models.vit import VisionTransformer, load_timm_state_dict
+from models.vision.pretrained import load_timm_state_dict
+from models.vision.vit import VisionTransformer
 
 VIT_SHAPES = {  # timm's vit_tiny/small/base_patch16_224, and one for dispatch overhead
     "vit_tiny": dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3),

@@ -12,7 +12,7 @@ from typing import Any
 from matplotlib.figure import Figure  # no pyplot: no global backend, nothing to close
 from torch import Tensor, nn
 
-from experiments.stats import modality
+from experiments.callbacks.attention_stats import modality
 
 MAX_TICKS = 24  # labels per axis; a longer sequence shows every k-th token
 
@@ -46,7 +46,7 @@ def _words(ids: Tensor, tokenizer: Any) -> list[str]:
 def token_sides(
     model: nn.Module, args: tuple, feature_hw: tuple[int, int] | None, data: Any
 ) -> tuple[Side | None, Side | None]:
-    """(encoder side, decoder side or None) of the first sample of ``args``, the model's inputs (`experiments.stats`):
+    """(encoder side, decoder side or None) of the first sample of ``args``, the model's inputs (`experiments.callbacks.attention_stats`):
     ViT ``(images,)``, DETR ``(images, mask)`` with ``feature_hw`` its backbone's (h, w), translation ``(src, tgt)``
     with ``data.tokenizers`` (source, target), language model ``(tokens,)`` with ``data.tokenizer``."""
     kind = modality(model)

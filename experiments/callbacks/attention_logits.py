@@ -13,7 +13,7 @@ from experiments.callbacks.base import close_scores, needs_weights, open_scores
 class MaxAttentionLogit(Callback):
     """Log ``train/max_attn_logit``: the largest attention logit (q·k scaled, before the softmax, blocked keys left
     out) over every attention layer, head and query of the training batch, at Lightning's logging steps. Only those
-    batches are recorded (`models.attention.capture_attention`, the reference path, shared with the other callbacks
+    batches are recorded (`models.core.capture.capture_attention`, the reference path, shared with the other callbacks
     that read it: `open_scores`); the others run as without it.
     """
 

@@ -9,11 +9,11 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 
-from experiments import sinks
+from experiments.callbacks import sinks
+from experiments.callbacks.attention_stats import layer_calls
 from experiments.callbacks.base import close_scores, needs_weights, open_scores
-from experiments.stats import layer_calls
 
-# `experiments.sinks.model_summary`'s keys -> the logged keys
+# `experiments.callbacks.sinks.model_summary`'s keys -> the logged keys
 KEYS = {
     "sink_mass": "train/sink_mass",
     "sink_heads": "train/sink_heads",
@@ -24,7 +24,7 @@ KEYS = {
 
 
 class AttentionSinks(Callback):
-    """Log, on the training batch at Lightning's logging steps, `experiments.sinks`' model summary: the mean weight
+    """Log, on the training batch at Lightning's logging steps, `experiments.callbacks.sinks`' model summary: the mean weight
     on the first key (``train/sink_mass``), Sink^ε_1 (``train/sink_heads``), the mean weight on the registers
     (``train/register_mass``, for a model with ``register_keys``), and the attention layers' largest max |x|
     (``train/attn_out_max``) and mean kurtosis (``train/attn_out_kurtosis``), padded queries left out. Only those

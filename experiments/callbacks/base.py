@@ -12,7 +12,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 
-from models.attention import AttentionScores, capture_attention, kernel_without_weights
+from models.core.attention import AttentionScores
+from models.core.capture import capture_attention, kernel_without_weights
 
 
 def batch_size(batch: Any) -> int:

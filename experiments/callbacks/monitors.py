@@ -9,7 +9,7 @@ import torch
 from pytorch_lightning.callbacks import Callback
 
 from experiments.callbacks.base import batch_size, shadowed
-from models.attention import MultiHeadAttention
+from models.core.attention import MultiHeadAttention
 
 
 class Throughput(Callback):

@@ -1,5 +1,5 @@
 """W8A8 at the end of a run: its validation or test metrics in fp32 and with every linear layer fake-quantised to 8
-bits (`experiments.quantization`), on the same batches with the same weights."""
+bits (`experiments.callbacks.w8a8`), on the same batches with the same weights."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities import move_data_to_device, rank_zero_warn
 
 from experiments.callbacks.summary import RunSummary
-from experiments.quantization import freeze, w8a8
+from experiments.callbacks.w8a8 import freeze, w8a8
 from experiments.runfolder import SUMMARY, Summary
 
 

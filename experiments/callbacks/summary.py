@@ -18,12 +18,12 @@ from pytorch_lightning.utilities import measure_flops, rank_zero_warn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 import experiments.flops  # noqa: F401  (registers the SDPA formulas that measure_flops lacks on the CPU)
-from experiments import stats as summary_stats
+from experiments.callbacks import attention_stats as summary_stats
 from experiments.callbacks.base import batch_size, shadowed
 from experiments.callbacks.monitors import GradientNorm, Throughput
 from experiments.provenance import record_sources
 from experiments.runfolder import HEARTBEAT_S, now_utc, read_json, write_json
-from models.attention import capture_attention, kernel_without_weights
+from models.core.capture import capture_attention, kernel_without_weights
 from models.distributed import full_weights
 
 

@@ -2,10 +2,10 @@
 attention from the class token to the patches, averaged over heads, on the same few validation images.
 
 Each cell's map comes from its first run (its first seed in a sweep): the network of ``checkpoints/best.ckpt``, built
-by the LightningModule class the checkpoint's hyper-parameters name, run inside `models.attention.capture_attention`
-and read by `experiments.attention_maps.cls_attention`. The images are the first validation images of the data in the
+by the LightningModule class the checkpoint's hyper-parameters name, run inside `models.core.capture.capture_attention`
+and read by `experiments.callbacks.attention_maps.cls_attention`. The images are the first validation images of the data in the
 run's ``config.yaml``, built as the CLI builds it (relative paths there resolve from the current folder, as they did
-for the run): those that `experiments.attention_maps.AttentionMapLogger` draws during training.
+for the run): those that `experiments.callbacks.AttentionMapLogger` draws during training.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from matplotlib.figure import Figure
 from pytorch_lightning.cli import instantiate_class
 from torch import Tensor
 
-from experiments.attention_maps import cls_attention, draw_map
+from experiments.callbacks.attention_maps import cls_attention, draw_map
 from experiments.checkpoints import saved_hyperparameters
 from experiments.compare.plots import flat_label
-from models.attention import capture_attention
+from models.core.capture import capture_attention
 
 NUM_IMAGES = 4
 

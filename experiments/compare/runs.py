@@ -46,8 +46,8 @@ _SEED = re.compile(r"(^|/)seed[=_-]?\d+(?=/|$)")
 
 
 def summarize(stats: dict[str, Any]) -> dict[str, float | None]:
-    """Attention statistics of one run (`experiments.stats`) -> the mean over every layer and head of each, and the
-    sinks and outliers as the run reduced them (`experiments.sinks.model_summary`; None for a run from before them)."""
+    """Attention statistics of one run (`experiments.callbacks.attention_stats`) -> the mean over every layer and head of each, and the
+    sinks and outliers as the run reduced them (`experiments.callbacks.sinks.model_summary`; None for a run from before them)."""
     out: dict[str, float | None] = {}
     for key in ("entropy", "max_weight", "saturated", "logit_var", "distance", "special"):
         values = [v for layer in stats.get("layers", []) if layer.get(key) is not None for v in layer[key]]
@@ -89,8 +89,7 @@ def _finished_below(raw: str, path: Path) -> list[Path]:
     for summary in sorted(path.rglob(SUMMARY)):
         run, state = summary.parent, Summary.read(summary).state()
         if state == "finished":
-            experiment = run.parent.parent if run.parent.name == "lightning_logs" else run
-            finished.setdefault(experiment, []).append(summary)
+            finished.setdefault(experiment_folder(run), []).append(summary)
         else:
             unfinished.append(f"{run.relative_to(path)} ({state or 'no status'})")
     if not finished and unfinished:
@@ -133,9 +132,15 @@ def _labels(experiments: list[Path]) -> list[str]:
     return ["/".join(p.parts[-2:]) for p in paths]
 
 
+def experiment_folder(run: Path) -> Path:
+    """The experiment folder (``trainer.default_root_dir``) of the run folder ``run`` as it lies now. Its summary's
+    ``experiment`` names where the run was written: a folder copied from another machine or moved keeps that."""
+    return run.parent.parent if run.parent.name == "lightning_logs" else run
+
+
 def load_runs(run_dirs: list[Path]) -> list[dict[str, Any]]:
     runs = [_load_run(r) for r in run_dirs]
-    for run, label in zip(runs, _labels([Path(r["summary"].experiment or r["dir"]) for r in runs])):
+    for run, label in zip(runs, _labels([experiment_folder(Path(r["dir"])) for r in runs])):
         run["label"] = label
     return runs
 

@@ -69,7 +69,7 @@ SCALING_COLUMNS = {
 
 
 def readable(value: Any, names: dict[str, str] | None = None) -> str:
-    """A setting as the tables show it: null -> none; {class_path: models.attend.ClippedSoftmax, init_args: {alpha:
+    """A setting as the tables show it: null -> none; {class_path: models.core.attend.ClippedSoftmax, init_args: {alpha:
     4}} -> ClippedSoftmax(alpha=4), a class path by its name in ``names`` (`class_names`); a mapping of fields ->
     (key=value, ...)."""
     names = names or {}
