@@ -196,6 +196,11 @@ def no_validation(trainer) -> str | None:
     every, epochs = trainer.check_val_every_n_epoch, trainer.current_epoch
     if every and trainer.max_epochs is not None and 0 < trainer.max_epochs < every:
         why = f"trainer.check_val_every_n_epoch={every} > trainer.max_epochs={trainer.max_epochs}"
+    elif every and 0 < trainer.max_steps <= trainer.global_step:
+        why = (
+            f"trainer.max_steps={trainer.max_steps} ended it at step {trainer.global_step}, before epoch {every} was "
+            f"over (trainer.check_val_every_n_epoch={every})"
+        )
     elif every and epochs < every:
         why = f"it stopped after {epochs} epoch(s), before epoch {every} (trainer.check_val_every_n_epoch={every})"
     elif not trainer.limit_val_batches:

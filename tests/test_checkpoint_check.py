@@ -161,6 +161,16 @@ def test_a_fit_that_validated_gives_no_warning(vit_run, tmp_path):
     assert "ran no validation" not in fitted(tmp_path, "--config", DIGITS, *ONE_BATCH, *TINY_VIT)
 
 
+def test_a_fit_ended_by_max_steps_inside_an_epoch_says_so(tmp_path):
+    err = fitted(
+        tmp_path, "--config", DIGITS, *TINY_VIT, "--trainer.max_steps=2", "--trainer.check_val_every_n_epoch=2"
+    )
+    assert (
+        "this fit ran no validation (trainer.max_steps=2 ended it at step 2, before epoch 2 was over "
+        "(trainer.check_val_every_n_epoch=2))" in err
+    )
+
+
 class _Trainer(SimpleNamespace):
     world_size, global_rank = 1, 0
 

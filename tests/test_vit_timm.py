@@ -107,8 +107,14 @@ def test_timm_models_load_by_name_with_timms_logits(two_blocks, tmp_path, name, 
             "model.patch_size=8, model.register_tokens=2 contradict timm's vit_small_patch14_reg4_dinov2 "
             "(patch_size=14, register_tokens=4); remove them or set these",
         ),
+        (  # a written value equal to ViT-B/16's (12 heads) is a setting, not "unset": refused like any other
+            "vit_small_patch16_rope_224",
+            dict(num_heads=12, embed_dim=768),
+            "model.embed_dim=768, model.num_heads=12 contradict timm's vit_small_patch16_rope_224 "
+            "(embed_dim=384, num_heads=6); remove them or set these",
+        ),
     ],
-    ids=["rope_theta", "num_heads", "rope_grid_indexing", "two keys"],
+    ids=["rope_theta", "num_heads", "rope_grid_indexing", "two keys", "equal to ViT-B/16's"],
 )
 def test_a_setting_that_contradicts_timms_is_refused_in_one_line(name, given, message):
     with pytest.raises(ValueError) as error:

@@ -5,7 +5,7 @@
 nothing downloaded) and reads from it every setting of our `VisionTransformer` that the name fixes
 (`timm_architecture`): width, depth, heads, MLP ratio, patch size, pooling, class token, registers, LayerScale and
 positions (learned, or RoPE axial or mixed with its θ and grid indexing). `fill_from_timm` gives them to the model:
-a setting left at its default takes timm's value, another value is refused. The weights are timm's hub weights of
+a setting left unset takes timm's value, another value is refused. The weights are timm's hub weights of
 that name, or a local timm state dict given after ``=`` (``timm:NAME=FILE``), renamed by `timm_to_attnlab`.
 """
 
@@ -149,14 +149,15 @@ def _show(value: Any) -> str:
 
 def fill_from_timm(init_from: str, network: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """``network`` (our `VisionTransformer`'s arguments, ``defaults`` its defaults) with the settings that timm's
-    model ``timm:NAME[=FILE]`` fixes (`timm_architecture`). A setting left at its default takes timm's value; one
-    set to another value than timm's is refused, every such key in one line. ``img_size``, ``in_chans`` and
-    ``num_classes`` stay the data's: the weights adapt to them as to any checkpoint (`models.vision.pretrained.load_pretrained`).
-    A value written in the config that equals our default cannot be told from the default, and takes timm's."""
+    model ``timm:NAME[=FILE]`` fixes (`timm_architecture`). A setting left unset (None) takes timm's value; one
+    set to another value than timm's is refused, every such key in one line, whether or not it equals ViT-B/16's
+    (`models.vision.vit.VIT_B16`: what an unset key means without timm). ``img_size``, ``in_chans`` and
+    ``num_classes`` stay the data's: the weights adapt to them as to any checkpoint
+    (`models.vision.pretrained.load_pretrained`)."""
     name = split_timm(init_from)[0]
     model = meta_model(name, init_from)
     timm = timm_architecture(model, init_from)
-    wrong = {k: network[k] for k, v in timm.items() if k in network and network[k] not in (defaults[k], v)}
+    wrong = {k: network[k] for k, v in timm.items() if network.get(k) is not None and network[k] != v}
     if wrong:
         given = ", ".join(f"model.{k}={_show(v)}" for k, v in wrong.items())
         theirs = ", ".join(f"{k}={_show(timm[k])}" for k in wrong)

@@ -10,6 +10,7 @@ by ``fc_norm`` ("avg", as timm and MAE do). Weights from elsewhere load through 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Literal
 
 import torch
@@ -90,26 +91,40 @@ def _check_settings(positions: str, global_pool: str, class_token: bool, embed_d
 
 
 def _positions_of(
-    positions: str,
-    embed_dim: int,
-    num_heads: int,
-    depth: int,
-    grid: tuple[int, int],
-    placed: int,
-    rope_theta: float | None,
-    rope_grid_indexing: str,
+    a: SimpleNamespace, grid: tuple[int, int], rope_theta: float | None
 ) -> tuple[PositionEmbeddingSine2D | None, RotaryEmbedding2D | None, nn.ModuleList | None]:
-    """The position modules of ``positions`` other than learned ones: (sine-cosine, RoPE, per-layer relative
-    position tables), None where unused; ``placed``: the prefix tokens that relative positions cover."""
+    """The position modules of ``a.positions`` (``a``: the architecture keys) other than learned ones: (sine-cosine,
+    RoPE, per-layer relative position tables over the class token and the ``grid`` of patches), None where unused."""
     sincos = rope = tables = None
-    if positions == "sincos2d":
-        sincos = PositionEmbeddingSine2D(embed_dim // 2, normalize=False)  # integer row and column
-    if positions.startswith("rope"):
-        mode = positions.removeprefix("rope_")
-        rope = RotaryEmbedding2D(embed_dim // num_heads, num_heads, mode, rope_theta, depth, rope_grid_indexing)
-    if positions == "relpos":
-        tables = nn.ModuleList(RelativePositionBias2D(grid, num_heads, placed) for _ in range(depth))
+    width, heads = a.embed_dim, a.num_heads
+    if a.positions == "sincos2d":
+        sincos = PositionEmbeddingSine2D(width // 2, normalize=False)  # integer row and column
+    if a.positions.startswith("rope"):
+        mode = a.positions.removeprefix("rope_")
+        rope = RotaryEmbedding2D(width // heads, heads, mode, rope_theta, a.depth, a.rope_grid_indexing)
+    if a.positions == "relpos":
+        tables = nn.ModuleList(RelativePositionBias2D(grid, heads, int(a.class_token)) for _ in range(a.depth))
     return sincos, rope, tables
+
+
+# what an architecture key left unset (None) means: ViT-B/16 (Dosovitskiy et al. 2021). A key that timm's model fixes
+# (`models.vision.timm_names.fill_from_timm`) takes timm's value only where it is unset, not where it is written.
+VIT_B16 = dict(
+    patch_size=16,
+    embed_dim=768,
+    depth=12,
+    num_heads=12,
+    mlp_ratio=4.0,
+    global_pool="token",
+    positions="learned",
+    register_tokens=0,
+    class_token=True,
+    rope_grid_indexing="xy",
+)
+
+
+def _unset_as_vit_b16(arguments: dict) -> SimpleNamespace:
+    return SimpleNamespace(**{k: default if arguments[k] is None else arguments[k] for k, default in VIT_B16.items()})
 
 
 def _init_linear(layer: nn.Linear) -> None:
@@ -121,7 +136,8 @@ def _init_linear(layer: nn.Linear) -> None:
 class VisionTransformer(nn.Module, WithRegisters):
     """ViT classifier.
 
-    Args:
+    Args (the architecture keys, from ``patch_size`` to ``rope_grid_indexing``, left None are ViT-B/16's, `VIT_B16`;
+    with ``init_from: timm:NAME`` they are timm's):
         img_size: height and width of the (square) images.
         patch_size: side of the square patches; it must divide img_size (or the stem's feature map).
         in_chans: image channels.
@@ -168,48 +184,47 @@ class VisionTransformer(nn.Module, WithRegisters):
     def __init__(
         self,
         img_size: int = 224,
-        patch_size: int = 16,
+        patch_size: int | None = None,
         in_chans: int = 3,
         num_classes: int = 1000,
-        embed_dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
-        mlp_ratio: float = 4.0,
+        embed_dim: int | None = None,
+        depth: int | None = None,
+        num_heads: int | None = None,
+        mlp_ratio: float | None = None,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
-        global_pool: Literal["token", "avg"] = "token",
+        global_pool: Literal["token", "avg"] | None = None,
         attention: AttentionConfig = DEFAULT_ATTENTION,
         stem_channels: Sequence[int] = (),
-        positions: Literal["learned", "sincos2d", "rope_axial", "rope_mixed", "relpos"] = "learned",
+        positions: Literal["learned", "sincos2d", "rope_axial", "rope_mixed", "relpos"] | None = None,
         rope_theta: float | None = None,
-        register_tokens: int = 0,
+        register_tokens: int | None = None,
         init_values: float | None = None,
-        class_token: bool = True,
-        rope_grid_indexing: Literal["xy", "ij"] = "xy",
+        class_token: bool | None = None,
+        rope_grid_indexing: Literal["xy", "ij"] | None = None,
         fc_norm: bool | None = None,
     ):
         super().__init__()
-        _check_settings(positions, global_pool, class_token, embed_dim, num_heads)
-        self.global_pool, self.num_classes, self.embed_dim = global_pool, num_classes, embed_dim
-        fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, stem_channels)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.reg_token = learned_registers(register_tokens, embed_dim)
-        self.num_prefix_tokens = int(class_token) + register_tokens  # before the patches: [class, registers]
-        num_placed, grid = int(class_token) + self.patch_embed.num_patches, self.patch_embed.grid_size
-        self.pos_embed = nn.Parameter(torch.zeros(1, num_placed, embed_dim)) if positions == "learned" else None
-        self.sincos, self.rope, self.rel_pos_bias = _positions_of(
-            positions, embed_dim, num_heads, depth, (grid, grid), int(class_token), rope_theta, rope_grid_indexing
-        )
+        a = _unset_as_vit_b16(locals())  # the architecture keys, None where unset
+        _check_settings(a.positions, a.global_pool, a.class_token, a.embed_dim, a.num_heads)
+        self.global_pool, self.num_classes, self.embed_dim = a.global_pool, num_classes, a.embed_dim
+        fc_norm = a.global_pool == "avg" if fc_norm is None else fc_norm
+        self.patch_embed = PatchEmbed(img_size, a.patch_size, in_chans, a.embed_dim, stem_channels)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, a.embed_dim)) if a.class_token else None
+        self.reg_token = learned_registers(a.register_tokens, a.embed_dim)
+        self.num_prefix_tokens = int(a.class_token) + a.register_tokens  # before the patches: [class, registers]
+        num_placed, grid = int(a.class_token) + self.patch_embed.num_patches, self.patch_embed.grid_size
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_placed, a.embed_dim)) if a.positions == "learned" else None
+        self.sincos, self.rope, self.rel_pos_bias = _positions_of(a, (grid, grid), rope_theta)
         self.pos_drop = nn.Dropout(drop_rate)
         self.encoder = TransformerEncoder(
-            depth,
-            embed_dim,
-            num_heads,
+            a.depth,
+            a.embed_dim,
+            a.num_heads,
             final_norm=not fc_norm,
             drop_path=drop_path_rate,
-            dim_feedforward=int(embed_dim * mlp_ratio),
+            dim_feedforward=int(a.embed_dim * a.mlp_ratio),
             dropout=drop_rate,
             attn_dropout=attn_drop_rate,
             activation="gelu",
@@ -218,8 +233,8 @@ class VisionTransformer(nn.Module, WithRegisters):
             layer_norm_eps=1e-6,
             init_values=init_values,
         )
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if fc_norm else nn.Identity()
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.fc_norm = nn.LayerNorm(a.embed_dim, eps=1e-6) if fc_norm else nn.Identity()
+        self.head = nn.Linear(a.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
     def _init_weights(self) -> None:
