@@ -10,10 +10,10 @@ from test_padding_free import cpu_varlen_attn
 from torch import nn
 
 from models.core import attend, attention, padding_free
-from models.core.attend import subsequent_mask
 from models.core.attention import SIMILARITIES, AttentionConfig, MultiHeadAttention
 from models.core.capture import capture_attention
 from models.core.kv_cache import KVCache
+from models.core.masks import subsequent_mask
 from models.core.position import ALiBi, RotaryEmbedding, T5RelativePositionBias
 
 B, LQ, LK, D, H = 3, 5, 7, 16, 4

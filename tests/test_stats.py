@@ -13,9 +13,9 @@ from conftest import TINY_TRUNK
 from torch import nn
 
 from experiments.callbacks.attention_stats import SATURATION, Sequence, _layer_stats, _sequences, attention_statistics
-from models.core.attend import merge_masks
 from models.core.attention import AttentionConfig, MultiHeadAttention
 from models.core.capture import capture_attention
+from models.core.masks import merge_masks
 from models.detection.backbone import Backbone
 from models.detection.detr import DETR
 from models.text.lm import DecoderOnlyLM

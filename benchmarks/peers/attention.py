@@ -11,8 +11,9 @@ from torch import Tensor, nn
 
 from benchmarks.harness import Step
 from benchmarks.peers.bench import Bench, Settings, max_diff
-from models.core.attend import attention_fast, merge_masks
+from models.core.attend import attention_fast
 from models.core.attention import AttentionConfig, MultiHeadAttention
+from models.core.masks import merge_masks
 
 
 class SDPAAttention(nn.Module):

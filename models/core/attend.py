@@ -1,14 +1,8 @@
 """The attention kernels of the shared core: masks, normalisations over keys, the SDPA fast path and the
 reference path. `models.core.attention.MultiHeadAttention` projects, caches and gates around them.
 
-Mask convention (ONE for the whole project, the one of ``torch.nn.MultiheadAttention`` and DETR):
-    a boolean mask is True where attention is BLOCKED (padding, the future).
-    ``key_padding_mask``  (B, Lk)                      True at padded keys
-    ``attn_mask``         (Lq, Lk), (B, Lq, Lk) or (B, H, Lq, Lk): boolean (True = blocked) or
-                          float (added to the logits; -inf blocks)
-    ``is_causal``         query i may attend to keys j <= i, aligned to the END of the keys, so
-                          that a decoder step with cached keys (Lq < Lk) sees its whole past.
-A query row whose keys are all blocked gets all-zero weights and a zero attention output, never NaN, under
+Masks (True = blocked, everywhere) and position biases: `models.core.masks`, which merges them for any block of
+query rows. A query row whose keys are all blocked gets all-zero weights and a zero attention output, never NaN, under
 every normalisation.
 
 Normalisations (``attention.normalization``), for the scores s_j of one query over its n visible keys
@@ -42,73 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def subsequent_mask(size: int, device: torch.device | None = None) -> Tensor:
-    """(size, size) boolean mask, True above the diagonal: position i may not see j > i."""
-    return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
-
-
-def causal_mask(lq: int, lk: int, device: torch.device) -> Tensor:
-    """(Lq, Lk) boolean, aligned to the end: query i sits at absolute position lk - lq + i."""
-    return torch.ones(lq, lk, dtype=torch.bool, device=device).triu(lk - lq + 1)
-
-
-def merge_masks(
-    batch: int,
-    lq: int,
-    lk: int,
-    *,
-    attn_mask: Tensor | None = None,
-    key_padding_mask: Tensor | None = None,
-    is_causal: bool = False,
-    position_bias: Tensor | None = None,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> Tensor | None:
-    """Combine causal, key-padding and arbitrary masks and a position bias into one broadcastable
-    (B|1, H|1, Lq, Lk) mask.
-
-    Returns a boolean mask (True = blocked) when every input is boolean, else an additive float
-    mask; None when nothing is masked.
-    """
-    parts: list[Tensor] = []
-    if position_bias is not None:
-        if position_bias.shape[-2:] != (lq, lk) or position_bias.dim() not in (3, 4):
-            raise ValueError(
-                f"position_bias has shape {tuple(position_bias.shape)}, expected (heads, {lq}, {lk}) or (batch, heads, {lq}, {lk})"
-            )
-        parts.append(position_bias.to(device) if position_bias.dim() == 4 else position_bias.to(device)[None])
-    if is_causal:
-        parts.append(causal_mask(lq, lk, device))
-    if key_padding_mask is not None:
-        if key_padding_mask.shape != (batch, lk):
-            raise ValueError(
-                f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected (batch={batch}, keys={lk})"
-            )
-        parts.append(key_padding_mask.to(device)[:, None, None, :])
-    if attn_mask is not None:
-        if attn_mask.shape[-2:] != (lq, lk):
-            raise ValueError(f"attn_mask has shape {tuple(attn_mask.shape)}, expected (..., {lq}, {lk})")
-        m = attn_mask.to(device)
-        parts.append(m[:, None] if m.dim() == 3 else m)
-    if not parts:
-        return None
-    if all(p.dtype == torch.bool for p in parts):
-        mask = parts[0]
-        for p in parts[1:]:
-            mask = mask | p
-        return mask if mask.dim() == 4 else mask[None, None]
-    additive = torch.zeros((), dtype=dtype, device=device)
-    for p in parts:
-        additive = additive + (
-            torch.zeros_like(p, dtype=dtype).masked_fill(p, float("-inf")) if p.dtype == torch.bool else p.to(dtype)
-        )
-    return additive if additive.dim() == 4 else additive.reshape((1,) * (4 - additive.dim()) + additive.shape)
-
-
-def blocked_of(mask: Tensor | None) -> Tensor | None:
-    """The boolean view (True = blocked) of a merged mask."""
-    return mask if mask is None or mask.dtype == torch.bool else torch.isneginf(mask)
+from models.core.masks import blocked_of, causal_mask
 
 
 class Softmax(nn.Module):

@@ -85,12 +85,12 @@ from models.core.attend import (
     attention_fast,
     attention_own_kernel,
     attention_reference,
-    blocked_of,
     cpu_sdpa_zeroes_empty_rows,
-    merge_masks,
 )
 from models.core.attention_config import DEFAULT_ATTENTION, QK_NORMS, SIMILARITIES, AttentionConfig, class_path
+from models.core.chunked import attention_chunked, row_wise, scores_mib
 from models.core.kv_cache import KVCache, StaticKVCache
+from models.core.masks import LazyBias, MaskParts, blocked_of
 from models.core.padding_free import PaddingFree, attention_padding_free, packing, supported
 from models.core.position import Rotation
 
@@ -254,7 +254,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         cache: KVCache | StaticKVCache | None = None,
         rope: Rotation | None = None,
-        position_bias: Tensor | None = None,
+        position_bias: Tensor | LazyBias | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (both default to ``query``: self-attention).
 
@@ -321,7 +321,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("a StaticKVCache masks the positions it has not filled itself; pass no other mask")
         k, v, attn_mask = cache.update(k, v, is_causal)
         if position_bias is not None:  # given over the filled keys: the rest are blocked
-            position_bias = F.pad(position_bias, (0, cache.max_len - position_bias.size(-1)))
+            bias = position_bias.full() if isinstance(position_bias, LazyBias) else position_bias  # (H, Lq, t + 1)
+            position_bias = F.pad(bias, (0, cache.max_len - bias.size(-1)))
         return k, v, attn_mask, False, position_bias
 
     def _kernel(
@@ -330,13 +331,13 @@ class MultiHeadAttention(nn.Module):
         k: Tensor,
         v: Tensor,
         masks: dict,
-        position_bias: Tensor | None,
+        position_bias: Tensor | LazyBias | None,
         need_weights: bool,
         self_attention: bool,
         cached: bool,
     ) -> tuple[Tensor, Tensor | None]:
-        """Kernel: out (B, H, Lq, d) and, on the reference path, the weights (B, H, Lq, Lk); the padding-free,
-        SDPA or reference path as the module docstring says. Records the call inside `capture_attention`."""
+        """Kernel: out (B, H, Lq, d) and, on the reference path, the weights (B, H, Lq, Lk); the padding-free, SDPA,
+        chunked or reference path as the module docstring says. Records the call inside `capture_attention`."""
         if self.num_kv_heads != self.num_heads:
             # kv head j serves q heads j·g .. j·g + g - 1: (B, H_kv, Lk, d) -> (B, H, Lk, d)
             k, v = (x.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1) for x in (k, v))
@@ -344,43 +345,53 @@ class MultiHeadAttention(nn.Module):
             q = torch.einsum("bhld,hde->bhle", q, self.general_weight)  # qᵀW, then ·k below
         bsz, lq, (kv_bsz, _, lk, _) = q.shape[0], q.shape[2], k.shape
         q = self._fold(q, kv_bsz, masks, position_bias)
+        window = self.config.window if self_attention else None
+        parts = MaskParts(kv_bsz, q.shape[2], lk, **masks, window=window, position_bias=position_bias)
         if self.kernel is not None:
-            return self._own_kernel(q, k, v, masks, position_bias, need_weights, bsz, lq)
+            return self._own_kernel(q, k, v, parts, need_weights, bsz, lq)
         dropout_p = self.dropout if self.training else 0.0
-        want_weights = need_weights or self._captured is not None or not self.fused
-        plain_causal = masks["is_causal"] and lq == lk and position_bias is None and masks["attn_mask"] is None
-        plain_causal = plain_causal and masks["key_padding_mask"] is None
-        padding_free = not (want_weights or cached or masks["attn_mask"] is not None or position_bias is not None)
+        asked = need_weights or self._captured is not None
+        want_weights = asked or not self.fused
+        plain_causal = parts.is_causal and lq == lk and window is None and position_bias is None
+        plain_causal = plain_causal and masks["attn_mask"] is None and masks["key_padding_mask"] is None
+        padding_free = not (want_weights or cached or window or masks["attn_mask"] is not None)
         kernel = (
             _padding_free_kernel(q, lk, masks["key_padding_mask"], masks["is_causal"], self_attention, dropout_p)
-            if padding_free and q.shape[0] == bsz and isinstance(self.normalization, FUSED[0])
+            if padding_free and position_bias is None and q.shape[0] == bsz and isinstance(self.normalization, FUSED[0])
             else None
         )
         if kernel is not None:
             pack = packing(masks["key_padding_mask"].to(q.device), lq, self_attention)
             return attention_padding_free(q, k, v, pack, self.scale, dropout_p, masks["is_causal"], kernel), None
-        mask = (
-            None
-            if plain_causal and not want_weights
-            else merge_masks(
-                kv_bsz, q.shape[2], lk, **masks, position_bias=position_bias, device=q.device, dtype=q.dtype
+        similarity = None if self.similarity in SIMILARITIES else self.similarity_fn
+        if not asked and self._chunks(q, lk, parts, plain_causal):
+            out = attention_chunked(
+                q, k, v, parts, self.scale, self.config.memory_budget_mib, dropout_p, self.normalization, similarity
             )
-        )
+            return self._unfold(out, bsz, lq), None
+        mask = None if plain_causal and not want_weights else parts.full(q.device, q.dtype)
         if not want_weights:
             sink = self.normalization.sink_logit if isinstance(self.normalization, Softmax1) else None
             return self._unfold(attention_fast(q, k, v, mask, self.scale, dropout_p, plain_causal, sink), bsz, lq), None
-        logits = None if self.similarity in SIMILARITIES else self.similarity_fn(q, k)
+        logits = None if similarity is None else similarity(q, k)
         out, weights, logits = attention_reference(q, k, v, mask, self.scale, dropout_p, self.normalization, logits)
         self._record(weights, logits, mask, bsz, lq)
         return self._unfold(out, bsz, lq), self._unfold(weights, bsz, lq)
+
+    def _chunks(self, q: Tensor, lk: int, parts: MaskParts, plain_causal: bool) -> bool:
+        """Whether this call takes the chunked path (`models.core.chunked`): its scores exceed the memory budget, its
+        normalisation is row-wise, and no fused kernel already bounds the memory (SDPA without a mask, or causal)."""
+        if self.fused and (parts.empty or plain_causal):
+            return False
+        too_big = scores_mib(q.size(0), q.size(1), q.size(2), lk) > self.config.memory_budget_mib
+        return too_big and row_wise(self.normalization)
 
     def _own_kernel(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        masks: dict,
-        position_bias: Tensor | None,
+        parts: MaskParts,
         need_weights: bool,
         bsz: int,
         lq: int,
@@ -390,8 +401,7 @@ class MultiHeadAttention(nn.Module):
         beside its weights are q·k/√d of the q and k it was given."""
         if need_weights and not self.kernel_gives_weights:
             raise ValueError(weightless(self.config.kernel))
-        kv_bsz, _, lk, _ = k.shape
-        mask = merge_masks(kv_bsz, q.shape[2], lk, **masks, position_bias=position_bias, device=q.device, dtype=q.dtype)
+        mask = parts.full(q.device, q.dtype)
         out, weights = attention_own_kernel(self.kernel, q, k, v, mask, class_path(self.config.kernel))
         if weights is not None and self._captured is not None:
             self._record(weights, (q @ k.transpose(-2, -1)) * self.scale, mask, bsz, lq)

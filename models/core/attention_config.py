@@ -166,6 +166,13 @@ class AttentionConfig:
         gate: null, "headwise" or "elementwise": a sigmoid gate on each head's output (`models.core.attention`).
         kernel: null, or a class of your own that computes each head's output from q, k, v and the mask in place of
             similarity and normalisation (module docstring).
+        window: null, or sliding-window attention (Beltagy et al. 2020; Mistral): each query sees the ``window``
+            keys up to itself in causal attention (i - window < j <= i), those closer than ``window`` otherwise
+            (|i - j| < window); see `models.core.masks`.
+        memory_budget_mib: the fp32 scores (B, H, Lq, Lk) of one call larger than this are computed a block of
+            query rows at a time, each block recomputed in the backward (`models.core.chunked`): exact, with memory
+            O(rows · Lk) per head. 16 MiB keeps one causal layer at L = 8,192 within 1.5x the memory of SDPA
+            (benchmarks/RESULTS.md, "Long context").
     """
 
     similarity: Literal["scaled_dot", "dot", "general"] | Callable[[], nn.Module] = "scaled_dot"
@@ -173,6 +180,8 @@ class AttentionConfig:
     normalization: Literal["softmax", "softmax1", "clipped", "sigmoid"] | Callable[[], nn.Module] = "softmax"
     gate: Gate | None = None
     kernel: KernelClass | None = None
+    window: int | None = None
+    memory_budget_mib: float = 16.0
 
     def __post_init__(self):
         for key in ("similarity", "normalization", "kernel"):
@@ -188,6 +197,10 @@ class AttentionConfig:
             raise ValueError(f"attention.qk_norm={self.qk_norm!r} is not known; choose null, {' or '.join(QK_NORMS)}")
         if self.gate not in (None, "headwise", "elementwise"):
             raise ValueError(f"attention.gate={self.gate!r} is not known; choose null, headwise or elementwise")
+        if self.window is not None and (isinstance(self.window, bool) or self.window < 1):
+            raise ValueError(f"attention.window={self.window!r}: give the keys a query sees (>= 1), or null for all")
+        if not self.memory_budget_mib > 0:
+            raise ValueError(f"attention.memory_budget_mib={self.memory_budget_mib!r} must be > 0 (MiB of scores)")
 
     def _check_kernel(self) -> None:
         check_init_args("kernel", resolve_class("kernel", self.kernel, ()), init_args(self.kernel), CORE_ARGUMENTS)

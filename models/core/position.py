@@ -21,6 +21,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from models.core.masks import LazyBias
+
 
 def sinusoidal_encoding(length: int, dim: int, base: float = 10000.0) -> Tensor:
     """(length, dim) table with PE(pos, 2i) = sin(pos / base^(2i/dim)), PE(pos, 2i+1) = cos(...)."""
@@ -256,10 +258,11 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes)
 
 
-def _query_key_offsets(lq: int, lk: int, device: torch.device) -> Tensor:
-    """(Lq, Lk) key position minus query position, queries aligned to the end of the keys (a cached step)."""
+def _query_key_offsets(lq: int, lk: int, start: int, stop: int, device: torch.device) -> Tensor:
+    """(stop - start, Lk) key position minus query position for the query rows start..stop, queries aligned to the end
+    of the keys (a cached step)."""
     keys = torch.arange(lk, device=device)
-    return keys[None, :] - (keys[lk - lq :, None])
+    return keys[None, :] - (torch.arange(start, stop, device=device)[:, None] + (lk - lq))
 
 
 class ALiBi(nn.Module):
@@ -273,9 +276,17 @@ class ALiBi(nn.Module):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
+    def lazy(self, lq: int, lk: int) -> LazyBias:
+        """The bias (H, Lq, Lk), computed a block of query rows at a time."""
+
+        def rows(start: int, stop: int) -> Tensor:
+            distance = _query_key_offsets(lq, lk, start, stop, self.slopes.device).abs().float()  # (rows, Lk)
+            return -self.slopes[:, None, None] * distance
+
+        return LazyBias(rows, (self.slopes.numel(), lq, lk))
+
     def forward(self, lq: int, lk: int) -> Tensor:
-        distance = _query_key_offsets(lq, lk, self.slopes.device).abs().float()  # (Lq, Lk)
-        return -self.slopes[:, None, None] * distance
+        return self.lazy(lq, lk).full()
 
 
 def relative_position_bucket(
@@ -313,24 +324,41 @@ class T5RelativePositionBias(nn.Module):
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)  # T5's name
         nn.init.trunc_normal_(self.relative_attention_bias.weight, std=0.02)
 
+    def lazy(self, lq: int, lk: int) -> LazyBias:
+        """The bias (H, Lq, Lk), computed a block of query rows at a time."""
+        table = self.relative_attention_bias
+
+        def rows(start: int, stop: int) -> Tensor:
+            offsets = _query_key_offsets(lq, lk, start, stop, table.weight.device)
+            buckets = relative_position_bucket(offsets, self.bidirectional, self.num_buckets, self.max_distance)
+            return table(buckets).permute(2, 0, 1)  # (H, rows, Lk)
+
+        return LazyBias(rows, (table.embedding_dim, lq, lk))
+
     def forward(self, lq: int, lk: int) -> Tensor:
-        offsets = _query_key_offsets(lq, lk, self.relative_attention_bias.weight.device)
-        buckets = relative_position_bucket(offsets, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.relative_attention_bias(buckets).permute(2, 0, 1)  # (H, Lq, Lk)
+        return self.lazy(lq, lk).full()
 
 
-def relative_position_index(grid: Sequence[int], prefix_tokens: int = 0) -> Tensor:
+def relative_position_index(
+    grid: Sequence[int], prefix_tokens: int = 0, start: int = 0, stop: int | None = None, device=None
+) -> Tensor:
     """The row of each (query, key) cell pair in a (2h - 1)(2w - 1) offset table, (dy, dx) rows first; a class token
     (``prefix_tokens`` = 1) takes BEiT's three last rows: class to cell, cell to class, class to class.
-    -> (p + h·w, p + h·w)."""
+    -> (stop - start, p + h·w) for the query rows start..stop (all p + h·w of them by default)."""
     h, w = grid
-    n_offsets = (2 * h - 1) * (2 * w - 1)
-    cells = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")).flatten(1)  # (2, N)
-    delta = cells[:, :, None] - cells[:, None, :]  # (2, N, N): query minus key
-    index = (delta[0] + h - 1) * (2 * w - 1) + delta[1] + w - 1  # (N, N)
+    n_offsets, n = (2 * h - 1) * (2 * w - 1), prefix_tokens + h * w
+    stop = n if stop is None else stop
+    cells = torch.stack(torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij"))
+    cells = cells.flatten(1)  # (2, N)
+    queries = cells[:, max(start - prefix_tokens, 0) : max(stop - prefix_tokens, 0)]
+    delta = queries[:, :, None] - cells[:, None, :]  # (2, rows, N): query minus key
+    index = (delta[0] + h - 1) * (2 * w - 1) + delta[1] + w - 1  # (rows, N)
     if prefix_tokens:
-        index = nn.functional.pad(index, (1, 0, 1, 0))
-        index[0, :], index[:, 0], index[0, 0] = n_offsets, n_offsets + 1, n_offsets + 2
+        index = nn.functional.pad(index, (1, 0), value=n_offsets + 1)  # cell to class
+        if start == 0:  # the class token's row: class to cell, class to class
+            first = torch.full((1, n), n_offsets, dtype=index.dtype, device=index.device)
+            first[0, 0] = n_offsets + 2
+            index = torch.cat([first, index])
     return index
 
 
@@ -350,18 +378,26 @@ class RelativePositionBias2D(nn.Module):
         n_offsets = (2 * grid[0] - 1) * (2 * grid[1] - 1)
         self.relative_position_bias_table = nn.Parameter(torch.empty(n_offsets + 3 * prefix_tokens, num_heads))
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
-        self.register_buffer("relative_position_index", relative_position_index(grid, prefix_tokens), persistent=False)
 
-    def forward(self, grid: Sequence[int] | None = None) -> Tensor:
-        table, index = self.relative_position_bias_table, self.relative_position_index
-        if grid is not None and tuple(grid) != self.grid:
+    def lazy(self, grid: Sequence[int] | None = None) -> LazyBias:
+        """The bias (H, p + h·w, p + h·w) over ``grid`` (the table's by default), a block of query rows at a time."""
+        table, grid = self.relative_position_bias_table, tuple(grid or self.grid)
+        if grid != self.grid:
             from timm.layers import resize_rel_pos_bias_table
 
             h, w = grid
             shape = ((2 * h - 1) * (2 * w - 1) + 3 * self.prefix_tokens, table.shape[1])
             table = resize_rel_pos_bias_table(table, (h, w), shape, old_window_size=self.grid)
-            index = relative_position_index(grid, self.prefix_tokens).to(table.device)
-        return table[index].permute(2, 0, 1)  # (H, N, N)
+        n = self.prefix_tokens + grid[0] * grid[1]
+
+        def rows(start: int, stop: int) -> Tensor:
+            index = relative_position_index(grid, self.prefix_tokens, start, stop, table.device)
+            return table[index].permute(2, 0, 1)  # (H, rows, N)
+
+        return LazyBias(rows, (table.shape[1], n, n))
+
+    def forward(self, grid: Sequence[int] | None = None) -> Tensor:
+        return self.lazy(grid).full()
 
 
 # The text models' positions: added to the token embeddings, or acting inside self-attention.
@@ -389,7 +425,7 @@ class SelfAttentionPositions(nn.Module):
 
     (length, start) -> the stack's keyword arguments for new tokens at positions start..start + length - 1,
     attending to keys 0..start + length - 1 (a cached step has start > 0): {"rope": Rotation} or
-    {"position_bias": (H, length, start + length)}; {} for positions added to the embeddings.
+    {"position_bias": a `LazyBias` (H, length, start + length)}; {} for positions added to the embeddings.
     """
 
     def __init__(self, kind: Positions, d_model: int, nhead: int, causal: bool, rope_theta: float):
@@ -410,5 +446,5 @@ class SelfAttentionPositions(nn.Module):
         if self.rope is not None:
             return {"rope": self.rope(length, start)}
         if self.bias is not None:
-            return {"position_bias": self.bias(length, start + length)}
+            return {"position_bias": self.bias.lazy(length, start + length)}
         return {}

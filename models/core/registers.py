@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.core.masks import LazyBias
 from models.core.position import Rotation
 
 
@@ -58,8 +59,10 @@ def _unrotated(rotation: Rotation, at: int, n: int) -> Rotation:
     return Rotation(cos, sin, rotation.interleaved)
 
 
-def _unbiased(bias: Tensor, at: int, n: int) -> Tensor:
-    """A position bias (..., L, L) with N zero rows and columns before index ``at`` -> (..., L + N, L + N)."""
+def _unbiased(bias: Tensor | LazyBias, at: int, n: int) -> Tensor:
+    """A position bias (..., L, L) with N zero rows and columns before index ``at`` -> (..., L + N, L + N); a lazy one
+    is made whole first (registers with a position bias keep an (L, L) bias)."""
+    bias = bias.full() if isinstance(bias, LazyBias) else bias
     order = _order(bias.shape[-1], at, n, bias.device)
     return F.pad(bias, (0, n, 0, n)).index_select(-1, order).index_select(-2, order)
 

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.core.masks import LazyBias
 from models.core.position import Rotation
 
 CacheKind = Literal["auto", "dynamic", "static"]
@@ -55,6 +56,7 @@ def _static_positions(positions: dict, max_len: int) -> dict:
     if "position_bias" not in positions:
         return positions
     bias = positions["position_bias"]
+    bias = bias.full() if isinstance(bias, LazyBias) else bias  # one step's rows (H, T, t + 1)
     return {**positions, "position_bias": F.pad(bias, (0, max_len - bias.size(-1)))}
 
 

@@ -300,7 +300,7 @@ class VisionTransformer(nn.Module, WithRegisters):
                 return {"rope": [r.with_prefix(self.num_prefix_tokens) for r in rotation]}
             return {"rope": rotation.with_prefix(self.num_prefix_tokens)}
         if self.rel_pos_bias is not None:
-            biases = {"position_bias": [table(grid) for table in self.rel_pos_bias]}
+            biases = {"position_bias": [table.lazy(grid) for table in self.rel_pos_bias]}
             return unplaced(biases, self._placed_prefix, self.num_registers)
         return {}
 
