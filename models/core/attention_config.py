@@ -171,8 +171,8 @@ class AttentionConfig:
             (|i - j| < window); see `models.core.masks`.
         memory_budget_mib: the fp32 scores (B, H, Lq, Lk) of one call larger than this are computed a block of
             query rows at a time, each block recomputed in the backward (`models.core.chunked`): exact, with memory
-            O(rows · Lk) per head. 16 MiB keeps one causal layer at L = 8,192 within 1.5x the memory of SDPA
-            (benchmarks/RESULTS.md, "Long context").
+            O(rows · Lk) per head. 4 MiB keeps one causal layer at L = 8,192 within 1.5x the memory of SDPA on the CPU
+            (benchmarks/RESULTS.md, "Long context"); a GPU with memory to spare runs fewer, larger blocks at 256.
     """
 
     similarity: Literal["scaled_dot", "dot", "general"] | Callable[[], nn.Module] = "scaled_dot"
@@ -181,7 +181,7 @@ class AttentionConfig:
     gate: Gate | None = None
     kernel: KernelClass | None = None
     window: int | None = None
-    memory_budget_mib: float = 16.0
+    memory_budget_mib: float = 4.0
 
     def __post_init__(self):
         for key in ("similarity", "normalization", "kernel"):

@@ -8,7 +8,9 @@ only (`models.core.masks.MaskParts.rows`): nothing of size (Lq, Lk) is ever held
 O(rows · Lk) per head instead of O(Lq · Lk).
 
 ``rows`` follows from ``attention.memory_budget_mib``: the largest block whose fp32 scores (B, H, rows, Lk) fit in
-it. A class of one's own that is not row-wise says ``row_wise = False`` and keeps the full path.
+it. A block is given only the keys that the causal and window masks let one of its rows see. A normalisation of one's
+own is row-wise when a row's weights depend on its visible keys alone (blocked keys take no weight and change nothing,
+as padding must not either); one that is not says ``row_wise = False`` and keeps the full path.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from models.core.attend import FUSED, Softmax1, attention_fast, attention_reference
+from models.core.attend import FUSED, NORMALIZATIONS, Softmax1, attention_fast, attention_reference
 from models.core.masks import MaskParts
 
 BYTES = 4  # an fp32 score
@@ -54,8 +56,13 @@ def _block(
     normalization: nn.Module,
     similarity: Callable[[Tensor, Tensor], Tensor] | None,
 ) -> Tensor:
-    """The output (B, H, rows, d) of the queries start..start + rows, q (B, H, rows, d)."""
-    mask = parts.rows(start, start + q.size(2), q.device, q.dtype)
+    """The output (B, H, rows, d) of the queries start..start + rows, q (B, H, rows, d). The block sees only the keys
+    the causal and window masks leave it: blocked keys take no weight, so leaving them out changes nothing but the
+    work (half of it, causal; all but 2·window keys, windowed)."""
+    stop = start + q.size(2)
+    keys = parts.key_range(start, stop)
+    k, v = k[:, :, keys[0] : keys[1]], v[:, :, keys[0] : keys[1]]
+    mask = parts.rows(start, stop, q.device, q.dtype, keys)
     if isinstance(normalization, FUSED) and similarity is None:
         sink = normalization.sink_logit if isinstance(normalization, Softmax1) else None
         return attention_fast(q, k, v, mask, scale, dropout_p, sink_logit=sink)

@@ -42,22 +42,23 @@ class Documents:
 
     ids: Tensor
 
-    def rows(self, start: int, stop: int) -> Tensor:
-        """(B, stop - start, L) boolean, True where the key is of another document."""
-        return self.ids[:, start:stop, None] != self.ids[:, None, :]
+    def rows(self, start: int, stop: int, keys: tuple[int, int]) -> Tensor:
+        """(B, stop - start, keys) boolean, True where the key is of another document."""
+        return self.ids[:, start:stop, None] != self.ids[:, None, keys[0] : keys[1]]
 
 
 @dataclass(frozen=True)
 class LazyBias:
-    """An additive position bias of ``shape`` (H, Lq, Lk) or (B, H, Lq, Lk), computed a block of query rows at a time by
-    ``rows(start, stop)`` -> (..., stop - start, Lk): ALiBi, T5 and Swin biases are functions of the query and key
-    positions, never stored whole on the chunked path."""
+    """An additive position bias of ``shape`` (H, Lq, Lk) or (B, H, Lq, Lk), computed a block at a time by
+    ``rows(start, stop, keys)`` -> (..., stop - start, keys[1] - keys[0]) for the query rows start..stop and the keys
+    keys[0]..keys[1]: ALiBi, T5 and Swin biases are functions of the query and key positions, never stored whole on
+    the chunked path."""
 
-    rows: Callable[[int, int], Tensor]
+    rows: Callable[[int, int, tuple[int, int]], Tensor]
     shape: tuple[int, ...]
 
     def full(self) -> Tensor:
-        return self.rows(0, self.shape[-2])
+        return self.rows(0, self.shape[-2], (0, self.shape[-1]))
 
 
 def _checked(name: str, got: tuple[int, ...], wanted: tuple[int, ...], dims: tuple[int, ...], expected: str) -> None:
@@ -110,37 +111,47 @@ class MaskParts:
         mask = self.attn_mask
         return self.position_bias is not None or (isinstance(mask, Tensor) and mask.dtype != torch.bool)
 
-    def positional(self, start: int, stop: int, device: torch.device) -> Tensor | None:
-        """The causal and window masks of the query rows start..stop, (stop - start, Lk), or None."""
+    def key_range(self, start: int, stop: int) -> tuple[int, int]:
+        """The keys that the causal and window masks let any of the query rows start..stop see."""
+        first, last = start + self.lk - self.lq, stop - 1 + self.lk - self.lq  # the rows' own key indices
+        reach = self.window - 1 if self.window else self.lk
+        low = max(0, first - reach) if self.window else 0
+        high = last + 1 if self.is_causal else last + 1 + reach
+        return low, min(self.lk, max(high, low))
+
+    def positional(self, start: int, stop: int, keys: tuple[int, int], device: torch.device) -> Tensor | None:
+        """The causal and window masks of the query rows start..stop over ``keys``, (stop - start, keys), or None."""
         if not (self.is_causal or self.window):
             return None
         position = torch.arange(start, stop, device=device)[:, None] + (self.lk - self.lq)  # each query's key index
-        offset = torch.arange(self.lk, device=device)[None, :] - position  # key minus query
+        offset = torch.arange(*keys, device=device)[None, :] - position  # key minus query
         blocked = offset > 0 if self.is_causal else torch.zeros_like(offset, dtype=torch.bool)
         if self.window:
             blocked |= offset <= -self.window if self.is_causal else offset.abs() >= self.window
         return blocked
 
-    def boolean_parts(self, start: int, stop: int, device: torch.device) -> list[Tensor]:
-        """The boolean parts of the rows start..stop, each broadcastable to (B, H, stop - start, Lk)."""
-        parts = []
-        if (positional := self.positional(start, stop, device)) is not None:
+    def boolean_parts(self, start: int, stop: int, keys: tuple[int, int], device: torch.device) -> list[Tensor]:
+        """The boolean parts of the rows start..stop over ``keys``, each broadcastable to (B, H, rows, keys)."""
+        parts, (k0, k1) = [], keys
+        if (positional := self.positional(start, stop, keys, device)) is not None:
             parts.append(positional)
         if self.key_padding_mask is not None:
-            parts.append(self.key_padding_mask.to(device)[:, None, None, :])
+            parts.append(self.key_padding_mask[:, k0:k1].to(device)[:, None, None, :])
         mask = self.attn_mask
         if isinstance(mask, Documents):
-            parts.append(mask.rows(start, stop).to(device)[:, None])
+            parts.append(mask.rows(start, stop, keys).to(device)[:, None])
         elif mask is not None and mask.dtype == torch.bool:
-            parts.append(_rows_4d(mask.to(device), start, stop))
+            parts.append(_rows_4d(mask.to(device), start, stop)[..., k0:k1])
         return parts
 
-    def rows(self, start: int, stop: int, device: torch.device, dtype: torch.dtype) -> Tensor | None:
-        """The merged mask of the query rows start..stop: boolean (True = blocked) when every part is, else additive
-        (-inf blocks), (B|1, H|1, stop - start, Lk); None when nothing is masked."""
-        parts = self.boolean_parts(start, stop, device)
+    def rows(
+        self, start: int, stop: int, device: torch.device, dtype: torch.dtype, keys: tuple[int, int] | None = None
+    ) -> Tensor | None:
+        """The merged mask of the query rows start..stop over ``keys`` (all by default): boolean (True = blocked)
+        when every part is, else additive (-inf blocks), (B|1, H|1, rows, keys); None when nothing is masked."""
+        keys = (0, self.lk) if keys is None else keys
         blocked = None
-        for part in parts:
+        for part in self.boolean_parts(start, stop, keys, device):
             blocked = part if blocked is None else blocked | part
         blocked = None if blocked is None else blocked.reshape((1,) * (4 - blocked.dim()) + blocked.shape)
         if not self.float_valued:
@@ -148,10 +159,12 @@ class MaskParts:
         additive = torch.zeros((), dtype=dtype, device=device)
         bias = self.position_bias
         if bias is not None:
-            block = bias.rows(start, stop) if isinstance(bias, LazyBias) else bias[..., start:stop, :]
+            block = (
+                bias.rows(start, stop, keys) if isinstance(bias, LazyBias) else bias[..., start:stop, keys[0] : keys[1]]
+            )
             additive = additive + block.to(device=device, dtype=dtype)
         if isinstance(self.attn_mask, Tensor) and self.attn_mask.dtype != torch.bool:
-            additive = additive + _rows_4d(self.attn_mask.to(device, dtype), start, stop)
+            additive = additive + _rows_4d(self.attn_mask.to(device, dtype), start, stop)[..., keys[0] : keys[1]]
         if blocked is not None:
             additive = additive.masked_fill(blocked, float("-inf"))
         return additive.reshape((1,) * (4 - additive.dim()) + additive.shape)

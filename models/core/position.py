@@ -166,6 +166,7 @@ class RotaryEmbedding(nn.Module):
 
     (length, start) -> the `Rotation` of positions start..start + length - 1, cos/sin (length, d);
     ``start`` is the KV cache's length when decoding step by step. Any position has its angles: no bound.
+    `at` gives the angles of any positions, e.g. each token's position within its packed document.
     """
 
     def __init__(self, head_dim: int, theta: float = 10000.0):
@@ -176,9 +177,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, length: int, start: int = 0) -> Rotation:
-        pos = torch.arange(start, start + length, device=self.inv_freq.device).float()
-        angles = pos[:, None] * self.inv_freq  # (L, d/2)
-        angles = torch.cat((angles, angles), dim=-1)  # (L, d)
+        return self.at(torch.arange(start, start + length, device=self.inv_freq.device))
+
+    def at(self, positions: Tensor) -> Rotation:
+        """The `Rotation` of integer ``positions`` (..., L): cos/sin (..., L, d)."""
+        angles = positions.float()[..., None] * self.inv_freq  # (..., L, d/2)
+        angles = torch.cat((angles, angles), dim=-1)  # (..., L, d)
         return Rotation(angles.cos(), angles.sin())
 
 
@@ -258,11 +262,10 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes)
 
 
-def _query_key_offsets(lq: int, lk: int, start: int, stop: int, device: torch.device) -> Tensor:
-    """(stop - start, Lk) key position minus query position for the query rows start..stop, queries aligned to the end
-    of the keys (a cached step)."""
-    keys = torch.arange(lk, device=device)
-    return keys[None, :] - (torch.arange(start, stop, device=device)[:, None] + (lk - lq))
+def _query_key_offsets(lq: int, lk: int, start: int, stop: int, keys: tuple[int, int], device: torch.device) -> Tensor:
+    """(stop - start, keys) key position minus query position for the query rows start..stop and the keys
+    keys[0]..keys[1], queries aligned to the end of the keys (a cached step)."""
+    return torch.arange(*keys, device=device)[None, :] - (torch.arange(start, stop, device=device)[:, None] + (lk - lq))
 
 
 class ALiBi(nn.Module):
@@ -279,8 +282,8 @@ class ALiBi(nn.Module):
     def lazy(self, lq: int, lk: int) -> LazyBias:
         """The bias (H, Lq, Lk), computed a block of query rows at a time."""
 
-        def rows(start: int, stop: int) -> Tensor:
-            distance = _query_key_offsets(lq, lk, start, stop, self.slopes.device).abs().float()  # (rows, Lk)
+        def rows(start: int, stop: int, keys: tuple[int, int]) -> Tensor:
+            distance = _query_key_offsets(lq, lk, start, stop, keys, self.slopes.device).abs().float()  # (rows, keys)
             return -self.slopes[:, None, None] * distance
 
         return LazyBias(rows, (self.slopes.numel(), lq, lk))
@@ -328,10 +331,10 @@ class T5RelativePositionBias(nn.Module):
         """The bias (H, Lq, Lk), computed a block of query rows at a time."""
         table = self.relative_attention_bias
 
-        def rows(start: int, stop: int) -> Tensor:
-            offsets = _query_key_offsets(lq, lk, start, stop, table.weight.device)
+        def rows(start: int, stop: int, keys: tuple[int, int]) -> Tensor:
+            offsets = _query_key_offsets(lq, lk, start, stop, keys, table.weight.device)
             buckets = relative_position_bucket(offsets, self.bidirectional, self.num_buckets, self.max_distance)
-            return table(buckets).permute(2, 0, 1)  # (H, rows, Lk)
+            return table(buckets).permute(2, 0, 1)  # (H, rows, keys)
 
         return LazyBias(rows, (table.embedding_dim, lq, lk))
 
@@ -390,9 +393,9 @@ class RelativePositionBias2D(nn.Module):
             table = resize_rel_pos_bias_table(table, (h, w), shape, old_window_size=self.grid)
         n = self.prefix_tokens + grid[0] * grid[1]
 
-        def rows(start: int, stop: int) -> Tensor:
+        def rows(start: int, stop: int, keys: tuple[int, int]) -> Tensor:
             index = relative_position_index(grid, self.prefix_tokens, start, stop, table.device)
-            return table[index].permute(2, 0, 1)  # (H, rows, N)
+            return table[index[:, keys[0] : keys[1]]].permute(2, 0, 1)  # (H, rows, keys)
 
         return LazyBias(rows, (table.shape[1], n, n))
 
