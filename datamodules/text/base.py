@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.loading import loader_settings
 from datamodules.text.prepare import report
+from datamodules.text.token_budget import WholeBatches
 from datamodules.text.token_store import ID_TYPES, build_once, store_folder
 from datamodules.text.tokenizers import BOS_ID, EOS_ID, PAD_ID
 
@@ -51,7 +52,7 @@ class TokenizedDataModule(pl.LightningDataModule):
             raise ValueError(
                 f"data.tokenizer=pretrained needs data.tokenizer_dir: the pretrained model's folder (or hub name){self.pretrained_hint}"
             )
-        if hp.batch_size < 1:
+        if hp.batch_size is not None and hp.batch_size < 1:  # None: a subclass bounds batches otherwise
             raise ValueError(f"data.batch_size={hp.batch_size} must be >= 1")
         if hp.tokenizer_train_chars is not None and hp.tokenizer_train_chars < 1:
             raise ValueError(
@@ -129,11 +130,15 @@ class TokenizedDataModule(pl.LightningDataModule):
                     f"data.tokenizer_dir to that run's folder (it holds {stem}.json)"
                 )
 
-    def _loader(self, dataset: Dataset, collate, sampler=None, shuffle: bool = False) -> DataLoader:
+    def _loader(
+        self, dataset: Dataset, collate, sampler=None, shuffle: bool = False, whole_batches: bool = False
+    ) -> DataLoader:
+        """A loader of ``data.batch_size`` items a batch; ``whole_batches``: ``sampler`` yields lists of indices
+        (token-budget batches, `datamodules.text.token_budget`), each read as one batch."""
         hp = self.hparams
         return DataLoader(
-            dataset,
-            batch_size=hp.batch_size,
+            WholeBatches(dataset) if whole_batches else dataset,
+            batch_size=None if whole_batches else hp.batch_size,  # None: one sampler item, one batch
             sampler=sampler,
             shuffle=shuffle,
             collate_fn=collate,

@@ -113,10 +113,14 @@ class PairDataset(Dataset):
         """(N,) tokens of each source as batched (EOS included, cut to ``max_len``)."""
         return np.minimum(self.src.lengths(), self.rooms[0]) + 1
 
+    def tgt_lengths(self) -> np.ndarray:
+        """(N,) tokens of each target as batched (BOS and EOS included, cut to ``max_len``); targets are needed."""
+        return np.minimum(self.tgt.lengths(), self.rooms[1]) + 2
+
     def lengths(self) -> np.ndarray:
         """(N,) tokens of each pair's longer side as batched (BOS and EOS included, cut to ``max_len``)."""
         src = self.src_lengths()
-        return src if self.tgt is None else np.maximum(src, np.minimum(self.tgt.lengths(), self.rooms[1]) + 2)
+        return src if self.tgt is None else np.maximum(src, self.tgt_lengths())
 
     def truncated(self) -> list[int]:
         """How many sentences of each side (source, target) are longer than ``max_len`` allows."""

@@ -8,7 +8,8 @@ embedded toy English-German corpus by default.
 
 Words become indices through a tokenizer (`datamodules.text.tokenizers`), trained by streaming over the training
 text: ``word`` (one index per word or punctuation mark, as in the seeds) or ``bpe`` (subwords, Sennrich et al.
-2016). Batches are made by `datamodules.text.batching`.
+2016). Batches are made by `datamodules.text.batching`: ``batch_size`` pairs of similar length, or with ``max_tokens``
+as many as fit a budget of padded tokens (`datamodules.text.token_budget`, fairseq's ``--max-tokens``).
 
 The tokenizers are written beside the checkpoints (``trainer.default_root_dir``) when fitting and
 stored inside every checkpoint; loading a checkpoint whose tokenizer differs from the data's is an
@@ -35,6 +36,7 @@ from datamodules.text.base import TokenizedDataModule
 from datamodules.text.batching import LengthBucketSampler, PairDataset, Sentences, collate_pairs
 from datamodules.text.prepare import BATCH, tokenizer_digest, train_pair_tokenizers, write_parts
 from datamodules.text.sources import pair_source
+from datamodules.text.token_budget import MaxTokensSampler, batches_in_order
 from datamodules.text.token_store import check_free_space, open_array, token_dtype
 from datamodules.text.tokenizers import (
     BOS_ID,
@@ -73,7 +75,12 @@ class ParallelTextDataModule(TokenizedDataModule):
             with ``tokenizer: pretrained``, the pretrained model's folder.
         token_dtype: the store's id type, "uint16" or "uint32"; None: the smallest that holds the tokenizer's ids.
         max_len: longest sequence in tokens, BOS/EOS included; longer sentences are truncated.
-        batch_size: sentences per batch. bucket: batch sentences of similar length together.
+        batch_size: sentences per batch; with ``max_tokens``, the most a batch holds (null: no bound).
+        max_tokens: batch by tokens (fairseq's ``--max-tokens``): every batch (training, validation, test, predict)
+            holds as many pairs as fit this many padded tokens, its pairs times its longest pair (the longer side,
+            BOS/EOS included), per process as ``batch_size`` is; training batches are cut from the pairs sorted by
+            length and shuffled each epoch, the others keep their order. None: ``batch_size`` pairs a batch.
+        bucket: batch sentences of similar length together.
         predict_file: sentences to translate with `attnlab predict`, one per line ("-": standard input).
     Linked to the model: ``src_vocab_size``, ``tgt_vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``.
     Batches: see `collate_pairs`. The evaluation splits keep their text in memory (BLEU's references).
@@ -102,7 +109,8 @@ class ParallelTextDataModule(TokenizedDataModule):
         tokenizer_dir: str | None = None,
         token_dtype: Literal["uint16", "uint32"] | None = None,
         max_len: int = 128,
-        batch_size: int = 64,
+        batch_size: int | None = 64,
+        max_tokens: int | None = None,
         bucket: bool = True,
         predict_file: str | None = None,
         num_workers: int = 0,
@@ -113,6 +121,7 @@ class ParallelTextDataModule(TokenizedDataModule):
         for key, value, low in (("max_len", max_len, 3), ("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 1)):
             if value < low:
                 raise ValueError(f"data.{key}={value} must be >= {low}")
+        check_budget(max_tokens, batch_size, max_len, bucket)
         if src_lang == tgt_lang:
             raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; name two languages")
         if train_split is None and tokenizer_dir is None:
@@ -269,15 +278,47 @@ class ParallelTextDataModule(TokenizedDataModule):
             if not hasattr(self, f"{split}_set"):
                 setattr(self, f"{split}_set", self._dataset(split))
 
-    def _eval_loader(self, dataset: PairDataset) -> DataLoader:
+    def _lengths_within_budget(self, dataset: PairDataset, what: str) -> np.ndarray:
+        """(N,) ``dataset.lengths()``, refused if a pair does not fit ``data.max_tokens`` alone."""
+        lengths, budget = dataset.lengths(), self.hparams.max_tokens
+        longest = int(lengths.max(initial=0))
+        if longest > budget:
+            raise ValueError(
+                f"data.max_tokens={budget} is less than the {longest} tokens of the longest {what} (BOS/EOS included, "
+                f"as batched); set data.max_tokens >= {longest}, or data.max_len <= {budget} to cut longer sentences"
+            )
+        return lengths
+
+    def _train_batches(self) -> MaxTokensSampler:
+        hp = self.hparams
+        lengths = self._lengths_within_budget(self.train_set, "training pair")
+        sampler = MaxTokensSampler(lengths, self.train_set.src_lengths(), hp.max_tokens, hp.batch_size)
+        capped = float(np.mean(sampler.sizes == hp.batch_size)) if hp.batch_size else 0.0
+        if capped > 0.5:  # then the budget rarely decides, which a user of max_tokens does not expect
+            rank_zero_warn(
+                f"data.batch_size={hp.batch_size} closes {capped:.0%} of the training batches before "
+                f"data.max_tokens={hp.max_tokens} fills them; set data.batch_size: null to batch by tokens alone"
+            )
+        return sampler
+
+    def _eval_loader(self, dataset: PairDataset, split: str) -> DataLoader:
+        hp, collate = self.hparams, partial(collate_pairs, pad_id=self.pad_id)
         # sorted by length: less padding, and decoding stops as soon as a batch of similar sentences ends
-        order = np.argsort(dataset.src_lengths(), kind="stable").tolist() if self.hparams.bucket else None
-        return self._loader(dataset, partial(collate_pairs, pad_id=self.pad_id), sampler=order)
+        order = np.argsort(dataset.src_lengths(), kind="stable") if hp.bucket else np.arange(len(dataset))
+        if hp.max_tokens is not None:
+            lengths = self._lengths_within_budget(dataset, f"{split} pair")
+            batches = batches_in_order(order, lengths, hp.max_tokens, hp.batch_size)
+            return self._loader(dataset, collate, sampler=batches, whole_batches=True)
+        return self._loader(dataset, collate, sampler=order.tolist() if hp.bucket else None)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        check_train_batches(len(self.train_set), hp.batch_size, False, f"{self.data_dir}/{self.splits['train']}.*")
+        what = f"{self.data_dir}/{self.splits['train']}.*"
+        # a token budget makes at least one batch of any training set: only an empty one is refused
+        check_train_batches(len(self.train_set), 1 if hp.max_tokens else hp.batch_size, False, what)
         collate = partial(collate_pairs, pad_id=self.pad_id)
+        if hp.max_tokens is not None:
+            return self._loader(self.train_set, collate, sampler=self._train_batches(), whole_batches=True)
         if hp.bucket:
             return self._loader(
                 self.train_set, collate, sampler=LengthBucketSampler(self.train_set.lengths(), hp.batch_size)
@@ -285,10 +326,39 @@ class ParallelTextDataModule(TokenizedDataModule):
         return self._loader(self.train_set, collate, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._eval_loader(self.val_set)
+        return self._eval_loader(self.val_set, "val")
 
     def test_dataloader(self) -> DataLoader:
-        return self._eval_loader(self.test_set)
+        return self._eval_loader(self.test_set, "test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.predict_set, partial(collate_pairs, pad_id=self.pad_id))  # input order is output order
+        hp, dataset, collate = self.hparams, self.predict_set, partial(collate_pairs, pad_id=self.pad_id)
+        if hp.max_tokens is None:
+            return self._loader(dataset, collate)  # input order is output order
+        lengths = self._lengths_within_budget(dataset, "input sentence")
+        batches = batches_in_order(np.arange(len(dataset)), lengths, hp.max_tokens, hp.batch_size)
+        return self._loader(dataset, collate, sampler=batches, whole_batches=True)
+
+
+def check_budget(max_tokens: int | None, batch_size: int | None, max_len: int, bucket: bool) -> None:
+    """Refuse a batch bound that is missing or that contradicts the others, in one line naming the keys."""
+    if max_tokens is None:
+        if batch_size is None:
+            raise ValueError("data.batch_size=null needs data.max_tokens: set one of them to bound a batch")
+        return
+    if max_tokens < 1:
+        raise ValueError(
+            f"data.max_tokens={max_tokens} must be >= 1 (padded tokens a batch holds), "
+            "or null to batch by data.batch_size"
+        )
+    if not bucket:
+        raise ValueError(
+            "data.bucket=false contradicts data.max_tokens, whose training batches are cut from pairs sorted by "
+            "length; set data.bucket: true, or data.max_tokens: null"
+        )
+    if batch_size is not None and batch_size * max_len <= max_tokens:
+        raise ValueError(
+            f"data.max_tokens={max_tokens} never bounds a batch: data.batch_size={batch_size} pairs of at most "
+            f"data.max_len={max_len} tokens hold {batch_size * max_len}; set data.batch_size: null to batch by "
+            "tokens alone, or lower data.max_tokens"
+        )

@@ -45,7 +45,9 @@ class ResumableSampler(DistributedSampler):
     """One process's training order, a function of (seed, epoch) only, able to start an epoch part-way (`resume`).
 
     A ``RandomSampler`` becomes ``DistributedSampler``'s permutation of ``seed + epoch`` (which Lightning leaves in
-    place); another sampler (length bucketing, say) runs under a torch RNG seeded so. ``generator``, seeded so too,
+    place); another sampler (length bucketing, say) runs under a torch RNG seeded so. A sampler of whole batches
+    (token budgets) is shared out batch by batch: each process gets every k-th, the list padded with its first
+    batches to a multiple of the processes (as ``DistributedSampler`` pads samples). ``generator``, seeded so too,
     seeds the DataLoader's workers.
     """
 
@@ -115,8 +117,9 @@ class ExactResume(Callback):
     CSV loggers' metrics.csv loses the rows logged after the checkpoint (`experiments.runfolder.drop_rows_from`), and
     a run folder moved whole keeps its best score (`experiments.checkpoints.follow_moved_folder`).
     Exact for what the training processes draw (dropout, augmentation with ``num_workers: 0``), not for workers;
-    it warns when the number of processes changed, or the training loader is not a map-style DataLoader with a
-    plain ``BatchSampler`` (left alone).
+    it warns when the number of processes changed, or (leaving the loader alone) when the training loader is
+    neither a map-style DataLoader with a plain ``BatchSampler`` nor one without automatic batching
+    (``batch_size=None``) whose sampler yields whole batches (`datamodules.text.token_budget`'s).
     """
 
     def __init__(self):
@@ -145,7 +148,8 @@ class ExactResume(Callback):
         if (
             not isinstance(loader, DataLoader)
             or isinstance(loader.dataset, IterableDataset)
-            or type(loader.batch_sampler) is not BatchSampler
+            # no batch_sampler: automatic batching is off, each item of the sampler is a whole batch
+            or (loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler)
         ):
             rank_zero_warn(
                 f"ExactResume: the training loader ({type(loader).__name__}) is not a DataLoader with a plain batch size; "
@@ -155,7 +159,8 @@ class ExactResume(Callback):
         kwargs = self._trainer.distributed_sampler_kwargs or {}
         sampler = ResumableSampler(loader.sampler, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)), **kwargs)
         if self._resume is not None:
-            sampler.resume(self._resume["epoch"], self._resume["batches"] * loader.batch_size)
+            per_batch = 1 if loader.batch_sampler is None else loader.batch_size  # sampler items a batch takes
+            sampler.resume(self._resume["epoch"], self._resume["batches"] * per_batch)
         loader = with_sampler(loader, sampler)
         loader.generator = sampler.generator
         # Lightning warns that a mid-epoch resume with a loader lacking state_dict is unreliable; this one resumes exactly
