@@ -83,11 +83,23 @@ def part_step(name: str, rehearse: bool) -> tuple[int, str]:
     return 0, GPU_PARTS[name](settings_of(args), args)
 
 
+def long_context_step(rehearse: bool) -> tuple[int, str]:
+    """One causal layer at long context on the full and the chunked path (`benchmarks.long_context`): L = 8k, 16k
+    and 32k on the GPU, the full path up to 16 GiB of weights; toy lengths on the CPU."""
+    from benchmarks.long_context import table
+
+    lengths, device, cap = ([256, 512], "cpu", 1.0) if rehearse else ([8192, 16384, 32768], "cuda", 16.0)
+    title = f"### One causal layer at long context (D = 256, 8 heads, batch 1, forward + backward, {device})"
+    return 0, f"{title}\n\n{table(lengths, device, cap, in_process=True)}"
+
+
 def run(step: str, result: Path, rehearse: bool) -> int:
     if step == "env":
         code, markdown = env_step()
     elif step == "tests":
         code, markdown = tests_step()
+    elif step == "long":
+        code, markdown = long_context_step(rehearse)
     else:
         code, markdown = part_step(step, rehearse)
     result.write_text(markdown)

@@ -77,7 +77,15 @@ def probe(variant: str, length: int, budget: float, device: str) -> dict:
     return {"peak_mib": peak, "seconds": clock() - start}
 
 
-def _in_subprocess(variant: str, length: int, budget: float, device: str) -> dict | None:
+def _measured(variant: str, length: int, budget: float, device: str, in_process: bool) -> dict | None:
+    """`probe` in a fresh process on the CPU (its resident set is the measure); in this one on a GPU, whose allocator
+    counts its own peak, or where ``in_process`` (a rehearsal's toy sizes)."""
+    if in_process:
+        try:
+            return probe(variant, length, budget, device)
+        except torch.OutOfMemoryError:  # the full path past the GPU's memory
+            torch.cuda.empty_cache()
+            return None
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "benchmarks.long_context", "--probe", variant, str(length), str(budget), device]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=1800)
@@ -91,17 +99,22 @@ def _cell(result: dict | None) -> str:
     return "-" if result is None else f"{result['peak_mib']:,.0f} MB / {result['seconds']:.2f} s"
 
 
-def table(lengths: list[int], device: str, full_cap_gib: float) -> str:
+def table(lengths: list[int], device: str, full_cap_gib: float, in_process: bool | None = None) -> str:
     """The markdown table: a row per variant and length, full path and chunked path side by side."""
-    rows = ["| variant | L | full path (before) | chunked path (after) | memory after / softmax |", "|---|---|---|---|---|"]
+    in_process = device != "cpu" if in_process is None else in_process
+    rows = [
+        "| variant | L | full path (before) | chunked path (after) | memory after / softmax |",
+        "|---|---|---|---|---|",
+    ]
     for length in lengths:
         softmax = None
         for variant in VARIANTS:
             weights_gib = HEADS * length * length * 4 / 2**30
-            full = _in_subprocess(variant, length, FULL, device) if weights_gib <= full_cap_gib else None
-            chunked = _in_subprocess(variant, length, CHUNKED, device)
+            full = _measured(variant, length, FULL, device, in_process) if weights_gib <= full_cap_gib else None
+            chunked = _measured(variant, length, CHUNKED, device, in_process)
             softmax = chunked if variant == "softmax (SDPA)" else softmax
-            ratio = f"{chunked['peak_mib'] / softmax['peak_mib']:.2f}x" if chunked and softmax else "-"
+            known = chunked and softmax and softmax["peak_mib"] > 0  # in-process on the CPU a reused heap shows 0
+            ratio = f"{chunked['peak_mib'] / softmax['peak_mib']:.2f}x" if known else "-"
             rows.append(f"| {variant} | {length:,} | {_cell(full)} | {_cell(chunked)} | {ratio} |")
             print(rows[-1], file=sys.stderr, flush=True)
     return "\n".join(rows)

@@ -52,6 +52,15 @@ def test_the_rehearsal_installs_the_wheels_runs_each_step_and_writes_the_report(
     assert all(float(r["ours ms"]) > 0 for r in decoding)
 
 
+def test_the_long_context_rows_rehearse_both_paths_for_every_variant():
+    from benchmarks.gpu_steps import long_context_step
+
+    code, markdown = long_context_step(rehearse=True)
+    rows = [line for line in markdown.splitlines() if line.startswith("| ") and "MB /" in line]
+    assert code == 0 and len(rows) == 2 * 7, markdown  # 7 variants at 2 lengths
+    assert all(row.count("MB /") == 2 for row in rows)  # the full path and the chunked one measured
+
+
 def test_what_the_gpu_machine_lacks_cannot_be_imported_in_a_rehearsal(tmp_path):
     gpu_check.hide_absent(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
