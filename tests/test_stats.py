@@ -278,3 +278,24 @@ def test_vision_positions_are_the_centres_of_the_patch_grid_cells_in_pixels():
         seq, _ = _sequences("vision", vit, (torch.zeros(1, 1, 8, 8),), None, ())
         assert seq.positions[0].isnan().all()  # [CLS]
         assert seq.positions[1:].tolist() == [[r, c] for r in centres for c in centres]
+
+
+def test_the_statistics_take_the_first_sample_or_say_why_when_the_weights_would_not_fit(monkeypatch):
+    """A long-context batch's weights are what its layers never hold: the statistics measure its first sample when the
+    whole batch's would pass CAPTURE_MIB, and are left out with the reason when the first sample's would too."""
+    from experiments.callbacks import attention_stats
+
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(11, d_model=16, nhead=2, num_layers=3, max_positions=32)
+    tokens = torch.randint(11, (4, 32))
+    per_sample = 3 * 2 * 32 * 32 * 9 / 2**20  # 3 layers x 2 heads x 32 x 32 (weights, logits: 4 bytes; mask: 1)
+    assert attention_stats.captured_mib(lm, (tokens,), {}) == pytest.approx(4 * per_sample)
+    monkeypatch.setattr(attention_stats, "CAPTURE_MIB", 2 * per_sample)
+    (args, kwargs) = attention_stats.measurable(lm, (tokens,), {})
+    assert torch.equal(args[0], tokens[:1]) and kwargs == {}
+    monkeypatch.setattr(attention_stats, "CAPTURE_MIB", per_sample / 2)
+    why = attention_stats.measurable(lm, (tokens,), {})
+    assert why.startswith(
+        "the attention weights of the fixed batch's first sample would take 0 MiB, more than the 0 MiB"
+    )
+    assert lm.training  # left as it was

@@ -31,6 +31,8 @@ from models.core.attention import AttentionScores, MultiHeadAttention
 from models.core.capture import capture_attention
 
 SATURATION = 0.9  # a query whose largest weight exceeds this attends, in effect, to one key
+# what capture_attention may hold for the statistics: every layer's fp32 weights and logits and its mask
+CAPTURE_MIB = 1024.0
 
 
 @dataclass
@@ -54,6 +56,58 @@ class FirstCall:
         detach = lambda x: x.detach().clone() if isinstance(x, Tensor) else x  # noqa: E731
         self.args, self.kwargs = tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}
         self._handle.remove()
+
+
+def captured_mib(model: nn.Module, args: tuple, kwargs: dict) -> float:
+    """What `capture_attention(scores=True)` would hold for ``model(*args, **kwargs)``, in MiB: weights and logits
+    (fp32) and a boolean mask of (B, H, Lq, Lk) per attention call. One forward pass without capture (long inputs take
+    the chunked path) reads the calls' sizes."""
+    elements = []
+
+    def count(module: nn.Module, call_args: tuple, call_kwargs: dict) -> None:
+        query = call_args[0] if call_args else call_kwargs["query"]
+        key = call_args[1] if len(call_args) > 1 else call_kwargs.get("key")
+        key = query if key is None else key
+        elements.append(query.shape[0] * module.num_heads * query.shape[1] * key.shape[1])
+
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    handles = [m.register_forward_pre_hook(count, with_kwargs=True) for m in layers]
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return sum(elements) * 9 / 2**20
+
+
+def first_sample(value: Any) -> Any:
+    """The first sample of a model's inputs: tensors and per-sample lists cut to one row, in tuples and mappings."""
+    if isinstance(value, Tensor):
+        return value[:1] if value.dim() else value
+    if isinstance(value, tuple):
+        return tuple(first_sample(v) for v in value)
+    if isinstance(value, dict):
+        return {k: first_sample(v) for k, v in value.items()}
+    return value[:1] if isinstance(value, list) else value
+
+
+def measurable(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | str:
+    """The inputs the statistics are measured on: the fixed batch, or its first sample where the batch's weights would
+    pass `CAPTURE_MIB`; why neither is, where the first sample's would too (a long-context model: its layers run
+    chunked, and capturing the whole weights is what they avoid)."""
+    was_training = model.training
+    model.eval()
+    try:
+        for inputs in ((args, kwargs), (first_sample(args), first_sample(kwargs))):
+            if (size := captured_mib(model, *inputs)) <= CAPTURE_MIB:
+                return inputs
+    finally:
+        model.train(was_training)
+    return (
+        f"the attention weights of the fixed batch's first sample would take {size:,.0f} MiB, more than the "
+        f"{CAPTURE_MIB:,.0f} MiB the statistics may hold (experiments.callbacks.attention_stats.CAPTURE_MIB)"
+    )
 
 
 def modality(model: nn.Module) -> str:

@@ -103,11 +103,15 @@ class RunSummary(Callback):
             return None
         try:
             with full_weights(trainer.model):
+                inputs = summary_stats.measurable(self._model, self._inputs.args, self._inputs.kwargs)
+                if isinstance(inputs, str):
+                    self._no_weights = inputs  # left out, and said so once
+                    rank_zero_warn(f"attention statistics and attention.png left out: {inputs}")
+                    return None
+                self._measured_on = inputs
                 data = trainer.datamodule  # the text DataModules name their special tokens
                 special_ids = tuple(int(getattr(data, k)) for k in ("bos_id", "eos_id") if hasattr(data, k))
-                return summary_stats.attention_statistics(
-                    self._model, self._inputs.args, self._inputs.kwargs, special_ids
-                )
+                return summary_stats.attention_statistics(self._model, *inputs, special_ids)
         except Exception as err:  # statistics must never cost a finished training run
             rank_zero_warn(f"attention statistics failed: {err!r}")
             return None
@@ -152,7 +156,7 @@ class RunSummary(Callback):
                 capture_attention(self._model) as maps,
                 summary_stats.feature_sizes(self._model) as hw,
             ):
-                self._forward(trainer)
+                self._forward(trainer, *self._measured_on)  # what the statistics were measured on
             figure = {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}  # (Lq, Lk)
         if not trainer.is_global_zero:
             return
@@ -203,13 +207,17 @@ class RunSummary(Callback):
             self._summary.update(status="interrupted" if stopped else "failed", error=repr(exception)[:500])
             write_json(self.path, self._summary)
 
-    def _forward(self, trainer: pl.Trainer) -> None:
-        """The model in eval mode on the fixed batch; a forward pass on every process (FSDP)."""
+    def _forward(self, trainer: pl.Trainer, args: tuple | None = None, kwargs: dict | None = None) -> None:
+        """The model in eval mode on the fixed batch (or on ``args``, ``kwargs``); a forward pass on every process
+        (FSDP)."""
         was_training = self._model.training
         self._model.eval()
         try:
             with full_weights(trainer.model):
-                self._model(*self._inputs.args, **self._inputs.kwargs)
+                self._model(
+                    *(self._inputs.args if args is None else args),
+                    **(self._inputs.kwargs if kwargs is None else kwargs),
+                )
         finally:
             self._model.train(was_training)
 
