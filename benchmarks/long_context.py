@@ -86,11 +86,23 @@ def _measured(variant: str, length: int, budget: float, device: str, in_process:
         except torch.OutOfMemoryError:  # the full path past the GPU's memory
             torch.cuda.empty_cache()
             return None
+    return in_fresh_process("benchmarks.long_context", variant, str(length), str(budget), device)
+
+
+def in_fresh_process(module: str, *probe: str) -> dict | None:
+    """``python -m MODULE --probe PROBE...`` on one thread with glibc's mmap threshold at 64 KiB: the JSON its last
+    line prints, or None (and why, on standard error) when it fails."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "benchmarks.long_context", "--probe", variant, str(length), str(budget), device]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--probe", *probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=3000,
+    )
     if done.returncode != 0:
-        print(f"{variant} L={length}: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        print(f"{' '.join(probe)}: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
         return None
     return json.loads(done.stdout.strip().splitlines()[-1])
 

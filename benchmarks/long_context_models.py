@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness import REPO_ROOT, step_peak_mib
+from benchmarks.harness import step_peak_mib
+from benchmarks.long_context import in_fresh_process
 from models.core.attention_config import AttentionConfig
 
 FULL = 1e9  # MiB: the full path
@@ -90,16 +88,6 @@ def probe(name: str, budget: float) -> dict:
     return {"peak_mib": peak, "seconds": time.process_time() - start}
 
 
-def _in_subprocess(name: str, budget: float) -> dict | None:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "benchmarks.long_context_models", "--probe", name, str(budget)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=3000)
-    if done.returncode != 0:
-        print(f"{name}: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-        return None
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def _cell(result: dict | None) -> str:
     return "-" if result is None else f"{result['peak_mib'] / 1024:.2f} GB / {result['seconds']:.0f} s"
 
@@ -115,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     print("| model | chunked path (default budget) | full path |\n|---|---|---|")
     for name in MODELS:
-        chunked = _in_subprocess(name, AttentionConfig().memory_budget_mib)
-        full = _in_subprocess(name, FULL) if args.full else None
+        chunked = in_fresh_process("benchmarks.long_context_models", name, str(AttentionConfig().memory_budget_mib))
+        full = in_fresh_process("benchmarks.long_context_models", name, str(FULL)) if args.full else None
         print(f"| {name} | {_cell(chunked)} | {_cell(full)} |", flush=True)
 
 

@@ -32,6 +32,18 @@ LM_SMALL = (
     "--trainer.precision=32-true",
 )
 
+# the smallest ViT and DETR the CLI tests train (`from conftest import TINY_VIT, TINY_DETR`)
+TINY_VIT = ("--model.init_args.depth=1", "--model.init_args.embed_dim=16", "--model.init_args.num_heads=2")
+TINY_DETR = (
+    "--model.init_args.d_model=16",
+    "--model.init_args.nhead=2",
+    "--model.init_args.num_encoder_layers=1",
+    "--model.init_args.num_decoder_layers=1",
+    "--model.init_args.dim_feedforward=32",
+    "--model.init_args.num_queries=4",
+    "--model.init_args.backbone_kwargs={layers: [1, 1, 1, 1], channels: [8, 16, 32, 64], stem_width: 8}",
+)
+
 
 def config_args(config: str, root: Path | str, *overrides: str) -> tuple[str, ...]:
     """The `attnlab` arguments of a run of ``config`` whose run folder (``trainer.default_root_dir``) is ``root``,

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import config_args
+from conftest import TINY_DETR, TINY_VIT, config_args
 
 from experiments.callbacks import PredictionWriter
 from experiments.cli import main
@@ -25,16 +25,6 @@ ONE_BATCH = (
     "--trainer.limit_train_batches=1",
     "--trainer.limit_val_batches=1",
     "--trainer.num_sanity_val_steps=0",
-)
-TINY_VIT = ("--model.init_args.depth=1", "--model.init_args.embed_dim=16", "--model.init_args.num_heads=2")
-TINY_DETR = (
-    "--model.init_args.d_model=16",
-    "--model.init_args.nhead=2",
-    "--model.init_args.num_encoder_layers=1",
-    "--model.init_args.num_decoder_layers=1",
-    "--model.init_args.dim_feedforward=32",
-    "--model.init_args.num_queries=4",
-    "--model.init_args.backbone_kwargs={layers: [1, 1, 1, 1], channels: [8, 16, 32, 64], stem_width: 8}",
 )
 
 

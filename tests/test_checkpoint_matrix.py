@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import config_args
+from conftest import TINY_DETR, TINY_VIT, config_args
 
 from experiments.checkpoints import follow_moved_folder
 from experiments.cli import main
@@ -51,15 +51,9 @@ TINY = {
         "--model.init_args.num_decoder_layers=1",
         "--model.init_args.dim_feedforward=32",
     ),
-    "vit": ("--model.init_args.depth=1", "--model.init_args.embed_dim=16", "--model.init_args.num_heads=2"),
+    "vit": TINY_VIT,
     "detr": (
-        "--model.init_args.d_model=16",
-        "--model.init_args.nhead=2",
-        "--model.init_args.num_encoder_layers=1",
-        "--model.init_args.num_decoder_layers=1",
-        "--model.init_args.dim_feedforward=32",
-        "--model.init_args.num_queries=4",
-        "--model.init_args.backbone_kwargs={layers: [1, 1, 1, 1], channels: [8, 16, 32, 64], stem_width: 8}",
+        *TINY_DETR,
         "--data.init_args.num_train=4",
         "--data.init_args.num_val=2",
         "--data.init_args.num_test=2",  # not linked into the model: fewer images to draw

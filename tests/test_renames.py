@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import config_args
+from conftest import TINY_VIT, config_args
 from jsonargparse._util import get_import_path, import_object
 
 from experiments.renames import MOVED, current, renamed
 
 BEFORE = Path(__file__).parent / "data" / "before_rooms"
 DIGITS = "configs/vision/digits.yaml"
-TINY_VIT = ("--model.init_args.depth=1", "--model.init_args.embed_dim=16", "--model.init_args.num_heads=2")
+
 ONE_BATCH = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1")
 
 # every class path in configs/ and docs/examples/ at 033b175 (`git grep`), with the name configs give it now
