@@ -21,6 +21,21 @@ TINY_TRUNK = dict(
     stem_width=8,
 )
 
+
+def tiny_detector(**network) -> dict:
+    """`ObjectDetector`'s arguments for the tests' tiny DETR on `TINY_TRUNK`: 3 classes, 4 queries, then ``network``
+    (`from conftest import tiny_detector`)."""
+    trunk = dict(name="backbone", out_index="backbone_out_index", norm="backbone_norm")
+    trunk |= dict(trainable_layers="trainable_backbone_layers")
+    return dict(
+        num_classes=3,
+        **{ours: TINY_TRUNK[key] for key, ours in trunk.items()},
+        backbone_kwargs={k: TINY_TRUNK[k] for k in ("layers", "channels", "stem_width")},
+        num_queries=4,
+        **network,
+    )
+
+
 # configs/text/shakespeare_char_cpu.yaml at nanoGPT's CPU-example size (4 x 128, context 64, batch 12), validated
 # in every epoch: the language-model CLI tests' overrides (`from conftest import LM_SMALL`)
 LM_SMALL = (

@@ -4,6 +4,7 @@ Configs under configs/trainer and configs/logger are pieces composed onto an exp
 on top of the embedded digits experiment.
 """
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -33,6 +34,11 @@ SMALLER = {
     "configs/detection/coco.yaml": [*SMALL_DETR, "--data.init_args.crop=false"],
     "configs/detection/bccd.yaml": SMALL_DETR,
     "configs/detection/bccd_finetune.yaml": SMALL_DETR,
+    # the pieces' last callback: Compile traces without generating code (inductor takes 25-40 s on a CPU), CUDA graphs
+    # (reduce-overhead) are inductor's; Float8Training emulates float8 on the CPU (tests/test_float8.py)
+    "configs/trainer/gpu.yaml": ["--trainer.callbacks.backend=eager"],
+    "configs/trainer/gpu_cudagraphs.yaml": ["--trainer.callbacks.backend=eager", "--trainer.callbacks.mode=null"],
+    "configs/trainer/fp8.yaml": ["--trainer.callbacks.emulate=true"],
 }
 
 
@@ -47,6 +53,8 @@ def test_config_runs_one_batch(attnlab, tmp_path, monkeypatch, config):
     missing = [p for p in re.findall(r"\.\./shared/data(?:/[\w./-]+)?", config.read_text()) if not Path(p).exists()]
     if missing:  # real datasets sit beside the repository in CI, not on every machine
         pytest.skip(f"{config} reads {missing[0]}, which is not on this machine (see ../shared/data/SOURCES.md)")
+    if config.name == "fp8.yaml" and importlib.util.find_spec("torchao") is None:
+        pytest.skip(f"{config} needs torchao, which is not installed: pip install -e '.[dev]'")
     stack = ["--config", "configs/vision/digits.yaml"] if config.parts[1] in PIECES else []
     code, _, err = attnlab(
         "fit",

@@ -8,27 +8,14 @@ import json
 
 import pytest
 import yaml
-from conftest import TINY_TRUNK, config_args
+from conftest import config_args, tiny_detector
 from jsonargparse import ArgumentParser, Namespace
 
 from models.detection.detr import DETR, build_detr
 from models.detection.module import ObjectDetector
 
 SHAPES = "configs/detection/shapes.yaml"
-TINY = dict(
-    num_classes=3,
-    backbone=TINY_TRUNK["name"],
-    backbone_out_index=TINY_TRUNK["out_index"],
-    backbone_norm=TINY_TRUNK["norm"],
-    trainable_backbone_layers=TINY_TRUNK["trainable_layers"],
-    backbone_kwargs={k: TINY_TRUNK[k] for k in ("layers", "channels", "stem_width")},
-    num_queries=4,
-    d_model=16,
-    nhead=2,
-    num_encoder_layers=1,
-    num_decoder_layers=2,
-    dim_feedforward=32,
-)
+TINY = tiny_detector(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=32)
 
 
 @pytest.mark.slow

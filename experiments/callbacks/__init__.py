@@ -8,6 +8,7 @@ from experiments.callbacks.attention_sinks import AttentionSinks
 from experiments.callbacks.base import shadowed
 from experiments.callbacks.compile import Compile
 from experiments.callbacks.detection import DetectionImages, DetectionWriter
+from experiments.callbacks.float8 import Float8Training
 from experiments.callbacks.guards import NonFiniteLoss
 from experiments.callbacks.interrupts import ExactResume, LastCheckpoint
 from experiments.callbacks.monitors import GradientNorm, Throughput
@@ -25,6 +26,7 @@ __all__ = [
     "DetectionImages",
     "DetectionWriter",
     "ExactResume",
+    "Float8Training",
     "GradientNorm",
     "LanguageModelSamples",
     "LastCheckpoint",
