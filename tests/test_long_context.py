@@ -62,6 +62,6 @@ def test_vit_sincos2d_has_no_parameters_and_relpos_tables_are_resized_to_another
     vit = VisionTransformer(8, 2, 1, 3, embed_dim=16, depth=1, num_heads=2, positions="sincos2d")
     assert vit.pos_embed is None and not any("sincos" in name for name, _ in vit.named_parameters())
     relpos = VisionTransformer(8, 2, 1, 3, embed_dim=16, depth=1, num_heads=2, positions="relpos")
-    (bias,) = relpos._attention_positions((6, 6))["position_bias"]
+    (bias,) = relpos.attention_positions((6, 6))["position_bias"]
     assert bias.shape == (2, 1 + 36, 1 + 36) and relpos(torch.randn(1, 1, 12, 12)).shape == (1, 3)
     assert relpos.rel_pos_bias[0].relative_position_bias_table.shape == (7 * 7 + 3, 2)  # the parameter is unchanged

@@ -41,6 +41,7 @@ from datamodules.checks import check_train_batches
 from datamodules.loading import loader_settings
 from datamodules.vision.files import LAYOUTS, ArraySource, read_cifar, read_idx
 from datamodules.vision.image_lists import ListedImages, list_images
+from datamodules.vision.packing import ImagePacking, packed_loader_kwargs
 
 
 def split_lengths(n: int, val_fraction: float, test_fraction: float = 0.0) -> list[int]:
@@ -206,7 +207,11 @@ class ImageDataModule(pl.LightningDataModule):
             ``switch_prob``, ``mode``); labels become soft targets. Label smoothing is the model's
             ``label_smoothing``.
         mean, std: channel statistics (default: the dataset's).
-    Batches: images (B, in_chans, img_size, img_size) normalised, labels (B,) or (B, num_classes).
+        packing: NaViT's packing (`datamodules.vision.packing.ImagePacking`): ``{sizes: [14, 28], max_pixels: 4096}``
+            resizes each image to a side drawn from ``sizes`` and fills each batch with images up to ``max_pixels``,
+            which the ViT packs into one sequence; ``img_size`` stays the model's training size (its learned positions).
+    Batches: images (B, in_chans, img_size, img_size) normalised, labels (B,) or (B, num_classes); with ``packing``,
+    a list of N images (in_chans, s_i, s_i) and labels (N,).
     """
 
     num_classes: int
@@ -229,6 +234,7 @@ class ImageDataModule(pl.LightningDataModule):
         mixup: dict[str, Any] | None = None,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        packing: ImagePacking | None = None,
     ):
         super().__init__()
         mean, std = mean or stats[0], std or stats[1]
@@ -245,18 +251,14 @@ class ImageDataModule(pl.LightningDataModule):
         self.loader_kwargs = loader_settings(num_workers, pin_memory, persistent_workers)
         self.train_subset = train_subset
         self.mean, self.std = tuple(mean), tuple(std)
-        size = (self.in_chans, self.img_size, self.img_size)
-        if native_size == self.img_size:  # nothing to resize: skip PIL resampling, the slow part
-            self.eval_transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(self.mean, self.std)])
-        else:
-            self.eval_transform = create_transform(
-                size, is_training=False, mean=self.mean, std=self.std, crop_pct=1.0, interpolation="bicubic"
-            )
-        if augment is None:
-            self.train_transform = self.eval_transform
-        else:
-            options = _check_options("augment", augment, create_transform, _TRANSFORM_FIXED)
-            self.train_transform = create_transform(size, is_training=True, mean=self.mean, std=self.std, **options)
+        if augment is not None:
+            augment = _check_options("augment", augment, create_transform, _TRANSFORM_FIXED)
+        self.train_transform, self.eval_transform = self._transforms(self.img_size, native_size, augment)
+        self.packing = packing
+        if packing is not None:
+            if mixup is not None:
+                raise ValueError("data.mixup mixes images of one size; unset it with data.packing")
+            self.packed_transforms = {side: self._transforms(side, native_size, augment) for side in packing.sizes}
         self.mixup = None
         if mixup is not None:
             if batch_size % 2:
@@ -265,6 +267,19 @@ class ImageDataModule(pl.LightningDataModule):
                 )
             options = _check_options("mixup", mixup, Mixup.__init__, _MIXUP_FIXED)
             self.mixup = Mixup(**options, label_smoothing=0.0, num_classes=self.num_classes)
+
+    def _transforms(self, side: int, native_size: int | None, augment: dict | None) -> tuple[Callable, Callable]:
+        """The (training, evaluation) transforms to images of ``side`` x ``side``."""
+        size = (self.in_chans, side, side)
+        if native_size == side:  # nothing to resize: skip PIL resampling, the slow part
+            evaluation = transforms.Compose([transforms.ToTensor(), transforms.Normalize(self.mean, self.std)])
+        else:
+            evaluation = create_transform(
+                size, is_training=False, mean=self.mean, std=self.std, crop_pct=1.0, interpolation="bicubic"
+            )
+        if augment is None:
+            return evaluation, evaluation
+        return create_transform(size, is_training=True, mean=self.mean, std=self.std, **augment), evaluation
 
     def _sources(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
         """(train, val or None, test or None), each yielding (PIL image, label)."""
@@ -292,7 +307,11 @@ class ImageDataModule(pl.LightningDataModule):
         self.val_set = Transformed(val, val_idx, self.eval_transform)
         self.test_set = None if test is None else Transformed(test, torch.arange(len(test)), self.eval_transform)
 
-    def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
+    def _loader(self, dataset: Transformed, train: bool = False) -> DataLoader:
+        if self.packing is not None:
+            sized = {side: pair[0 if train else 1] for side, pair in self.packed_transforms.items()}
+            kwargs = packed_loader_kwargs(self.packing, dataset.source, dataset.indices, sized, train, self.seed)
+            return DataLoader(**kwargs, **self.loader_kwargs)
         mixup = train and self.mixup is not None
         return DataLoader(
             dataset,
@@ -304,7 +323,8 @@ class ImageDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        check_train_batches(len(self.train_set), self.batch_size, self.mixup is not None, self._describe())
+        batch_size = 1 if self.packing else self.batch_size  # packed batches are sized by data.packing.max_pixels
+        check_train_batches(len(self.train_set), batch_size, self.mixup is not None, self._describe())
         return self._loader(self.train_set, train=True)
 
     def val_dataloader(self) -> DataLoader:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from models.core.attend import FUSED, NORMALIZATIONS, Softmax1, attention_fast, attention_reference
+from models.core.attend import FUSED, Softmax1, attention_fast, attention_reference
 from models.core.masks import MaskParts
 
 BYTES = 4  # an fp32 score

@@ -23,7 +23,8 @@ class ImageClassifier(pl.LightningModule):
     """ViT + cross-entropy with label smoothing, AdamW, linear warmup and cosine decay.
 
     Training labels may be class indices (B,) or soft targets (B, num_classes) from Mixup/CutMix; label
-    smoothing applies to both (so Mixup itself runs without smoothing).
+    smoothing applies to both (so Mixup itself runs without smoothing). A batch whose images are a list of images
+    (C, H_i, W_i) of several sizes (``data.packing``) runs packed in one sequence (NaViT, `models.vision.packing`).
 
     Args:
         **network: the arguments of `VisionTransformer` (its docstring holds them, its signature their
@@ -91,21 +92,25 @@ class ImageClassifier(pl.LightningModule):
             }
         )
 
-    def forward(self, images: Tensor) -> Tensor:
-        return self.model(images)
+    def forward(self, images: Tensor | list[Tensor]) -> Tensor:
+        """Images (B, C, H, W), or a packed batch: a list of images (C, H_i, W_i) of several sizes (NaViT,
+        `models.vision.packing`) -> logits (B, num_classes)."""
+        return self.model.forward_packed(images) if isinstance(images, (list, tuple)) else self.model(images)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor | list[Tensor], Tensor], batch_idx: int) -> Tensor:
         images, labels = batch  # labels (B,) class indices, or (B, K) soft targets from Mixup/CutMix
         logits = self(images)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
         hits = logits.argmax(-1) == _class_indices(labels)  # (B,)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=len(labels))
         top1 = hits.float().mean()
         self.log("train/acc", top1, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(labels))
         return loss
 
-    def _step(self, batch: tuple[Tensor, Tensor], stage: str, metric: MulticlassAccuracy) -> None:
+    def _step(self, batch: tuple[Tensor | list[Tensor], Tensor], stage: str, metric: MulticlassAccuracy) -> None:
         images, labels = batch
+        if self.hparams.eval_sizes and isinstance(images, (list, tuple)):
+            raise ValueError("model.eval_sizes resizes batches of one image size; unset it with data.packing")
         logits = self(images)
         loss = F.cross_entropy(logits, labels)
         metric.update(logits, _class_indices(labels))

@@ -5,6 +5,8 @@ learned positions are added (or positions act inside attention: ``positions``), 
 pre-norm encoder runs over the tokens; the head
 reads the class token after the final norm ("token"), or the mean of the patch tokens followed
 by ``fc_norm`` ("avg", as timm and MAE do). Weights from elsewhere load through `models.vision.pretrained`.
+Images of several sizes run packed in one sequence through `VisionTransformer.forward_packed` (NaViT,
+`models.vision.packing`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from models.core.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.core.position import PositionEmbeddingSine2D, RelativePositionBias2D, RotaryEmbedding2D
 from models.core.registers import WithRegisters, insert_registers, learned_registers, unplaced
 from models.core.transformer import TransformerEncoder
+from models.vision.packing import forward_packed
 
 
 class PatchEmbed(nn.Module):
@@ -268,6 +271,16 @@ class VisionTransformer(nn.Module, WithRegisters):
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C, H, W) -> encoded tokens (B, P + N, D): the P = ``num_prefix_tokens`` (class token, then
         registers) first (after the final norm, unless the model norms after pooling: ``fc_norm``)."""
+        x, grid = self.embed_tokens(x)
+        return self.encoder(self.pos_drop(x), **self.attention_positions(grid))
+
+    def forward_packed(self, images: Sequence[Tensor]) -> Tensor:
+        """Images (C, H_i, W_i) of several sizes, packed in one sequence (NaViT) -> logits (N, num_classes), equal to
+        each image's alone; see `models.vision.packing`."""
+        return forward_packed(self, images)
+
+    def embed_tokens(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Images (B, C, H, W) -> the encoder's input (B, P + N, D) with its added positions, and the patch grid."""
         grid = self.patch_embed.patch_grid(*x.shape[-2:])
         x = self.patch_embed(x)  # (B, N, D)
         if self.sincos is not None:
@@ -278,7 +291,7 @@ class VisionTransformer(nn.Module, WithRegisters):
             x = x + self._pos_embed(grid)
         if self.reg_token is not None:
             x = insert_registers(x, self.reg_token, self._placed_prefix)  # (B, P + N, D)
-        return self.encoder(self.pos_drop(x), **self._attention_positions(grid))
+        return x, grid
 
     @property
     def _placed_prefix(self) -> int:
@@ -292,7 +305,7 @@ class VisionTransformer(nn.Module, WithRegisters):
             return self.pos_embed
         return resample_abs_pos_embed(self.pos_embed, list(grid), [trained, trained], self._placed_prefix)
 
-    def _attention_positions(self, grid: tuple[int, int]) -> dict:
+    def attention_positions(self, grid: tuple[int, int]) -> dict:
         """The encoder's rope (class token and registers unrotated) or its per-layer biases (H, P + N, P + N)."""
         if self.rope is not None:
             rotation = self.rope(grid)
