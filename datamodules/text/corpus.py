@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from datamodules.checks import check_train_batches, read_inputs
 from datamodules.text.base import TokenizedDataModule
 from datamodules.text.batching import BlockDataset, PromptDataset, collate_prompts
+from datamodules.text.documents import DocumentBlockDataset, document_batches
 from datamodules.text.prepare import corpus_pieces, tokenizer_digest, train_corpus_tokenizer, write_parts
 from datamodules.text.sources import corpus_source
 from datamodules.text.token_store import check_free_space, open_array, token_dtype
@@ -50,10 +51,15 @@ class TextCorpusDataModule(TokenizedDataModule):
         block_size: tokens of context per sample. val_fraction: the last part of the tokens, held out.
         val_block_size: tokens per validation (and test) window; None: ``block_size``. Longer windows let
             ``model.eval_context`` score the model beyond its training context (`models.text.translation_module`).
+        documents: pack documents (`datamodules.text.documents`: records, or a text file's blank-line-separated
+            paragraphs): attention, positions and the loss of a block stay inside each document (Llama 3's document
+            masking); a document longer than the block is split. A store of its own.
         prompt, predict_file: what `attnlab predict` completes (one prompt, or a file with one per line).
     Linked to the model: ``vocab_size`` (the trained vocabulary's size). The corpus has no test
     split: `attnlab test` evaluates the validation part.
-    Batches: ``input`` (B, block_size) and ``target`` (B, block_size), the input shifted by one.
+    Batches: ``input`` (B, block_size) and ``target`` (B, block_size), the input shifted by one; with ``documents``
+    also ``document_ids`` and ``position_ids`` (B, block_size), and -100 (ignored) as the target of a document's last
+    token.
     """
 
     task, tokenizer_kinds = "language modelling", ("char", "bpe", "pretrained")
@@ -76,6 +82,7 @@ class TextCorpusDataModule(TokenizedDataModule):
         batch_size: int = 64,
         prompt: str | None = None,
         predict_file: str | None = None,
+        documents: bool = False,
         num_workers: int = 0,
         pin_memory: bool | None = None,
         persistent_workers: bool = True,
@@ -128,7 +135,8 @@ class TextCorpusDataModule(TokenizedDataModule):
         else:  # trained on the text before the validation part
             settings = ("bpe_vocab_size", "min_frequency") if hp.tokenizer == "bpe" else ()
             tokenizer = {k: hp[k] for k in ("tokenizer", "val_fraction", "tokenizer_train_chars", *settings)}
-        return {"corpus": self.source.fingerprint(), "tokenizer": tokenizer, "token_dtype": hp.token_dtype}
+        key = {"corpus": self.source.fingerprint(), "tokenizer": tokenizer, "token_dtype": hp.token_dtype}
+        return {**key, "documents": True} if hp.documents else key  # a store without documents keeps its folder
 
     def _build(self, folder: Path) -> dict:
         hp, given, source = self.hparams, self._given_tokenizer, self.source
@@ -141,8 +149,11 @@ class TextCorpusDataModule(TokenizedDataModule):
         if given is None:
             tokenizer.save(str(folder / "tokenizer.json"))
         dtype = token_dtype(tokenizer.get_vocab_size(), hp.token_dtype)
-        pieces = ((batch,) for batch in corpus_pieces(source))
-        arrays = write_parts(folder, ["corpus"], dtype, [tokenizer], pieces, False, source.text_bytes(), "tokenizing")
+        batches = document_batches(source, self.path) if hp.documents else corpus_pieces(source)
+        pieces = ((batch,) for batch in batches)
+        arrays = write_parts(
+            folder, ["corpus"], dtype, [tokenizer], pieces, hp.documents, source.text_bytes(), "tokenizing"
+        )
         return {"dtype": dtype.name, "arrays": arrays}
 
     def _predict_set(self) -> PromptDataset:
@@ -178,11 +189,19 @@ class TextCorpusDataModule(TokenizedDataModule):
                 raise ValueError(
                     f"data.path: the {name} part of {self.path} has {len(part)} tokens, fewer than data.{key} + 1 = {size + 1}"
                 )
-        self.train_set = BlockDataset(ids.part(0, n_train), hp.block_size, random_offset=True)
-        self.val_set = BlockDataset(ids.part(n_train, len(ids)), val_block, random_offset=False)
+        self.train_set = self._blocks(ids.part(0, n_train), 0, hp.block_size, random_offset=True)
+        self.val_set = self._blocks(ids.part(n_train, len(ids)), n_train, val_block, random_offset=False)
         rank_zero_info(
             f"{self.path}: {len(ids)} tokens, vocabulary {self.vocab_size}, {len(self.train_set)} training blocks of {hp.block_size}"
         )
+
+    def _blocks(self, part, first: int, size: int, random_offset: bool) -> BlockDataset:
+        """The blocks of ``part``, the tokens from ``first`` on; with documents, each token's document from the
+        store's offsets (document i starts at offsets[i])."""
+        if not self.hparams.documents:
+            return BlockDataset(part, size, random_offset)
+        offsets = open_array(*self.store, "corpus.offsets")
+        return DocumentBlockDataset(part, offsets[:-1] - first, size, random_offset)
 
     def train_dataloader(self) -> DataLoader:
         check_train_batches(

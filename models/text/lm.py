@@ -2,6 +2,11 @@
 
 It decodes incrementally: pass ``cache`` (one cache per layer, from ``init_cache()``) and the position of the new
 tokens, and each step attends to the cached keys/values of the prefix. ``positions`` as in `models.text.seq2seq`.
+
+Packed documents (Llama 3's document masking; HF's padding-free collator): with ``document_ids`` (B, T) a token
+attends only to the earlier tokens of its own document, and its position is its place in that document (from 0 at the
+document's first token in the block), so a block of several documents computes what each document computes alone.
+ALiBi's and T5's biases are relative and the pairs across documents are masked, so they need nothing more.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from torch import Tensor, nn
 
 from models.core.attention import DEFAULT_ATTENTION, AttentionConfig
 from models.core.kv_cache import KVCache, StaticKVCache
+from models.core.masks import Documents
 from models.core.position import Positions, SelfAttentionPositions, positional_encoding
 from models.core.registers import WithRegisters, insert_registers, learned_registers
 from models.core.transformer import Activation, Norm, TransformerEncoder
@@ -146,11 +152,19 @@ class DecoderOnlyLM(nn.Module, WithRegisters):
         return [KVCache() if max_len is None else StaticKVCache(max_len) for _ in self.blocks.layers]
 
     def forward(
-        self, tokens: Tensor, cache: list[KVCache] | list[StaticKVCache] | None = None, start_pos: int = 0
+        self,
+        tokens: Tensor,
+        cache: list[KVCache] | list[StaticKVCache] | None = None,
+        start_pos: int = 0,
+        document_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor:
         """tokens (B, T) at positions ``start_pos``.. -> logits (B, T, V); with ``cache``, earlier tokens are cached.
         The sinks (``register_tokens``) come first in a call at ``start_pos`` 0 (a whole sequence, or the first
-        call on a cache); later calls continue a cache that holds them."""
+        call on a cache); later calls continue a cache that holds them. ``document_ids`` (B, T): packed documents
+        (`packed_inputs`; ``position_ids`` (B, T), each token's place in its document, < T, else derived)."""
+        if document_ids is not None:
+            return self.forward_embedded(*self.packed_inputs(tokens, document_ids, position_ids, cache))
         return self.forward_embedded(*self.inputs(tokens, start_pos), cache=cache)[:, -tokens.size(1) :]
 
     def inputs(self, tokens: Tensor, start_pos: int = 0) -> tuple[Tensor, dict]:
@@ -164,6 +178,28 @@ class DecoderOnlyLM(nn.Module, WithRegisters):
         if n and start_pos == 0:
             x = insert_registers(x, self.reg_token, 0)  # (B, N + T, D)
         return self.dropout(x), self.attn_positions(x.size(1), start_pos + n if start_pos else 0)
+
+    def packed_inputs(
+        self, tokens: Tensor, document_ids: Tensor, position_ids: Tensor | None, cache: list | None = None
+    ) -> tuple[Tensor, dict]:
+        """`inputs` of a block of packed documents: tokens and ``document_ids`` (B, T) -> their embedding (B, T, D)
+        at ``position_ids`` (B, T) (`document_positions` when None), and the self-attention's positions with the
+        document mask (`models.core.masks.Documents`)."""
+        if self.num_registers:
+            raise ValueError(
+                f"model.register_tokens={self.num_registers}: the sinks belong to no document; packed documents "
+                "(data.documents=true) take none"
+            )
+        if cache is not None:
+            raise ValueError("document ids are for packed training blocks; decoding with a cache takes none")
+        positions = document_positions(document_ids) if position_ids is None else position_ids  # (B, T)
+        x = self.tok_embed(tokens)  # (B, T, D)
+        if self.pos is not None:
+            x = x + self.pos(tokens.size(1))[positions]  # a token's place in its document is < T
+        attn = self.attn_positions(tokens.size(1))
+        if "rope" in attn:  # cos/sin (B, 1, T, d): each token's own angles, for every head
+            attn = {"rope": self.attn_positions.rope.at(positions[:, None])}
+        return self.dropout(x), {**attn, "mask": Documents(document_ids)}
 
     def forward_embedded(
         self, x: Tensor, positions: dict, cache: list[KVCache] | list[StaticKVCache] | None = None
@@ -225,3 +261,11 @@ class DecoderOnlyLM(nn.Module, WithRegisters):
                 next_token = torch.multinomial(logits.softmax(-1), 1, generator=generator)
             tokens = torch.cat([tokens, next_token], dim=1)
         return tokens
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """(B, T) document ids -> (B, T) each token's place in its run of equal ids: 0 where the id changes."""
+    index = torch.arange(document_ids.size(1), device=document_ids.device).expand_as(document_ids)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return index - torch.where(starts, index, 0).cummax(1).values  # minus the index of the run's first token

@@ -83,8 +83,8 @@ class LanguageModelModule(pl.LightningModule):
         self.val_nll = MeanMetric()
         self.context_nll = nn.ModuleDict({f"{m}x": MeanMetric() for m in eval_context or ()})
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        return self.model(tokens)
+    def forward(self, tokens: Tensor, document_ids: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
+        return self.model(tokens, document_ids=document_ids, position_ids=position_ids)
 
     def _chunks(self, batch: dict, multiple: int) -> dict:
         """Validation windows (B, W) -> non-overlapping chunks (B·W/L, L) of L = multiple·max_positions tokens."""
@@ -94,11 +94,19 @@ class LanguageModelModule(pl.LightningModule):
                 f"model.eval_context: validation windows of {window} tokens (data.val_block_size) do not split into "
                 f"chunks of {multiple} x model.max_positions = {length}; make data.val_block_size a multiple of {length}"
             )
-        return {k: batch[k].reshape(-1, length) for k in ("input", "target")}
+        # position_ids stay behind: a chunk's positions restart at its first token, as the model derives them
+        return {k: batch[k].reshape(-1, length) for k in ("input", "target", "document_ids") if k in batch}
 
     def _loss(self, batch: dict) -> Tensor:
-        logits = self(batch["input"])  # (B, T, V)
+        """Mean cross-entropy over the targets; packed documents (``document_ids``, ``position_ids``) mark the target
+        of each document's last token, the next document's first, as -100: F.cross_entropy's ignore_index."""
+        logits = self(batch["input"], batch.get("document_ids"), batch.get("position_ids"))  # (B, T, V)
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["target"].flatten())
+
+    @staticmethod
+    def _targets(batch: dict) -> Tensor | int:
+        """The targets a batch scores (its validation weight): every one, or those not ignored (packed documents)."""
+        return (batch["target"] != -100).sum() if "document_ids" in batch else batch["target"].numel()
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss = self._loss(batch)
@@ -107,9 +115,10 @@ class LanguageModelModule(pl.LightningModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         if not self.context_nll:
-            self.val_nll.update(self._loss(batch), weight=batch["target"].numel())
+            self.val_nll.update(self._loss(batch), weight=self._targets(batch))
         for name, metric in self.context_nll.items():
-            metric.update(self._loss(self._chunks(batch, int(name[:-1]))), weight=batch["target"].numel())
+            chunks = self._chunks(batch, int(name[:-1]))
+            metric.update(self._loss(chunks), weight=self._targets(chunks))
 
     test_step = validation_step
 
