@@ -38,6 +38,14 @@ def block_rows(batch: int, heads: int, lk: int, budget_mib: float) -> int:
     return max(1, int(budget_mib * 2**20 // (batch * heads * lk * BYTES)))
 
 
+def _keys_per_row(parts: MaskParts, lk: int) -> int:
+    """The keys one query row can see: all of them, or a sliding window's span (a block of at most span rows then sees
+    at most 2·span - 1 keys: within twice the budget)."""
+    if not parts.window:
+        return lk
+    return min(lk, parts.window if parts.is_causal else 2 * parts.window - 1)
+
+
 def row_wise(normalization: nn.Module | None) -> bool:
     """Whether ``normalization`` normalises each query's row alone (every built-in does; a class of one's own may say
     ``row_wise = False``)."""
@@ -83,7 +91,8 @@ def attention_chunked(
 ) -> Tensor:
     """q (B, H, Lq, d), k/v (B, H, Lk, d) -> out (B, H, Lq, d), equal to the full path's, a block of query rows at a
     time (module docstring). ``similarity`` (q, k) -> logits replaces q·k·scale (a similarity of one's own)."""
-    rows = block_rows(q.size(0), q.size(1), k.size(2), budget_mib)
+    span = _keys_per_row(parts, k.size(2))
+    rows = min(block_rows(q.size(0), q.size(1), span, budget_mib), span if parts.window else q.size(2))
     block = partial(
         _block,
         parts=parts,
