@@ -84,6 +84,8 @@ def test_print_config_shows_every_knob(attnlab):
         "normalization": "softmax",
         "gate": None,
         "kernel": None,
+        "window": None,
+        "memory_budget_mib": 4.0,
     }
     assert cfg["data"]["init_args"]["batch_size"] == 64 and cfg["trainer"]["max_epochs"] == 40
 
@@ -191,4 +193,12 @@ def test_a_block_field_set_to_null_keeps_the_blocks_other_fields(attnlab):
     )
     attention = yaml.safe_load(out)["model"]["init_args"]["attention"]
     assert code == 0
-    assert attention == {"similarity": "dot", "qk_norm": None, "normalization": "softmax", "gate": None, "kernel": None}
+    assert attention == {
+        "similarity": "dot",
+        "qk_norm": None,
+        "normalization": "softmax",
+        "gate": None,
+        "kernel": None,
+        "window": None,
+        "memory_budget_mib": 4.0,
+    }

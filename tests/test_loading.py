@@ -76,6 +76,7 @@ def test_keys_handed_to_the_base_keep_their_order_and_defaults():
         mixup=None,
         mean=None,
         std=None,
+        packing=None,
     )
     keys = config_keys(TorchvisionDataModule)
     assert keys == dict(name="FashionMNIST", root="../shared/data", img_size=None, batch_size=128, **shared)
