@@ -111,7 +111,9 @@ def _cell(result: dict | None) -> str:
     return "-" if result is None else f"{result['peak_mib']:,.0f} MB / {result['seconds']:.2f} s"
 
 
-def table(lengths: list[int], device: str, full_cap_gib: float, in_process: bool | None = None) -> str:
+def table(
+    lengths: list[int], device: str, full_cap_gib: float, in_process: bool | None = None, variants=tuple(VARIANTS)
+) -> str:
     """The markdown table: a row per variant and length, full path and chunked path side by side."""
     in_process = device != "cpu" if in_process is None else in_process
     rows = [
@@ -120,7 +122,7 @@ def table(lengths: list[int], device: str, full_cap_gib: float, in_process: bool
     ]
     for length in lengths:
         softmax = None
-        for variant in VARIANTS:
+        for variant in ("softmax (SDPA)", *(v for v in variants if v != "softmax (SDPA)")):
             weights_gib = HEADS * length * length * 4 / 2**30
             full = _measured(variant, length, FULL, device, in_process) if weights_gib <= full_cap_gib else None
             chunked = _measured(variant, length, CHUNKED, device, in_process)
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--full-cap-gib", type=float, default=2.5, help="skip the full path above these weights")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="VARIANT")
     parser.add_argument("--probe", nargs=4, metavar=("VARIANT", "L", "BUDGET", "DEVICE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         variant, length, budget, device = args.probe
         print(json.dumps(probe(variant, int(length), float(budget), device)))
         return
-    print(table(args.lengths, args.device, args.full_cap_gib))
+    print(table(args.lengths, args.device, args.full_cap_gib, variants=args.variants))
 
 
 if __name__ == "__main__":
