@@ -5,6 +5,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from builders import tiny_vit
 from PIL import Image
 
 from datamodules.vision.classification import ImageFolderDataModule
@@ -17,20 +18,8 @@ SIDES = (8, 12, 4, 8)  # patch 2: grids 4x4 (trained), 6x6, 2x2
 
 def _vit(positions: str, class_token: bool, global_pool: str, register_tokens: int = 0) -> VisionTransformer:
     torch.manual_seed(0)
-    vit = VisionTransformer(
-        img_size=8,
-        patch_size=2,
-        in_chans=1,
-        num_classes=5,
-        embed_dim=16,
-        depth=2,
-        num_heads=2,
-        mlp_ratio=2.0,
-        global_pool=global_pool,
-        positions=positions,
-        class_token=class_token,
-        register_tokens=register_tokens,
-    )
+    block = dict(global_pool=global_pool, positions=positions, class_token=class_token, register_tokens=register_tokens)
+    vit = tiny_vit(num_classes=5, mlp_ratio=2.0, **block)
     if positions == "learned":  # positions far from their start, so that resampling them matters
         torch.nn.init.normal_(vit.pos_embed, std=1.0)
     return vit

@@ -112,18 +112,8 @@ def _positions_of(
 
 # what an architecture key left unset (None) means: ViT-B/16 (Dosovitskiy et al. 2021). A key that timm's model fixes
 # (`models.vision.timm_names.fill_from_timm`) takes timm's value only where it is unset, not where it is written.
-VIT_B16 = dict(
-    patch_size=16,
-    embed_dim=768,
-    depth=12,
-    num_heads=12,
-    mlp_ratio=4.0,
-    global_pool="token",
-    positions="learned",
-    register_tokens=0,
-    class_token=True,
-    rope_grid_indexing="xy",
-)
+VIT_B16 = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, global_pool="token")
+VIT_B16 |= dict(positions="learned", register_tokens=0, class_token=True, rope_grid_indexing="xy")
 
 
 def _unset_as_vit_b16(arguments: dict) -> SimpleNamespace:
