@@ -79,7 +79,9 @@ CALLS = {
     "causal": lambda: dict(is_causal=True),
     "causal + padding": lambda: dict(is_causal=True, key_padding_mask=lengths_mask([11, 6], 11)),
     "bidirectional + padding": lambda: dict(key_padding_mask=lengths_mask([9, 11], 11)),
-    "float mask": lambda: dict(attn_mask=torch.randn(11, 11).clamp(max=0.5)),
+    "float mask": lambda: dict(
+        attn_mask=torch.randn(11, 11, generator=torch.Generator().manual_seed(7)).clamp(max=0.5)
+    ),
     "documents": lambda: dict(attn_mask=Documents(torch.tensor([[0] * 4 + [1] * 7, [0] * 2 + [1] * 5 + [2] * 4]))),
     "alibi": lambda: dict(is_causal=True, bias_module=ALiBi(H)),
     "t5": lambda: dict(is_causal=True, bias_module=_fresh(lambda: T5RelativePositionBias(H, bidirectional=False))()),
