@@ -26,10 +26,25 @@ class Relu(nn.Module):
 
 
 class Cosine(nn.Module):
-    """A similarity of one's own: cosine of q and k, times 4."""
+    """A similarity of one's own: cosine of q and k, times a learned scale (its gradient flows through the blocks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(4.0))
 
     def forward(self, q, k):
-        return 4 * nn.functional.normalize(q, dim=-1) @ nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+        return self.scale * nn.functional.normalize(q, dim=-1) @ nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+
+
+class LearnedSigmoid(nn.Module):
+    """A normalisation of one's own with a parameter: sigmoid at a learned bias, σ(s + b)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.tensor(-1.3))
+
+    def forward(self, scores, blocked):
+        return torch.sigmoid(scores + self.bias)
 
 
 def layer(budget: float, seed: int = 0, **block) -> MultiHeadAttention:
@@ -92,6 +107,7 @@ BLOCKS = {
     "clipped": dict(normalization={"class_path": "models.core.attend.ClippedSoftmax", "init_args": {"alpha": 4.0}}),
     "sigmoid": dict(normalization="sigmoid"),
     "own normalization": dict(normalization=f"{__name__}.Relu"),
+    "own normalization with a parameter": dict(normalization=f"{__name__}.LearnedSigmoid"),
     "own similarity": dict(similarity=f"{__name__}.Cosine"),
     "window": dict(window=4),
     "window + sigmoid": dict(window=3, normalization="sigmoid"),
@@ -149,6 +165,54 @@ def test_documents_attend_within_themselves_as_each_document_alone(budget):
         packed, _ = mha(x, attn_mask=Documents(ids), is_causal=causal)
         alone = torch.cat([mha(x[:, :4], is_causal=causal)[0], mha(x[:, 4:], is_causal=causal)[0]], 1)
         torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_dropout_in_the_backward_draws_the_masks_of_the_forward():
+    """With attention dropout, the chunked backward is the gradient of what its forward computed: its blocks draw the
+    forward's dropout masks again. The oracle is torch's finite differences (float64, the same seed on every call)."""
+    torch.manual_seed(0)
+    config = AttentionConfig(memory_budget_mib=TINY, normalization="sigmoid")
+    mha = MultiHeadAttention(D, H, dropout=0.5, attention=config).double()
+    x = torch.randn(1, 7, D, dtype=torch.float64, requires_grad=True)
+
+    def seeded(x):
+        torch.manual_seed(11)
+        return mha(x, is_causal=True)[0]
+
+    assert not torch.equal(seeded(x), mha.eval()(x, is_causal=True)[0])  # dropout acts
+    mha.train()
+    torch.autograd.gradcheck(seeded, (x,), eps=1e-6, atol=1e-5)
+
+
+def test_a_bias_that_hides_a_learned_tensor_is_one_line():
+    """A `LazyBias` whose rows read a tensor that takes a gradient without naming it in ``tensors`` would lose that
+    gradient on the chunked path: refused in one line."""
+    from models.core.masks import LazyBias
+
+    mha, table = layer(TINY), nn.Parameter(torch.randn(H, 11, 11))
+    hidden = LazyBias(lambda start, stop, keys: table[:, start:stop, keys[0] : keys[1]], (H, 11, 11))
+    out, _ = mha(torch.randn(1, 11, D), position_bias=hidden)
+    with pytest.raises(ValueError, match=r"reads a tensor of shape \(2, 11, 11\) that takes a gradient"):
+        out.sum().backward()
+    named = LazyBias(hidden.rows, hidden.shape, (table,))
+    mha(torch.randn(1, 11, D), position_bias=named)[0].sum().backward()
+    assert table.grad is not None and table.grad.abs().sum() > 0
+
+
+def test_the_chunked_path_under_autocast_follows_the_full_path():
+    """bfloat16 autocast on the CPU: the blocks of the backward run under the forward's autocast, so the chunked
+    gradients are the full path's within bfloat16's precision."""
+    results = []
+    for budget in (WHOLE, TINY):
+        mha = layer(budget, normalization="sigmoid")
+        torch.manual_seed(1)
+        x = torch.randn(B, 11, D, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = mha(x, is_causal=True)
+        out.float().sum().backward()
+        results.append((out.float(), x.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=2e-2, rtol=2e-2)
 
 
 class LargestOutput(TorchDispatchMode):

@@ -123,26 +123,32 @@ def attention_reference(
     dropout_p: float = 0.0,
     normalization: nn.Module | None = None,
     logits: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+    keep_logits: bool = True,
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Explicit attention. q (B, H, Lq, d), k/v (B, H, Lk, d) -> out (B, H, Lq, d), weights (B, H, Lq, Lk)
     and logits (B, H, Lq, Lk): the scaled similarities before the mask (and a position bias in it) and the
-    normalisation (softmax when None). ``logits`` given (a similarity of one's own) replace q·k·scale."""
+    normalisation (softmax when None). ``logits`` given (a similarity of one's own) replace q·k·scale. Without
+    ``keep_logits`` they are freed before the normalisation (one (B, H, Lq, Lk) tensor less) and None is returned."""
     if logits is None:
         logits = (q @ k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
     scores, blocked = logits, blocked_of(mask)
-    if mask is not None:
-        scores = logits.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
     empty = None if blocked is None else blocked.all(-1, keepdim=True)  # (B|1, H|1, Lq, 1)
-    if empty is not None:  # unblock empty rows so that every normalisation stays finite; zeroed below
-        scores = scores.masked_fill(empty, 0.0)
+    # a row whose keys are all blocked is unblocked at 0 so that every normalisation stays finite; zeroed below
+    if mask is not None and mask.dtype == torch.bool:
+        scores = torch.where(mask, torch.where(empty, 0.0, float("-inf")).to(logits.dtype), logits)
+    elif mask is not None:
+        scores = torch.where(empty, 0.0, logits + mask)
+    if not keep_logits:
+        logits = None
     weights = (normalization or Softmax())(scores, None if blocked is None else blocked & ~empty)
-    if weights.shape != logits.shape:
+    if weights.shape != scores.shape:
         raise ValueError(
             f"attention.normalization={type(normalization).__module__}.{type(normalization).__qualname__} returned "
-            f"weights of shape {tuple(weights.shape)}; expected the logits' shape {tuple(logits.shape)}"
+            f"weights of shape {tuple(weights.shape)}; expected the logits' shape {tuple(scores.shape)}"
         )
+    del scores
     if blocked is not None:
-        weights = weights.masked_fill(blocked, 0.0)
+        weights = torch.where(blocked, 0.0, weights)
     out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v
     return out, weights, logits
 

@@ -52,10 +52,12 @@ class LazyBias:
     """An additive position bias of ``shape`` (H, Lq, Lk) or (B, H, Lq, Lk), computed a block at a time by
     ``rows(start, stop, keys)`` -> (..., stop - start, keys[1] - keys[0]) for the query rows start..stop and the keys
     keys[0]..keys[1]: ALiBi, T5 and Swin biases are functions of the query and key positions, never stored whole on
-    the chunked path."""
+    the chunked path. ``tensors``: what ``rows`` reads that may take a gradient (a learned table), for the chunked
+    path's backward."""
 
     rows: Callable[[int, int, tuple[int, int]], Tensor]
     shape: tuple[int, ...]
+    tensors: tuple[Tensor, ...] = ()
 
     def full(self) -> Tensor:
         return self.rows(0, self.shape[-2], (0, self.shape[-1]))
@@ -156,17 +158,15 @@ class MaskParts:
         blocked = None if blocked is None else blocked.reshape((1,) * (4 - blocked.dim()) + blocked.shape)
         if not self.float_valued:
             return blocked
-        additive = torch.zeros((), dtype=dtype, device=device)
-        bias = self.position_bias
+        additive, bias, mask = None, self.position_bias, self.attn_mask
         if bias is not None:
-            block = (
-                bias.rows(start, stop, keys) if isinstance(bias, LazyBias) else bias[..., start:stop, keys[0] : keys[1]]
-            )
-            additive = additive + block.to(device=device, dtype=dtype)
-        if isinstance(self.attn_mask, Tensor) and self.attn_mask.dtype != torch.bool:
-            additive = additive + _rows_4d(self.attn_mask.to(device, dtype), start, stop)[..., keys[0] : keys[1]]
+            block = bias.rows(start, stop, keys) if isinstance(bias, LazyBias) else bias[..., start:stop, slice(*keys)]
+            additive = block.to(device=device, dtype=dtype)
+        if isinstance(mask, Tensor) and mask.dtype != torch.bool:
+            rows = _rows_4d(mask.to(device, dtype), start, stop)[..., keys[0] : keys[1]]
+            additive = rows if additive is None else additive + rows
         if blocked is not None:
-            additive = additive.masked_fill(blocked, float("-inf"))
+            additive = torch.where(blocked, float("-inf"), additive)
         return additive.reshape((1,) * (4 - additive.dim()) + additive.shape)
 
     def full(self, device: torch.device, dtype: torch.dtype) -> Tensor | None:

@@ -328,15 +328,20 @@ class T5RelativePositionBias(nn.Module):
         nn.init.trunc_normal_(self.relative_attention_bias.weight, std=0.02)
 
     def lazy(self, lq: int, lk: int) -> LazyBias:
-        """The bias (H, Lq, Lk), computed a block of query rows at a time."""
+        """The bias (H, Lq, Lk), computed a block of query rows at a time. It depends on key - query alone: the bias
+        of each of the Lq + Lk - 1 offsets is looked up once, and a block's rows are windows of it, one offset apart."""
         table = self.relative_attention_bias
+        offsets = torch.arange(-(lk - 1), lq, device=table.weight.device)  # key - query, every pair's
+        buckets = relative_position_bucket(offsets, self.bidirectional, self.num_buckets, self.max_distance)
+        per_offset = table(buckets).t()  # (H, Lq + Lk - 1), the offset -(Lk - 1) first
 
         def rows(start: int, stop: int, keys: tuple[int, int]) -> Tensor:
-            offsets = _query_key_offsets(lq, lk, start, stop, keys, table.weight.device)
-            buckets = relative_position_bucket(offsets, self.bidirectional, self.num_buckets, self.max_distance)
-            return table(buckets).permute(2, 0, 1)  # (H, rows, keys)
+            last = stop - 1 + lk - lq  # the key position of the last row's query
+            first = keys[0] - last + lk - 1  # that row's offset to the first key, as an index into per_offset
+            span = per_offset[:, first : first + keys[1] - keys[0] + stop - start - 1]
+            return span.unfold(1, keys[1] - keys[0], 1).flip(1)  # (H, rows, keys): row i is window rows - 1 - i
 
-        return LazyBias(rows, (table.embedding_dim, lq, lk))
+        return LazyBias(rows, (table.embedding_dim, lq, lk), (per_offset,))
 
     def forward(self, lq: int, lk: int) -> Tensor:
         return self.lazy(lq, lk).full()
@@ -397,7 +402,7 @@ class RelativePositionBias2D(nn.Module):
             index = relative_position_index(grid, self.prefix_tokens, start, stop, table.device)
             return table[index[:, keys[0] : keys[1]]].permute(2, 0, 1)  # (H, rows, keys)
 
-        return LazyBias(rows, (table.shape[1], n, n))
+        return LazyBias(rows, (table.shape[1], n, n), (table,))
 
     def forward(self, grid: Sequence[int] | None = None) -> Tensor:
         return self.lazy(grid).full()
