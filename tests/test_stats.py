@@ -12,8 +12,15 @@ from builders import encoder_decoder, tiny_vit
 from conftest import TINY_TRUNK
 from torch import nn
 
-from experiments.callbacks.attention_stats import SATURATION, Sequence, _layer_stats, _sequences, attention_statistics
-from models.core.attention import AttentionConfig, MultiHeadAttention
+from experiments.callbacks.attention_stats import (
+    SATURATION,
+    Sequence,
+    _means,
+    _row_sums,
+    _sequences,
+    attention_statistics,
+)
+from models.core.attention import AttentionConfig, AttentionScores, MultiHeadAttention
 from models.core.capture import capture_attention
 from models.core.masks import merge_masks
 from models.detection.backbone import Backbone
@@ -176,6 +183,11 @@ def hand_layer_stats(
     return out
 
 
+def _layer_stats(weights, logits, blocked, valid_q, q_seq, k_seq):
+    """The module's statistics of one whole call: its sums over the call as one block, divided by the counts."""
+    return _means(_row_sums(AttentionScores(weights, logits, blocked), valid_q, q_seq, k_seq))
+
+
 def test_statistics_of_a_known_attention_matrix():
     """Two queries over three keys, the third blocked; every expected value worked out on paper."""
     weights = torch.tensor([[[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]]])  # (B=1, H=1, Lq=2, Lk=3)
@@ -280,22 +292,23 @@ def test_vision_positions_are_the_centres_of_the_patch_grid_cells_in_pixels():
         assert seq.positions[1:].tolist() == [[r, c] for r in centres for c in centres]
 
 
-def test_the_statistics_take_the_first_sample_or_say_why_when_the_weights_would_not_fit(monkeypatch):
-    """A long-context batch's weights are what its layers never hold: the statistics measure its first sample when the
-    whole batch's would pass CAPTURE_MIB, and are left out with the reason when the first sample's would too."""
+def test_the_figure_takes_the_first_sample_or_says_why_when_its_weights_would_not_fit(monkeypatch):
+    """attention.png draws the first sample's whole weights: left out, with the reason, where they would pass
+    CAPTURE_MIB (the statistics are measured in row blocks at any length: tests/test_stats_blocks.py)."""
     from experiments.callbacks import attention_stats
 
     torch.manual_seed(0)
     lm = DecoderOnlyLM(11, d_model=16, nhead=2, num_layers=3, max_positions=32)
     tokens = torch.randint(11, (4, 32))
-    per_sample = 3 * 2 * 32 * 32 * 9 / 2**20  # 3 layers x 2 heads x 32 x 32 (weights, logits: 4 bytes; mask: 1)
+    per_sample = 3 * 2 * 32 * 32 * 4 / 2**20  # 3 layers x 2 heads x 32 x 32 fp32 weights
     assert attention_stats.captured_mib(lm, (tokens,), {}) == pytest.approx(4 * per_sample)
     monkeypatch.setattr(attention_stats, "CAPTURE_MIB", 2 * per_sample)
-    (args, kwargs) = attention_stats.measurable(lm, (tokens,), {})
+    (args, kwargs) = attention_stats.figure_inputs(lm, (tokens,), {})
     assert torch.equal(args[0], tokens[:1]) and kwargs == {}
     monkeypatch.setattr(attention_stats, "CAPTURE_MIB", per_sample / 2)
-    why = attention_stats.measurable(lm, (tokens,), {})
+    why = attention_stats.figure_inputs(lm, (tokens,), {})
     assert why.startswith(
-        "the attention weights of the fixed batch's first sample would take 0 MiB, more than the 0 MiB"
+        "attention.png left out: the attention weights of the fixed batch's first sample would take 0 MiB, more than "
+        "the 0 MiB"
     )
     assert lm.training  # left as it was

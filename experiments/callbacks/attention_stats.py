@@ -14,13 +14,27 @@ Per attention layer and head, each a mean over queries (padded queries and block
                  (`experiments.callbacks.sinks`), and their reduction over the model under ``summary``
 The model's inputs are what the LightningModule passed to ``model`` on the fixed batch (`FirstCall`): ViT
 ``(images,)``, DETR ``(images, mask)``, translation ``(src, tgt)``, language model ``(tokens,)``.
+
+Long inputs. Every statistic of the weights is a mean over query rows of a quantity of one row (its weights, logits
+and mask over all the keys; which queries count is row-wise too: a self-attention's padded query is its own blocked
+key), so it is measured a block of query rows at a time, exactly: a layer call whose fp32 scores (B, H, Lq, Lk) pass
+`BLOCK_MIB` is recorded in row blocks of at most `BLOCK_MIB` each (``capture_attention(block_mib=...)``), each
+reduced to per-head sums and counts of the rows that count (`_row_sums`) and freed before the next; the means divide
+the summed sums by the summed counts (`_means`). sink_heads follows from the combined sink_mass; out_max and
+out_kurtosis read the layer's output (B, Lq, D). So a long-context model's statistics are those of the whole fixed
+batch, holding one block's weights, logits and mask and a few temporaries of that size at a time (O(rows · Lk) per
+head, a few times `BLOCK_MIB`), never (B, H, Lq, Lk); none is left out for its size. A normalisation of one's own
+that is not row-wise (``row_wise = False``, `models.core.chunked`) or a kernel of one's own gives its whole weights,
+which the layer computes anyway. ``attention.png`` draws the whole maps of the first sample, and is left out (the
+reason in summary.json) where they would pass `CAPTURE_MIB`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
@@ -31,8 +45,8 @@ from models.core.attention import AttentionScores, MultiHeadAttention
 from models.core.capture import capture_attention
 
 SATURATION = 0.9  # a query whose largest weight exceeds this attends, in effect, to one key
-# what capture_attention may hold for the statistics: every layer's fp32 weights and logits and its mask
-CAPTURE_MIB = 1024.0
+BLOCK_MIB = 64.0  # the fp32 scores of one row block of a layer call that the statistics hold (module docstring)
+CAPTURE_MIB = 1024.0  # the whole fp32 weights of every layer call that attention.png may hold
 
 
 @dataclass
@@ -59,9 +73,9 @@ class FirstCall:
 
 
 def captured_mib(model: nn.Module, args: tuple, kwargs: dict) -> float:
-    """What `capture_attention(scores=True)` would hold for ``model(*args, **kwargs)``, in MiB: weights and logits
-    (fp32) and a boolean mask of (B, H, Lq, Lk) per attention call. One forward pass without capture (long inputs take
-    the chunked path) reads the calls' sizes."""
+    """What `capture_attention(model)` would hold for ``model(*args, **kwargs)``, in MiB: the fp32 weights
+    (B, H, Lq, Lk) of every attention call. One forward pass without capture (long inputs take the chunked path)
+    reads the calls' sizes."""
     elements = []
 
     def count(module: nn.Module, call_args: tuple, call_kwargs: dict) -> None:
@@ -78,7 +92,7 @@ def captured_mib(model: nn.Module, args: tuple, kwargs: dict) -> float:
     finally:
         for handle in handles:
             handle.remove()
-    return sum(elements) * 9 / 2**20
+    return sum(elements) * 4 / 2**20
 
 
 def first_sample(value: Any) -> Any:
@@ -92,21 +106,21 @@ def first_sample(value: Any) -> Any:
     return value[:1] if isinstance(value, list) else value
 
 
-def measurable(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | str:
-    """The inputs the statistics are measured on: the fixed batch, or its first sample where the batch's weights would
-    pass `CAPTURE_MIB`; why neither is, where the first sample's would too (a long-context model: its layers run
-    chunked, and capturing the whole weights is what they avoid)."""
+def figure_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | str:
+    """The inputs ``attention.png`` is drawn from: the fixed batch's first sample, whose whole weights it captures;
+    why not, where they would pass `CAPTURE_MIB` (a long-context model: the statistics hold row blocks instead)."""
+    inputs = first_sample(args), first_sample(kwargs)
     was_training = model.training
     model.eval()
     try:
-        for inputs in ((args, kwargs), (first_sample(args), first_sample(kwargs))):
-            if (size := captured_mib(model, *inputs)) <= CAPTURE_MIB:
-                return inputs
+        size = captured_mib(model, *inputs)
     finally:
         model.train(was_training)
+    if size <= CAPTURE_MIB:
+        return inputs
     return (
-        f"the attention weights of the fixed batch's first sample would take {size:,.0f} MiB, more than the "
-        f"{CAPTURE_MIB:,.0f} MiB the statistics may hold (experiments.callbacks.attention_stats.CAPTURE_MIB)"
+        f"attention.png left out: the attention weights of the fixed batch's first sample would take {size:,.0f} MiB, "
+        f"more than the {CAPTURE_MIB:,.0f} MiB it may hold (experiments.callbacks.attention_stats.CAPTURE_MIB)"
     )
 
 
@@ -163,109 +177,187 @@ def _sequences(
     return _text(args[0], special_ids), _text(args[1], special_ids) if decoder_side else None
 
 
-def _layer_stats(
-    weights: Tensor, logits: Tensor, blocked: Tensor, valid_q: Tensor, q_seq: Sequence | None, k_seq: Sequence | None
-) -> dict[str, list[float] | None]:
-    """Per-head statistics of one layer. weights/logits (B, H, Lq, Lk); blocked broadcastable to them; valid_q (B, Lq)."""
-    allowed = ~blocked.expand_as(weights)
-    rows = valid_q[:, None, :].expand(weights.shape[:3]) & allowed.any(-1)  # (B, H, Lq)
-    n = rows.sum((0, 2)).clamp(min=1)  # (H,)
+def _decoder_self(name: str) -> bool:
+    return not name.endswith("multihead_attn") and "decoder" in name.split(".")
 
-    def mean(x: Tensor) -> list[float]:  # (B, H, Lq) -> per head, over counted rows
-        return ((x * rows).sum((0, 2)) / n).tolist()
 
-    p = weights.float()
-    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
+def _valid_queries(name: str, scores: AttentionScores, dec_valid: Tensor | None) -> Tensor:
+    """The queries that count (B, rows) of a block of a call: a self-attention's where its own key is not blocked (a
+    padded position is blocked as a key, also to itself, which no other mask blocks: the diagonal), a
+    cross-attention's where those of its decoder's self-attention (``dec_valid`` (B, Lq)) are."""
+    b, _, rows, lk = scores.weights.shape
+    every = torch.ones(b, rows, dtype=torch.bool, device=scores.weights.device)
+    if name.endswith("multihead_attn"):
+        if dec_valid is not None and dec_valid.shape == (b, scores.lq):
+            return dec_valid[:, scores.start : scores.start + rows]
+        return every
+    if scores.blocked is None:
+        return every
+    own = scores.blocked.expand(b, -1, rows, lk)[:, 0, :, scores.start : scores.start + rows]  # (B, rows, rows)
+    return ~own.diagonal(dim1=-2, dim2=-1)
+
+
+def _layer_sides(
+    name: str, lq: int, lk: int, enc: Sequence, dec: Sequence | None
+) -> tuple[Sequence | None, Sequence | None]:
+    """(query side, key side) of the layer ``name`` over lq queries and lk keys; None for a side whose positions have
+    another length (a layout this module does not know: no distance rather than a wrong one)."""
+    if name.endswith("multihead_attn"):
+        q_seq, k_seq = dec, enc
+    else:
+        q_seq = k_seq = dec if "decoder" in name.split(".") and dec is not None else enc
+    if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:
+        q_seq = None
+    if k_seq is not None and k_seq.positions is not None and len(k_seq.positions) != lk:
+        k_seq = None
+    return q_seq, k_seq
+
+
+def _row_sums(
+    scores: AttentionScores,
+    valid_q: Tensor,
+    q_seq: Sequence | None,
+    k_seq: Sequence | None,
+    registers: slice | None = None,
+) -> dict[str, Tensor | None]:
+    """Per head (H,), the sums over the counted query rows of a block (or a whole call) of each per-row statistic, and
+    the counts: ``rows`` (valid, with a key to see) and ``placed`` (those with a distance). valid_q (B, rows); None
+    where a statistic is not defined."""
+    p, start = scores.weights.float(), scores.start  # (B, H, rows, Lk)
+    b, h, n_rows, lk = p.shape
+    blocked = scores.blocked
+    blocked = torch.zeros(1, 1, n_rows, lk, dtype=torch.bool, device=p.device) if blocked is None else blocked
+    allowed = ~blocked.expand_as(p)
+    rows = valid_q[:, None, :].expand(b, h, n_rows) & allowed.any(-1)  # (B, H, rows)
+
+    def total(x: Tensor) -> Tensor:  # (B, H, rows) -> (H,), over the counted rows
+        return (x * rows).sum((0, 2))
+
     top = p.max(-1).values
     k = allowed.sum(-1).clamp(min=1)
-    x = logits.float().masked_fill(~allowed, 0.0)
+    x = scores.logits.float().masked_fill(~allowed, 0.0)
     mu = x.sum(-1, keepdim=True) / k[..., None]
     var = ((x - mu).masked_fill(~allowed, 0.0) ** 2).sum(-1) / k
-    out = {
-        "entropy": mean(entropy),
-        "max_weight": mean(top),
-        "saturated": mean((top > SATURATION).float()),
-        "logit_var": mean(var),
+    sums = {
+        "rows": rows.sum((0, 2)),
+        "entropy": total(-(p * p.clamp_min(1e-30).log()).sum(-1)),
+        "max_weight": total(top),
+        "saturated": total((top > SATURATION).float()),
+        "logit_var": total(var),
         "distance": None,
+        "placed": None,
         "special": None,
     }
     if q_seq is not None and k_seq is not None and q_seq.positions is not None and k_seq.positions is not None:
-        d = torch.cdist(q_seq.positions, k_seq.positions).to(p.device)  # (Lq, Lk), NaN where a side has no place
-        placed = ~d.isnan()
-        mass = (p * placed).sum(-1)
+        q_pos = q_seq.positions[start : start + n_rows]  # (rows, C)
+        d = torch.cdist(q_pos, k_seq.positions).to(p.device)  # (rows, Lk), NaN where a side has no place
+        mass = (p * ~d.isnan()).sum(-1)
         dist = (p * d.nan_to_num(0.0)).sum(-1) / mass.clamp_min(1e-12)
-        q_placed = ~q_seq.positions.isnan().any(-1).to(p.device)  # (Lq,)
-        keep = rows & q_placed & (mass > 0)
-        out["distance"] = ((dist * keep).sum((0, 2)) / keep.sum((0, 2)).clamp(min=1)).tolist()
+        keep = rows & ~q_pos.isnan().any(-1).to(p.device) & (mass > 0)
+        sums["distance"], sums["placed"] = (dist * keep).sum((0, 2)), keep.sum((0, 2))
     if k_seq is not None and k_seq.special is not None:
-        out["special"] = mean((p * k_seq.special.to(p.device)[:, None, None, :]).sum(-1))
-    return out
+        sums["special"] = total((p * k_seq.special.to(p.device)[:, None, None, :]).sum(-1))
+    return sums | sinks.sink_sums(p, rows, registers)
+
+
+def _means(sums: dict[str, Tensor | None]) -> dict[str, Any]:
+    """The statistics of a layer (one value per head; sink_heads one) from its `_row_sums` added up over its blocks."""
+    n = sums["rows"].clamp(min=1)
+    out = {key: (sums[key] / n).tolist() for key in ("entropy", "max_weight", "saturated", "logit_var")}
+    out["distance"] = None if sums["distance"] is None else (sums["distance"] / sums["placed"].clamp(min=1)).tolist()
+    out["special"] = None if sums["special"] is None else (sums["special"] / n).tolist()
+    return out | sinks.sink_means(sums, sums["rows"])
+
+
+class LayerSums:
+    """The `_row_sums` of every layer's first call, added up from the blocks ``capture_attention(consume=self)`` hands
+    over as the layers make them (a block is freed once added), and each layer's valid queries (B, Lq).
+    ``sequences()``: (encoder side, decoder side) of the batch, asked at the first block (DETR's feature map is known
+    by then); ``registers``: `sinks.register_keys`. `close` ends the last call."""
+
+    def __init__(self, sequences: Callable[[], tuple[Sequence, Sequence | None]], registers: dict[str, slice]):
+        self.sums: dict[str, dict[str, Tensor | None]] = {}
+        self.valid: dict[str, Tensor] = {}
+        self._sequences, self._registers = sequences, registers
+        self._open: str | None = None  # the layer whose call the blocks come from
+        self._pieces: list[Tensor] = []  # its valid queries so far, (B, rows) per block
+        self._dec_valid: Tensor | None = None  # the last decoder self-attention's, for its cross-attention
+
+    def __call__(self, name: str, scores: AttentionScores) -> None:
+        if name != self._open or scores.start == 0:
+            self.close()
+            if name in self.valid:  # a later call of a layer
+                return
+            self._open = name
+        valid_q = _valid_queries(name, scores, self._dec_valid)
+        self._pieces.append(valid_q)
+        sides = _layer_sides(name, scores.lq, scores.weights.shape[-1], *self._sequences())
+        block = _row_sums(scores, valid_q, *sides, self._registers.get(name))
+        so_far = self.sums.get(name)
+        self.sums[name] = (
+            block if so_far is None else {k: None if v is None else v + block[k] for k, v in so_far.items()}
+        )
+
+    def close(self) -> None:
+        """End the open call: its valid queries (B, Lq) are kept."""
+        if self._open is None:
+            return
+        self.valid[self._open] = torch.cat(self._pieces, 1)
+        if _decoder_self(self._open):
+            self._dec_valid = self.valid[self._open]
+        self._open, self._pieces = None, []
 
 
 def layer_calls(maps: dict[str, list[AttentionScores]]) -> Iterator[tuple[str, AttentionScores, Tensor, Tensor]]:
     """(name, scores of the first call, blocked (B|1, H|1, Lq, Lk), valid queries (B, Lq)) of each layer that ran, in
-    module order (``capture_attention``'s): a self-attention's queries are valid where its own key is not blocked,
-    a cross-attention's where those of its decoder's self-attention are."""
+    module order (``capture_attention``'s whole calls; `_valid_queries`)."""
     dec_valid = None
     for name, calls in maps.items():
         if not calls:
             continue
         scores = calls[0]  # the first call: one forward pass
-        b, _, lq, lk = scores.logits.shape
-        device = scores.logits.device
+        lq, lk = scores.logits.shape[-2:]
+        blocked = scores.blocked
         blocked = (
-            scores.blocked if scores.blocked is not None else torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=device)
+            torch.zeros(1, 1, lq, lk, dtype=torch.bool, device=scores.logits.device) if blocked is None else blocked
         )
-        if name.endswith("multihead_attn"):
-            valid_q = dec_valid if dec_valid is not None and dec_valid.shape == (b, lq) else None
-            valid_q = torch.ones(b, lq, dtype=torch.bool, device=device) if valid_q is None else valid_q
-        else:
-            # a padded position is blocked as a key, also to itself, which no other mask blocks: the diagonal
-            valid_q = ~blocked.expand(b, -1, lq, lk).diagonal(dim1=-2, dim2=-1)[:, 0]  # (B, Lq)
-            if "decoder" in name.split("."):
-                dec_valid = valid_q
+        valid_q = _valid_queries(name, scores, dec_valid)
+        if _decoder_self(name):
+            dec_valid = valid_q
         yield name, scores, blocked, valid_q
 
 
 @torch.no_grad()
 def attention_statistics(
-    model: nn.Module, args: tuple, kwargs: dict | None = None, special_ids: tuple[int, ...] = ()
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict | None = None,
+    special_ids: tuple[int, ...] = (),
+    block_mib: float = BLOCK_MIB,
 ) -> dict[str, Any]:
     """Run ``model(*args, **kwargs)`` once in eval mode and measure its attention: ``{"modality", "unit",
     "batch_size", "layers": [{"name", "kind": "self"|"cross", "heads", and each statistic of the module docstring
     as one value per head (sink_heads, out_max, out_kurtosis: one per layer), or None where not defined}, ...],
-    "summary": `experiments.callbacks.sinks.model_summary`}``, layers in module order."""
+    "summary": `experiments.callbacks.sinks.model_summary`}``, layers in module order. A call whose fp32 scores pass
+    ``block_mib`` is measured in row blocks of at most ``block_mib`` (module docstring)."""
     kind = modality(model)
     heads = {name: m.num_heads for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    registers = sinks.register_keys(model)
     was_training = model.training
     model.eval()
     try:
-        with (
-            capture_attention(model, scores=True) as maps,
-            feature_sizes(model) as feature_hw,
-            sinks.attention_outputs(model) as outputs,
-        ):
-            model(*args, **(kwargs or {}))
+        with feature_sizes(model) as feature_hw, sinks.attention_outputs(model) as outputs:
+            sequences = cache(lambda: _sequences(kind, model, args, feature_hw[0] if feature_hw else None, special_ids))
+            sums = LayerSums(sequences, sinks.register_keys(model))
+            with capture_attention(model, scores=True, block_mib=block_mib, consume=sums):
+                model(*args, **(kwargs or {}))
+            sums.close()
     finally:
         model.train(was_training)
-    enc, dec = _sequences(kind, model, args, feature_hw[0] if feature_hw else None, special_ids)
     stats = []
-    for name, scores, blocked, valid_q in layer_calls(maps):
-        lq, lk = scores.logits.shape[-2:]
-        cross = name.endswith("multihead_attn")
-        if cross:
-            q_seq, k_seq = dec, enc
-        else:
-            q_seq = k_seq = dec if "decoder" in name.split(".") and dec is not None else enc
-        if q_seq is not None and q_seq.positions is not None and len(q_seq.positions) != lq:
-            q_seq = None  # a layout this function does not know: no distance rather than a wrong one
-        if k_seq is not None and k_seq.positions is not None and len(k_seq.positions) != lk:
-            k_seq = None
-        layer = {"name": name, "kind": "cross" if cross else "self", "heads": heads[name]}
-        layer.update(_layer_stats(scores.weights, scores.logits, blocked, valid_q, q_seq, k_seq))
-        layer.update(sinks.sink_stats(scores.weights, blocked, valid_q, registers.get(name)))
-        layer.update(sinks.output_outliers(outputs[name], valid_q))
+    for name in (name for name in heads if name in sums.sums):
+        kind_of = "cross" if name.endswith("multihead_attn") else "self"
+        layer = {"name": name, "kind": kind_of, "heads": heads[name], **_means(sums.sums[name])}
+        layer.update(sinks.output_outliers(outputs[name], sums.valid[name]))
         stats.append(layer)
     return {
         "modality": kind,

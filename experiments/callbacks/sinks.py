@@ -2,7 +2,8 @@
 
 Softmax must put its weight somewhere, so heads that have nothing to read dump it on one token, the sink (Xiao et al.
 2023; Gu et al. 2025), and to make near-zero updates networks grow outlier activations (Bondarenko et al. 2023).
-Per layer, from the weights (B, H, Lq, Lk) of one call and the queries that count (padding left out):
+Per layer, from the weights (B, H, Lq, Lk) of one call and the queries that count (padding left out), each a mean
+over query rows, so added up from a call's row blocks as exactly (`sink_sums`, `sink_means`):
     sink_mass      per head, the mean over queries of the weight on the first key (BOS, [CLS], the first memory cell)
     sink_heads     Sink^ε_1 (Gu et al. 2025): the share of heads whose sink_mass exceeds ε = 0.3
     register_mass  per head, the mean over queries of the weight on the model's register tokens (Darcet et al. 2024),
@@ -47,14 +48,26 @@ def sink_stats(weights: Tensor, blocked: Tensor, valid_q: Tensor, registers: sli
     """sink_mass, sink_heads and register_mass of one layer. weights (B, H, Lq, Lk); blocked broadcastable to them;
     valid_q (B, Lq). A query counts when it is valid and may see a key."""
     rows = (valid_q[:, None, :] & ~blocked.all(-1)).expand(weights.shape[:3])  # (B, H, Lq)
-    n = rows.sum((0, 2)).clamp(min=1)  # (H,)
-    p = weights.float()
-    sink = (p[..., 0] * rows).sum((0, 2)) / n  # (H,)
-    register = None if registers is None else ((p[..., registers].sum(-1) * rows).sum((0, 2)) / n).tolist()
+    return sink_means(sink_sums(weights.float(), rows, registers), rows.sum((0, 2)))
+
+
+def sink_sums(p: Tensor, rows: Tensor, registers: slice | None) -> dict[str, Tensor | None]:
+    """Per head (H,), the sums over the counted query rows (rows (B, H, Lq), of weights p (B, H, Lq, Lk) of a whole
+    call or a block of its rows) of the weight on the first key and on the registers (None without registers)."""
+    return {
+        "sink_mass": (p[..., 0] * rows).sum((0, 2)),
+        "register_mass": None if registers is None else (p[..., registers].sum(-1) * rows).sum((0, 2)),
+    }
+
+
+def sink_means(sums: dict[str, Tensor | None], counted: Tensor) -> dict[str, Any]:
+    """sink_mass, sink_heads and register_mass from `sink_sums` added up over a call and its counted rows (H,)."""
+    n = counted.clamp(min=1)
+    sink, register = sums["sink_mass"] / n, sums["register_mass"]
     return {
         "sink_mass": sink.tolist(),
         "sink_heads": (sink > SINK_EPSILON).float().mean().item(),
-        "register_mass": register,
+        "register_mass": None if register is None else (register / n).tolist(),
     }
 
 

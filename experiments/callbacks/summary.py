@@ -37,8 +37,11 @@ class RunSummary(Callback):
     ``attention/sink_mass``, ``attention/out_max`` ...), and ``attention.png`` (each layer's head-mean attention on
     the first sample, logged to W&B as ``val/attention``) are measured on the fixed
     batch: the inputs of the model's first call in the fit (the sanity check's first validation batch, or the
-    first training batch without one). Every process runs these forward passes (FSDP); only rank 0 writes. A model
-    whose kernel of one's own returns no weights gets neither (one warning; ``attention.left_out`` says why).
+    first training batch without one). The statistics take the whole batch at any length, a block of query rows at a
+    time where its weights are large (`experiments.callbacks.attention_stats`); ``attention.png`` is left out (one
+    warning, ``attention.left_out``) where the first sample's whole weights would pass ``CAPTURE_MIB``. Every process
+    runs these forward passes (FSDP); only rank 0 writes. A model whose kernel of one's own returns no weights gets
+    neither (one warning; ``attention.left_out`` says why).
     """
 
     def __init__(self, filename: str = "summary.json", attention_figure: bool = True):
@@ -54,6 +57,7 @@ class RunSummary(Callback):
         self._model = getattr(pl_module, "model", None)
         self._inputs = summary_stats.FirstCall(self._model) if isinstance(self._model, torch.nn.Module) else None
         self._no_weights = kernel_without_weights(pl_module)  # then no statistics, no attention.png
+        self._figure_left_out: str | None = None  # why attention.png is left out, where it is
         if self._no_weights:
             rank_zero_warn(f"attention statistics and attention.png left out: {self._no_weights}")
         self._start, self._init_stats = time.perf_counter(), None
@@ -103,15 +107,11 @@ class RunSummary(Callback):
             return None
         try:
             with full_weights(trainer.model):
-                inputs = summary_stats.measurable(self._model, self._inputs.args, self._inputs.kwargs)
-                if isinstance(inputs, str):
-                    self._no_weights = inputs  # left out, and said so once
-                    rank_zero_warn(f"attention statistics and attention.png left out: {inputs}")
-                    return None
-                self._measured_on = inputs
                 data = trainer.datamodule  # the text DataModules name their special tokens
                 special_ids = tuple(int(getattr(data, k)) for k in ("bos_id", "eos_id") if hasattr(data, k))
-                return summary_stats.attention_statistics(self._model, *inputs, special_ids)
+                return summary_stats.attention_statistics(
+                    self._model, self._inputs.args, self._inputs.kwargs, special_ids
+                )
         except Exception as err:  # statistics must never cost a finished training run
             rank_zero_warn(f"attention statistics failed: {err!r}")
             return None
@@ -149,15 +149,7 @@ class RunSummary(Callback):
             return
         final = self._measure(trainer, pl_module)
         flops = self._flops_per_sample(trainer)
-        figure = None
-        if self.attention_figure and final is not None:  # each layer's head-mean attention on the first sample
-            with (
-                torch.no_grad(),
-                capture_attention(self._model) as maps,
-                summary_stats.feature_sizes(self._model) as hw,
-            ):
-                self._forward(trainer, *self._measured_on)  # what the statistics were measured on
-            figure = {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}  # (Lq, Lk)
+        figure = self._figure_maps(trainer) if self.attention_figure and final is not None else None
         if not trainer.is_global_zero:
             return
         throughput = next((cb for cb in trainer.callbacks if isinstance(cb, Throughput)), None)
@@ -188,15 +180,15 @@ class RunSummary(Callback):
         # a resumed run keeps its first start's
         init = self._init_stats or (previous.get("attention") or {}).get("init")
         self._summary["attention"] = {"init": init, "final": final}
-        if self._no_weights:
-            self._summary["attention"]["left_out"] = self._no_weights
+        if self._no_weights or self._figure_left_out:
+            self._summary["attention"]["left_out"] = self._no_weights or self._figure_left_out
         write_json(self.path, self._summary)
         if final is not None:  # the model's sinks and outliers, as scalars every logger takes (W&B, metrics.csv)
             values = {f"attention/{k}": v for k, v in final["summary"].items() if v is not None}
             for logger in trainer.loggers:
                 logger.log_metrics(values, step=trainer.global_step)
         if figure is not None:
-            self._log_figure(trainer, figure, hw[0] if hw else None)
+            self._log_figure(trainer, *figure)
         for run in self._summary.get("wandb") or []:
             if run.get("mode") == "offline" and run.get("dir"):
                 print(f"attnlab: W&B run saved offline in {run['dir']}; upload it with `wandb sync {run['dir']}`")
@@ -220,6 +212,19 @@ class RunSummary(Callback):
                 )
         finally:
             self._model.train(was_training)
+
+    def _figure_maps(self, trainer: pl.Trainer) -> tuple[dict[str, torch.Tensor], tuple[int, int] | None] | None:
+        """Each layer's head-mean attention (Lq, Lk) on the fixed batch's first sample and DETR's feature-map size;
+        None, with the reason in ``attention.left_out``, where that sample's whole weights would pass CAPTURE_MIB."""
+        with full_weights(trainer.model):
+            inputs = summary_stats.figure_inputs(self._model, self._inputs.args, self._inputs.kwargs)
+        if isinstance(inputs, str):
+            self._figure_left_out = inputs
+            rank_zero_warn(inputs)
+            return None
+        with torch.no_grad(), capture_attention(self._model) as maps, summary_stats.feature_sizes(self._model) as hw:
+            self._forward(trainer, *inputs)
+        return {name: calls[0][0].mean(0).cpu() for name, calls in maps.items() if calls}, hw[0] if hw else None
 
     def _flops_per_sample(self, trainer: pl.Trainer) -> float | None:
         if self._inputs is None or self._inputs.args is None:

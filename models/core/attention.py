@@ -45,7 +45,10 @@ normalisation are built in and fused (softmax, softmax1). On a GPU: no mask, or 
 boolean mask: memory-efficient; ``position_bias``: memory-efficient with a float mask; math where those kernels do
 not apply. ``rope``, ``qk_norm`` and the gate act outside the kernel, so they keep whichever kernel the masks
 allow. Reference: explicit weights, used when weights are requested (``need_weights=True`` or inside
-`capture_attention`), for the other normalisations and similarities, and as the test oracle.
+`capture_attention`), for the other normalisations and similarities, and as the test oracle. Inside
+``capture_attention(scores=True, block_mib=...)`` under no_grad, a call whose fp32 scores pass ``block_mib`` (and whose
+normalisation is row-wise) takes it a block of query rows at a time, recording each block's `AttentionScores`
+(`_record_blocks`; the attention statistics of a long context).
 
 Padding-free path (`models.core.padding_free`): a boolean key-padding mask alone (with ``is_causal`` in self-attention;
 no other mask, no ``position_bias``, softmax, weights not requested, no KV cache, not under torch.compile) packs
@@ -73,6 +76,7 @@ then v (D_kv = num_kv_heads·d), as Llama's ``q_proj``, ``k_proj``, ``v_proj`` c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -88,7 +92,7 @@ from models.core.attend import (
     cpu_sdpa_zeroes_empty_rows,
 )
 from models.core.attention_config import DEFAULT_ATTENTION, QK_NORMS, SIMILARITIES, AttentionConfig, class_path
-from models.core.chunked import attention_chunked, row_wise, scores_mib
+from models.core.chunked import attention_chunked, block_rows, row_wise, scores_mib
 from models.core.kv_cache import KVCache, StaticKVCache
 from models.core.masks import LazyBias, MaskParts, blocked_of
 from models.core.padding_free import PaddingFree, attention_padding_free, packing, supported
@@ -126,11 +130,20 @@ class AttentionScores:
     mask, the position bias and the normalisation (their maximum is the largest attention logit, which QK-norm
     bounds); blocked: the mask, True where attention is blocked, broadcastable to the weights
     ((B|1, H|1, Lq, Lk)), or None when nothing was masked.
+
+    A call recorded in row blocks (``capture_attention(block_mib=...)``) gives one per block: its query rows are
+    start .. start + rows of the call's ``lq``, weights and logits (B, H, rows, Lk), blocked (B|1, H|1, rows, Lk).
+    A whole call is one block at start 0.
     """
 
     weights: Tensor
     logits: Tensor
     blocked: Tensor | None
+    start: int = 0
+    lq: int | None = None  # None: the block's own rows (a whole call)
+
+    def __post_init__(self) -> None:
+        self.lq = self.weights.shape[2] if self.lq is None else self.lq
 
 
 class MultiHeadAttention(nn.Module):
@@ -187,8 +200,9 @@ class MultiHeadAttention(nn.Module):
         )
         if self.config.gate is not None:  # W_g: D -> H (headwise) or D (elementwise)
             self.gate_proj = nn.Linear(embed_dim, num_heads if self.config.gate == "headwise" else embed_dim)
-        self._captured: list[Tensor] | list[AttentionScores] | None = None
-        self._capture_scores = False
+        # inside capture_attention: where each call's weights or scores go, and above which size they go in row blocks
+        self._captured: Callable[[Tensor | AttentionScores], None] | None = None
+        self._capture_scores, self._capture_block_mib = False, None
         self._reset_parameters()
         cpu_sdpa_zeroes_empty_rows()
 
@@ -369,6 +383,8 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, parts, self.scale, self.config.memory_budget_mib, dropout_p, self.normalization, similarity
             )
             return self._unfold(out, bsz, lq), None
+        if not need_weights and self._records_blocks(q, lk, bsz):
+            return self._record_blocks(q, k, v, parts, dropout_p, similarity), None
         mask = None if plain_causal and not want_weights else parts.full(q.device, q.dtype)
         if not want_weights:
             sink = self.normalization.sink_logit if isinstance(self.normalization, Softmax1) else None
@@ -385,6 +401,39 @@ class MultiHeadAttention(nn.Module):
             return False
         too_big = scores_mib(q.size(0), q.size(1), q.size(2), lk) > self.config.memory_budget_mib
         return too_big and row_wise(self.normalization)
+
+    def _records_blocks(self, q: Tensor, lk: int, bsz: int) -> bool:
+        """Whether `capture_attention` records this call in row blocks: its scores pass the capture's ``block_mib``,
+        nothing is kept for a backward (no_grad), the normalisation is row-wise and no beams are folded."""
+        block_mib = self._capture_block_mib if self._captured is not None else None
+        if block_mib is None or torch.is_grad_enabled() or not row_wise(self.normalization):
+            return False
+        return q.shape[0] == bsz and scores_mib(q.size(0), q.size(1), q.size(2), lk) > block_mib
+
+    def _record_blocks(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        parts: MaskParts,
+        dropout_p: float,
+        similarity: Callable[[Tensor, Tensor], Tensor] | None,
+    ) -> Tensor:
+        """The reference path a block of query rows at a time, each block's `AttentionScores` recorded and then
+        freed: out (B, H, Lq, d) from q (B, H, Lq, d), k/v (B, H, Lk, d); the blocks' scores fit ``block_mib``."""
+        lq, lk = q.size(2), k.size(2)
+        rows = block_rows(q.size(0), q.size(1), lk, self._capture_block_mib)
+        outs = []
+        for start, q_rows in zip(range(0, lq, rows), q.split(rows, 2)):  # q_rows (B, H, rows, d)
+            mask = parts.rows(start, start + q_rows.size(2), q.device, q.dtype)  # (B|1, H|1, rows, Lk)
+            logits = None if similarity is None else similarity(q_rows, k)
+            out, weights, logits = attention_reference(
+                q_rows, k, v, mask, self.scale, dropout_p, self.normalization, logits
+            )
+            self._captured(AttentionScores(weights, logits, blocked_of(mask), start, lq))
+            outs.append(out)
+            del weights, logits, mask  # freed before the next block is made
+        return torch.cat(outs, 2)
 
     def _own_kernel(
         self,
@@ -413,11 +462,11 @@ class MultiHeadAttention(nn.Module):
             return
         weights, logits = (self._unfold(x.detach(), bsz, lq) for x in (weights, logits))
         if not self._capture_scores:
-            self._captured.append(weights)
+            self._captured(weights)
             return
         blocked = blocked_of(mask)
         blocked = None if blocked is None else blocked.repeat_interleave(bsz // blocked.shape[0], 0)
-        self._captured.append(AttentionScores(weights, logits, blocked))
+        self._captured(AttentionScores(weights, logits, blocked))
 
     def _fold(self, q: Tensor, kv_bsz: int, masks: dict, position_bias: Tensor | None) -> Tensor:
         """Beams sharing one memory: the ``group`` query rows of one key/value row attend as one longer query,
