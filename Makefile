@@ -75,14 +75,17 @@ test: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && WANDB_MODE=disabled $(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # The wheels a lent GPU machine (Python 3.12, torch and Lightning installed, no registry) lacks, at the versions that
-# ran there on 2026-11-26 (benchmarks/RESULTS.md, "GPU rows (H100)"); `gpu-check` installs them from .whl (carry it).
-GPU_WHEELS := jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 pycocotools==2.0.11
+# ran there on 2026-11-26 (benchmarks/RESULTS.md, "GPU rows (H100)"), and torchao at constraints.txt's version for the
+# float8 MFU row (its cp310-abi3 manylinux_2_28 wheel loads on Python 3.12); `gpu-check` installs them from .whl (carry it).
+GPU_WHEELS := jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 pycocotools==2.0.11 torchao==0.18.0
 gpu-wheels:
 	rm -rf .whl && $(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
-# On a lent GPU machine (carry .whl): the carried wheels, the CUDA tests and every GPU row in about 8 minutes, one
-# report in $$OUT (else runs/gpu/); `gpu-rehearsal` runs the same steps here on the CPU at toy sizes first.
+# On a lent GPU machine (carry .whl): the carried wheels, the CUDA tests and every GPU row (padding, decoding, DETR,
+# overhead, ViT-B/16 MFU eager / compiled / float8, the fits' tokens/s by batching and with packed documents, long
+# context) within 8.5 minutes, one report in $$OUT (else runs/gpu/); `gpu-rehearsal` runs the same steps here on the
+# CPU at toy sizes first.
 gpu-check:
 	$(PYTHON) -m benchmarks.gpu_check
 

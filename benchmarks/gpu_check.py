@@ -1,5 +1,7 @@
-"""One command for a lent GPU machine: install the carried wheels, run the CUDA-marked tests and each part of
-`python -m benchmarks --only gpu`, every step in a process of its own under its own time limit, and write one
+"""One command for a lent GPU machine: install the carried wheels, run the CUDA-marked tests, each part of
+`python -m benchmarks --only gpu` (padding, decoding, detr, overhead, mfu with its float8 row, tokens: the fits'
+tokens/s of Multi30k's recipe by batch_size, max_tokens and max_tokens + compile, and of the LM plain and with packed
+documents) and the long-context rows, every step in a process of its own under its own time limit, and write one
 Markdown report and one JSON of the figures, both rewritten after each step: a run cut short keeps what it measured.
 
     make gpu-wheels                              # here, once: the wheels the GPU machine lacks, into .whl/
@@ -27,13 +29,26 @@ import threading
 import time
 from pathlib import Path
 
-# step -> its time limit on an H100 (s); the whole run stays within BUDGET_S
-# (an H100 took 22, 27, 76, 42, 38, - and 101 s: benchmarks/RESULTS.md, "GPU rows (H100)")
-STEPS = {"env": 45, "tests": 60, "padding": 100, "decoding": 60, "detr": 60, "overhead": 150, "mfu": 130, "long": 60}
-BUDGET_S = 530  # the long-context rows (`long`) are not measured on a GPU yet: 60 s is their estimate
+# step -> its time limit on an H200 (s). An H200 took 21, 27, 88, 42, 39, 98 and 90 s for the first seven with
+# 10 samples a side, 2 overhead runs and timm's compiled MFU row (../shared/measurements/2026-11-27-h200/log.txt); now
+# 6 samples, 1 run and no timm row make room for the float8 MFU row, `tokens` (5 fits, one compiled) and `long`,
+# not measured on a GPU yet (their limits are estimates). The whole run, wheels included, stays within BUDGET_S, the
+# 8.5 minutes that leave a session's 15 minutes of device time room for the machine's start and one rerun of a step.
+STEPS = {
+    "env": 45,
+    "tests": 60,
+    "padding": 80,
+    "decoding": 50,
+    "detr": 50,
+    "overhead": 75,
+    "mfu": 130,
+    "tokens": 170,
+    "long": 60,
+}
+BUDGET_S = 510
 # what the GPU image ('cuda', read 2026-11-17: device README's KINDS.md) lacks: carried as wheels, or never
 # imported on the way to a figure
-CARRIED = ("jsonargparse", "docstring_parser", "typeshed_client", "pycocotools")
+CARRIED = ("jsonargparse", "docstring_parser", "typeshed_client", "pycocotools", "torchao")
 ABSENT_THERE = ("wandb", "submitit")
 WHEEL_TARGET = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"] + [
     f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")

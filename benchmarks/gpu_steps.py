@@ -27,6 +27,7 @@ IMPORTS = (
     "pycocotools.coco",
     "pytorch_lightning",
     "timm",
+    "torchao.float8",
     "torchmetrics",
     "transformers",
 )
@@ -76,7 +77,8 @@ def part_step(name: str, rehearse: bool) -> tuple[int, str]:
     from benchmarks.sections import GPU_PARTS
     from experiments.cli import hub_offline_unless_asked
 
-    device = ["--quick", "--device", "cpu", "--no-memory"] if rehearse else ["--device", "cuda"]
+    # 6 samples a side on the GPU (the default 10 on --only gpu), so that every step fits gpu_check's budget
+    device = ["--quick", "--device", "cpu", "--no-memory"] if rehearse else ["--device", "cuda", "--repeats", "6"]
     args = parse_args(["--only", "gpu", "--gpu-parts", name, "--output", "-", *device])
     torch.set_num_threads(args.threads)
     hub_offline_unless_asked()

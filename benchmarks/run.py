@@ -22,9 +22,11 @@ Sections (``--only``):
                `models.core.padding_free`) vs no mask, and in the Multi30k training step vs nn.Transformer: only with CUDA
     gpu        its parts (``--gpu-parts``): padding (the padding section's rows), decoding on the static cache
                with CUDA graphs vs the dynamic cache (beam 5 and greedy, 64 and 1014 sentences), detr (the DETR
-               steps with the share of Hungarian matching), overhead (`attnlab fit` at ViT-S/16, bf16, batch 256)
-               and mfu (ViT-B/16 model FLOPs utilisation against timm's, SDPA on fully blocked rows): with CUDA, or
-               with --quick on the CPU as a rehearsal (toy sizes; `benchmarks.gpu_check --rehearse`)
+               steps with the share of Hungarian matching), overhead (`attnlab fit` at ViT-S/16, bf16, batch 256),
+               mfu (ViT-B/16 model FLOPs utilisation eager, compiled and in float8; SDPA on fully blocked rows) and
+               tokens (`attnlab fit`'s tokens/s: Multi30k's recipe by batch_size, max_tokens and max_tokens +
+               compile, the LM plain and with packed documents): with CUDA, or with --quick on the CPU as a
+               rehearsal (toy sizes; `benchmarks.gpu_check --rehearse`)
 
 Every comparison uses the same shapes, precision, optimiser (AdamW) and loss on both sides, and the
 same weights where the layouts allow it; see `benchmarks.harness` for how time and memory

@@ -212,9 +212,10 @@ def vit_b16_mfu(
 ) -> dict[str, str]:
     """Model FLOPs utilisation of a ViT-B/16 training step (fused AdamW): FLOPs of forward + backward from
     torch.utils.flop_counter, divided by the step time and the GPU's dense bf16 peak. ``side``: "ours" or
-    "timm" (the same weights); ``precision``: "bf16 autocast" (fp32 weights, Lightning's bf16-mixed) or
-    "bf16 weights" (weights, gradients and optimiser state in bf16, Lightning's bf16-true). With ``s.quick``
-    a toy ViT (`QUICK_VIT`), as a rehearsal on the CPU runs it."""
+    "timm" (the same weights); ``precision``: "bf16 autocast" (fp32 weights, Lightning's bf16-mixed), "bf16
+    weights" (weights, gradients and optimiser state in bf16, Lightning's bf16-true) or "float8 + bf16 autocast"
+    (bf16 autocast, our linear layers' matmuls in float8 by `Float8Training`, emulated off CUDA; the FLOPs
+    counted before the conversion). With ``s.quick`` a toy ViT (`QUICK_VIT`), as a rehearsal on the CPU runs it."""
     from benchmarks.harness import interleaved
 
     shape = QUICK_VIT if s.quick else VIT_SHAPES["vit_base"]
@@ -231,6 +232,8 @@ def vit_b16_mfu(
             return F.cross_entropy(m(images), labels)
 
     flops = training_flops(model, loss)
+    if precision == FLOAT8:
+        to_float8(model, s.device)
     step = train_step(torch.compile(model) if compile_model else model, loss, s, fused=True)
     repeats, warmup, sample = (2, 1, 0.01) if s.quick else (10, 3, 0.5)
     seconds = interleaved({side: step}, s.device, repeats=repeats, warmup=warmup, min_sample_s=sample)[side].median
@@ -245,6 +248,38 @@ def vit_b16_mfu(
         "achieved TFLOP/s": f"{flops / seconds / 1e12:.1f}",
         "MFU": f"{100 * flops / seconds / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s" if peak else "no known peak",
     }
+
+
+FLOAT8 = "float8 + bf16 autocast"
+
+
+def to_float8(model: nn.Module, device: torch.device) -> None:
+    """Our ViT's linear layers to float8 training, as `Float8Training` converts a fit's network (its output layer
+    kept); emulated (fp32 matmuls) off CUDA. The callback reads the device from a Trainer and the network from a
+    LightningModule's ``model``: both stand-ins here."""
+    from types import SimpleNamespace
+
+    from experiments.callbacks.float8 import Float8Training
+
+    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=device))
+    Float8Training(emulate=device.type != "cuda").setup(trainer, SimpleNamespace(model=model), "fit")
+
+
+def vit_b16_float8_mfu(s: Settings, compile_model: bool, batch: int) -> dict[str, str]:
+    """`vit_b16_mfu` of ours in float8; where torchao is absent or fails, a row that says so, so that the other
+    rows of the step still come."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        outcome = "torchao absent (the GPU machine's image lacks it: carry its wheel, `make gpu-wheels`)"
+    else:
+        try:
+            return vit_b16_mfu(s, compile_model, batch, precision=FLOAT8)
+        except Exception as err:  # noqa: BLE001 - reported in the row, the eager and compiled rows kept
+            outcome = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+    row = dict.fromkeys(("model", "precision", "torch.compile", "batch", "TFLOP per step", "step ms"), "-")
+    row |= {"model": "ours", "precision": FLOAT8, "torch.compile": "on" if compile_model else "off"}
+    return row | {"batch": str(batch), "achieved TFLOP/s": "-", "MFU": outcome}
 
 
 def empty_row_rows(device: torch.device) -> list[list[str]]:

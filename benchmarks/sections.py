@@ -1,5 +1,5 @@
 """The sections of `python -m benchmarks` that are more than a table of cases: padded batches, the
-GPU-only figures, the data pipeline, and the peer sections (a table of cases each, per torch.compile
+GPU-only figures (`GPU_PARTS`), the data pipeline, and the peer sections (a table of cases each, per torch.compile
 setting); each returns its Markdown parts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 from functools import partial
 from pathlib import Path
 
-from benchmarks import overhead, peers, scaling
+from benchmarks import fit_throughput, overhead, peers, scaling
 from benchmarks.cases import GPU_DECODING, Case, cases, static_cache_case
 from benchmarks.data_pipeline import data_pipeline_rows
 from benchmarks.harness import Ratio, interleaved
@@ -64,14 +64,17 @@ def padding_report(s: peers.Settings, args: argparse.Namespace) -> str:
 
 
 def mfu_part(s: peers.Settings, args: argparse.Namespace) -> str:
-    """ViT-B/16's MFU, ours eager and compiled and timm's compiled at batch 256; SDPA on a fully blocked row."""
-    runs = [(False, "ours"), (True, "ours"), (True, "timm")] if not s.quick else [(False, "ours"), (False, "timm")]
+    """ViT-B/16's MFU at batch 256, ours eager, compiled, and compiled with float8 matmuls (torchao); SDPA on a
+    fully blocked row. A rehearsal (``s.quick``): a toy ViT at batch 2, eager, float8 emulated."""
     batch = 2 if s.quick else 256
-    rows = [scaling.vit_b16_mfu(s, compile_model=c, batch=batch, side=side) for c, side in runs]
+    rows = [scaling.vit_b16_mfu(s, compile_model=c, batch=batch) for c in ((False,) if s.quick else (False, True))]
+    rows.append(scaling.vit_b16_float8_mfu(s, compile_model=not s.quick, batch=batch))
     return (
         "### ViT-B/16 training step, model FLOPs utilisation (fused AdamW)\n\n"
         + markdown_table(list(rows[0]), [list(r.values()) for r in rows])
-        + "\n\n### SDPA on this device: a query row whose keys are all blocked (2 x 4 heads x L x 64)\n\n"
+        + "\n\nfloat8: `experiments.callbacks.Float8Training` (torchao's tensorwise recipe; emulated on the CPU), "
+        "the MFU still of the bf16 peak.\n\n### SDPA on this device: a query row whose keys are all blocked "
+        "(2 x 4 heads x L x 64)\n\n"
         + markdown_table(
             ["backend", "dtype", "L", "output of the empty row", "gradients"], scaling.empty_row_rows(s.device)
         )
@@ -106,10 +109,16 @@ def overhead_part(s: peers.Settings, args: argparse.Namespace) -> str:
         toy += ("data.init_args.img_size=32", "data.init_args.batch_size=8", "data.init_args.num_workers=0")
         argv += ["--repeats", "1", "--epochs", "1", "--batches", "3", *(f"--set={kv}" for kv in toy)]
     else:
-        argv += ["--repeats", "2", "--epochs", "3", "--batches", "20", "--loops", "attnlab"]  # 2 runs of ~45 s
+        argv += ["--repeats", "1", "--epochs", "3", "--batches", "20", "--loops", "attnlab"]  # 1 run of ~45 s
     return "### Trainer overhead at ViT-S/16, bf16, batch 256\n\n" + overhead.overhead_report(
         overhead.parse_args(argv), argv
     )
+
+
+def tokens_part(s: peers.Settings, args: argparse.Namespace) -> str:
+    """Tokens/s of `attnlab fit`: Multi30k's recipe by batch_size, max_tokens and max_tokens + compile; the LM plain
+    and with packed documents (`benchmarks.fit_throughput`; toy models and data with ``s.quick``)."""
+    return fit_throughput.report(s.quick, "gpu" if s.device.type == "cuda" else "cpu")
 
 
 # the GPU section's parts, in the order `--only gpu` runs them
@@ -119,6 +128,7 @@ GPU_PARTS = {
     "detr": detr_part,
     "overhead": overhead_part,
     "mfu": mfu_part,
+    "tokens": tokens_part,
 }
 
 

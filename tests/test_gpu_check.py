@@ -1,6 +1,8 @@
 """benchmarks/gpu_check.py: the one GPU command, rehearsed on the CPU with the same wheel install, processes and
-report writer; a step that runs past its limit is cut and the others still report."""
+report writer, every row of every step at toy sizes; a step that runs past its limit is cut and the others still
+report."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_check
+from benchmarks import gpu_check, scaling
+from benchmarks.peers.bench import Settings
+from benchmarks.scaling import FLOAT8
+from benchmarks.sections import GPU_PARTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +57,39 @@ def test_the_rehearsal_installs_the_wheels_runs_each_step_and_writes_the_report(
     assert all(float(r["ours ms"]) > 0 for r in decoding)
 
 
+@pytest.mark.slow
+def test_the_rehearsal_reports_the_float8_mfu_row_and_every_fits_tokens_per_second(tmp_path):
+    wheels, out = fake_wheels(tmp_path / "whl", gpu_check.CARRIED), tmp_path / "out"
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--rehearse", "--steps", "mfu,tokens"]
+    done = subprocess.run(
+        [*command, "--wheels", str(wheels), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = json.loads((out / "figures.json").read_text())["steps"]
+    mfu = steps["mfu"]["tables"][0]["rows"]
+    assert [(r["precision"], r["torch.compile"]) for r in mfu] == [("bf16 autocast", "off"), (FLOAT8, "off")]
+    assert all(float(r["step ms"]) > 0 for r in mfu)  # the float8 row measured (emulated), not "torchao absent"
+    translation, lm = (table["rows"] for table in steps["tokens"]["tables"])
+    budget = translation[1]["recipe"]
+    assert budget.startswith("max_tokens=")
+    assert [r["recipe"] for r in translation] == ["batch_size=8", budget, f"{budget} + compile"]
+    assert [r["recipe"] for r in lm] == ["plain blocks of 32", "documents, blocks of 32"]
+    assert all(float(r["tokens/s"].replace(",", "")) > 0 for r in translation + lm)
+
+
+def test_every_part_of_the_gpu_section_is_a_step_of_the_gpu_check():
+    assert set(gpu_check.STEPS) == {"env", "tests", "long", *GPU_PARTS}
+
+
+def test_without_torchao_the_float8_row_says_so_and_the_step_goes_on(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else find_spec(name, *a)
+    )
+    row = scaling.vit_b16_float8_mfu(Settings(quick=True), compile_model=False, batch=2)
+    assert row["precision"] == FLOAT8 and row["MFU"].startswith("torchao absent") and row["step ms"] == "-"
+
+
 def test_the_long_context_rows_rehearse_both_paths_for_every_variant():
     from benchmarks.gpu_steps import long_context_step
 
@@ -88,7 +126,8 @@ def test_missing_or_incomplete_wheels_are_one_line(tmp_path, capsys):
     wheels = fake_wheels(tmp_path / "whl", gpu_check.CARRIED[:-1])
     with pytest.raises(SystemExit) as lacking:
         gpu_check.install_wheels(wheels, rehearse=True)
-    assert str(lacking.value) == f"gpu_check: the wheels in {wheels}/ lack pycocotools: run `make gpu-wheels` again"
+    last = gpu_check.CARRIED[-1]
+    assert str(lacking.value) == f"gpu_check: the wheels in {wheels}/ lack {last}: run `make gpu-wheels` again"
 
 
 def test_the_figures_are_the_reports_tables():

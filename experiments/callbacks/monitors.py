@@ -30,12 +30,15 @@ class Throughput(Callback):
         self._active = stage == "fit" and not shadowed(trainer, self)
         self._fit = torch.zeros(3, dtype=torch.float64)  # samples, tokens, seconds
         self._logged = self._fit.clone()  # the totals at the last epoch's end
-        self._samples, self._tokens, self._start = 0, 0, None  # the span under way
+        # the span under way; its tokens, a tensor on the device while a span is counted and None otherwise, are all
+        # that the entry layer's hook reads: under torch.compile (the `Compile` callback) the hook is traced into the
+        # network's graph and what it reads guards that graph, so a span's clock there would recompile at every span
+        self._samples, self._tokens, self._start = 0, None, None
         entry = _entry_attention(pl_module) if self._active else []
         self._handles = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in entry]
 
     def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._start is not None:  # a training batch after the span's first
+        if self._tokens is not None:  # a training batch after the span's first
             query = args[0] if args else kwargs["query"]
             padding = kwargs.get("key_padding_mask")
             same = padding is not None and padding.shape == query.shape[:2]
@@ -47,6 +50,7 @@ class Throughput(Callback):
             return
         if self._start is None:
             self._start = _device_done(pl_module)
+            self._tokens = torch.zeros((), dtype=torch.int64, device=pl_module.device)
             return
         self._samples += batch_size(batch)
 
@@ -55,7 +59,7 @@ class Throughput(Callback):
         if self._start is not None:
             seconds = _device_done(pl_module) - self._start
             self._fit += torch.tensor([self._samples, float(self._tokens), seconds], dtype=torch.float64)
-        self._samples, self._tokens, self._start = 0, 0, None
+        self._samples, self._tokens, self._start = 0, None, None
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if getattr(self, "_active", False):
