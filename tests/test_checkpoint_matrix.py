@@ -7,7 +7,9 @@ one epoch on, `validate` to the loss the run logged. A TypeError inside a constr
 import contextlib
 import functools
 import io
+import hashlib
 import json
+import lzma
 import shutil
 from pathlib import Path
 
@@ -26,6 +28,9 @@ pytestmark = pytest.mark.slow  # 80 CLI runs and four fits, in this process: 1-2
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = REPO / "tests" / "data" / "before_rooms"  # written by 033b175: its README has these settings
+# karpathy/char-rnn's input.txt (../shared/data/SOURCES.md), which before_rooms/lm was trained and validated on
+SHAKESPEARE = REPO / "tests" / "data" / "tinyshakespeare.txt.xz"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 CONFIGS = {
     "lm": "configs/text/shakespeare_char_cpu.yaml",
     "translation": "configs/text/toy_en_de.yaml",
@@ -78,7 +83,8 @@ def family_args(family: str, data: Path, root: Path, *more: str) -> tuple[str, .
     """The `attnlab` arguments of a tiny run of ``family`` into ``root``, its data and caches in ``data``."""
     where = f"--data.init_args.data_dir={data / 'shapes'}" if family == "detr" else f"--data.init_args.cache_dir={data}"
     needs_cache = family in ("lm", "translation", "detr")
-    return config_args(CONFIGS[family], root, *TINY[family], *ONE, *([where] if needs_cache else []), *more)
+    corpus = [f"--data.init_args.path={data / 'input.txt'}"] if family == "lm" else []
+    return config_args(CONFIGS[family], root, *TINY[family], *ONE, *([where] if needs_cache else []), *corpus, *more)
 
 
 def quiet_fit(*args: str) -> None:
@@ -93,9 +99,12 @@ def quiet_fit(*args: str) -> None:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    """The shapes images, token stores and the sentence to translate, shared by the module's runs."""
+    """The corpus, shapes images, token stores and the sentence to translate, shared by the module's runs."""
     folder = tmp_path_factory.mktemp("data")
     (folder / "in.en").write_text("A dog sleeps in the park.\n")
+    text = lzma.decompress(SHAKESPEARE.read_bytes())
+    assert hashlib.sha256(text).hexdigest() == SHAKESPEARE_SHA256
+    (folder / "input.txt").write_bytes(text)
     return folder
 
 
