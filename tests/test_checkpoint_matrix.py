@@ -6,8 +6,8 @@ one epoch on, `validate` to the loss the run logged. A TypeError inside a constr
 
 import contextlib
 import functools
-import io
 import hashlib
+import io
 import json
 import lzma
 import shutil
